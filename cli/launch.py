@@ -1,0 +1,183 @@
+"""Launch the demo job: N local ranks (like torchrun), its own CPU cgroup, and real fault plumbing.
+
+cgroup v1 is used when writable (`/sys/fs/cgroup/cpu`): the job gets a cgroup with high
+`cpu.shares` (less noise from other load), and `cpu_throttled` gets a child cgroup with a CFS
+quota that the faulty rank moves itself into at the fault step. Everything created is removed
+in `finally`, even when the job fails or times out.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class CpuCgroups:
+    """A job cgroup (high shares) and an optional throttled child; removed on cleanup()."""
+
+    job: Path | None = None
+    throttled: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, throttle_cores: float | None) -> CpuCgroups:
+        cg = cls()
+        if not (CPU_ROOT / "cgroup.procs").exists() or not os.access(CPU_ROOT, os.W_OK):
+            cg.notes.append("cgroup v1 cpu controller not writable: job runs without its own cgroup")
+            if throttle_cores is not None:
+                raise RuntimeError(
+                    "cpu_throttled needs a writable cgroup v1 cpu controller at /sys/fs/cgroup/cpu "
+                    "(run as root on a host with cgroup v1)"
+                )
+            return cg
+        try:
+            cg.job = CPU_ROOT / f"eroica-job-{uuid.uuid4().hex[:8]}"
+            cg.job.mkdir()
+            (cg.job / "cpu.shares").write_text("8192")
+            if throttle_cores is not None:
+                cg.throttled = cg.job / "throttled"
+                cg.throttled.mkdir()
+                period = 100_000
+                (cg.throttled / "cpu.cfs_period_us").write_text(str(period))
+                (cg.throttled / "cpu.cfs_quota_us").write_text(str(int(period * throttle_cores)))
+        except Exception:
+            cg.cleanup()
+            raise
+        return cg
+
+    def add(self, pid: int) -> None:
+        if self.job is not None:
+            try:
+                (self.job / "cgroup.procs").write_text(str(pid))
+            except OSError as exc:
+                self.notes.append(f"could not move pid {pid} into the job cgroup: {exc}")
+
+    def cleanup(self) -> None:
+        for path in (self.throttled, self.job):
+            if path is None or not path.exists():
+                continue
+            try:
+                for pid in (path / "cgroup.procs").read_text().split():
+                    try:
+                        (CPU_ROOT / "cgroup.procs").write_text(pid)
+                    except OSError:
+                        pass
+                path.rmdir()
+            except OSError as exc:
+                self.notes.append(f"could not remove {path}: {exc}")
+        self.job = self.throttled = None
+
+
+@dataclass
+class JobResult:
+    returncodes: list[int | None]
+    logs: dict[int, str]
+    wall_seconds: float
+    timed_out: bool
+    notes: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(rc == 0 for rc in self.returncodes)
+
+
+def launch(
+    out_dir: Path,
+    world_size: int = 4,
+    fault: str = "none",
+    fault_rank: int = 1,
+    fault_step: int = 25,
+    steps: int = 80,
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout_seconds: float = 240.0,
+    throttle_cores: float = 0.12,
+    progress: bool = True,
+) -> JobResult:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(exist_ok=True)
+    cg = CpuCgroups.create(throttle_cores if fault == "cpu_throttled" else None)
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    handles = []
+    t0 = time.monotonic()
+    timed_out = False
+    try:
+        for rank in range(world_size):
+            penv = dict(os.environ)
+            penv.update(
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                RANK=str(rank),
+                WORLD_SIZE=str(world_size),
+                LOCAL_RANK=str(rank),
+                OMP_NUM_THREADS="1",
+                PYTHONUNBUFFERED="1",
+            )
+            if cg.throttled is not None:
+                penv["EROICA_THROTTLE_CGROUP"] = str(cg.throttled)
+            penv.update(env or {})
+            cmd = [
+                sys.executable, "-m", "eroica.cli.workload", "--out", str(out_dir),
+                "--steps", str(steps), "--fault", fault, "--fault-rank", str(fault_rank),
+                "--fault-step", str(fault_step), *(extra_args or []),
+            ]
+            fh = open(log_dir / f"rank-{rank}.log", "wb")
+            handles.append(fh)
+            p = subprocess.Popen(cmd, env=penv, stdout=fh, stderr=subprocess.STDOUT)
+            cg.add(p.pid)
+            procs.append(p)
+        seen = 0
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() - t0 > timeout_seconds:
+                timed_out = True
+                break
+            if progress:
+                seen = _echo_progress(log_dir / "rank-0.log", seen)
+            if any(p.poll() not in (None, 0) for p in procs):
+                time.sleep(2.0)  # one rank died: give the rest a moment, then stop them
+                break
+            time.sleep(0.2)
+        if progress:
+            _echo_progress(log_dir / "rank-0.log", seen)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for fh in handles:
+            fh.close()
+        cg.cleanup()
+    logs = {r: (log_dir / f"rank-{r}.log").read_text(errors="replace") for r in range(world_size)}
+    return JobResult([p.returncode for p in procs], logs, time.monotonic() - t0, timed_out, cg.notes)
+
+
+def _echo_progress(path: Path, seen: int) -> int:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return seen
+    for line in lines[seen:]:
+        if line.startswith("[rank"):
+            print("  " + line, flush=True)
+    return len(lines)

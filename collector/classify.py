@@ -1,0 +1,41 @@
+"""Classify a function execution by name: one place, shared by live collection and trace ingestion.
+
+Patterns are deliberately broad so that renames survive (NCCL's `ncclKernel_*` became
+`ncclDevKernel_*`; RCCL uses `ncclDevKernel_Generic`; gloo and c10d name ops differently).
+Unknown names are kept as compute, never dropped.
+"""
+
+from __future__ import annotations
+
+import re
+
+from eroica.collector.facts import Category
+
+_COMM = re.compile(
+    r"(?i)(nccl|rccl|gloo|c10d::|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|"
+    r"all_?to_?all|broadcast|barrier|sendrecv|\bsend\b|\brecv\b)"
+)
+_MEMORY = re.compile(r"(?i)(memcpy|memset|Memcpy|Memset|cudaMemcpy|hipMemcpy)")
+_DATA = re.compile(r"(enumerate\(DataLoader\)|DataLoader|_MultiProcessingDataLoaderIter|dataloader)")
+
+
+def classify_op(name: str, on_device: bool = False) -> Category:
+    """Category of an operator or kernel name."""
+    if _COMM.search(name):
+        return Category.communication
+    if on_device:
+        return Category.memory if _MEMORY.search(name) else Category.kernel
+    if _DATA.search(name):
+        return Category.data
+    return Category.compute
+
+
+_PREFIXES = ("autograd::engine::evaluate_function: ",)
+
+
+def display_name(name: str) -> str:
+    """A shorter stable name for reports (the full name stays in the pattern)."""
+    for p in _PREFIXES:
+        if name.startswith(p):
+            return name[len(p) :]
+    return name

@@ -1,0 +1,150 @@
+"""Critical-path attribution by priority, on one rank's own clock.
+
+Input: function executions as intervals (start, end, category, name). At every instant the
+interval with the highest-priority category holds the critical path (ties: the one that started
+first); instants covered by nothing belong to untracked Python. Output: segments
+(start, end, key) that tile the window, from which beta (share of critical-path time) and
+the per-function hardware metric are computed.
+
+Timestamps are never compared across ranks.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from eroica.collector.facts import CATEGORY_PRIORITY, Category
+
+UNTRACKED = (Category.python, "untracked")
+
+
+@dataclass(frozen=True)
+class Execution:
+    start_ns: int
+    end_ns: int
+    category: Category
+    name: str
+
+
+@dataclass
+class Segments:
+    """The window tiled into critical-path segments; `keys[i]` is an index into `names`."""
+
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    key: np.ndarray
+    names: list[tuple[Category, str]]
+
+
+def attribute(executions: list[Execution], t0: int, t1: int) -> Segments:
+    """Sweep over boundaries; the best active interval (lowest priority number) wins."""
+    names: list[tuple[Category, str]] = [UNTRACKED]
+    index: dict[tuple[Category, str], int] = {UNTRACKED: 0}
+    evs: list[tuple[int, int, int, int]] = []  # (start, end, prio, key)
+    for e in executions:
+        s, t = max(e.start_ns, t0), min(e.end_ns, t1)
+        if t <= s:
+            continue
+        k = (e.category, e.name)
+        if k not in index:
+            index[k] = len(names)
+            names.append(k)
+        evs.append((s, t, CATEGORY_PRIORITY[e.category], index[k]))
+    evs.sort()
+    seg_s: list[int] = []
+    seg_e: list[int] = []
+    seg_k: list[int] = []
+
+    def emit(a: int, b: int, k: int) -> None:
+        if b <= a:
+            return
+        if seg_k and seg_k[-1] == k and seg_e[-1] == a:
+            seg_e[-1] = b
+        else:
+            seg_s.append(a)
+            seg_e.append(b)
+            seg_k.append(k)
+
+    active: list[tuple[int, int, int, int]] = []  # heap of (prio, start, end, key)
+    now = t0
+    i = 0
+    n = len(evs)
+    while now < t1:
+        while active and active[0][2] <= now:
+            heapq.heappop(active)  # lazily drop finished intervals at the top
+        while i < n and evs[i][0] <= now:
+            s, t, p, k = evs[i]
+            heapq.heappush(active, (p, s, t, k))
+            i += 1
+        while active and active[0][2] <= now:
+            heapq.heappop(active)
+        nxt = evs[i][0] if i < n else t1
+        if active:
+            top = active[0]
+            # the top holds until it ends, or until a new interval starts (which may outrank it)
+            nxt = min(nxt, top[2])
+            emit(now, min(nxt, t1), top[3])
+        else:
+            emit(now, min(nxt, t1), 0)
+        now = min(nxt, t1) if nxt > now else now + 1
+    return Segments(
+        np.asarray(seg_s, dtype=np.int64),
+        np.asarray(seg_e, dtype=np.int64),
+        np.asarray(seg_k, dtype=np.int64),
+        names,
+    )
+
+
+def per_step_critical(seg: Segments, step_bounds_ns: list[int]) -> np.ndarray:
+    """Critical seconds per (key, step): shape (len(names), len(steps))."""
+    n_steps = max(len(step_bounds_ns) - 1, 0)
+    out = np.zeros((len(seg.names), n_steps))
+    for j in range(n_steps):
+        a, b = step_bounds_ns[j], step_bounds_ns[j + 1]
+        s = np.clip(seg.start_ns, a, b)
+        e = np.clip(seg.end_ns, a, b)
+        np.add.at(out[:, j], seg.key, (e - s) / 1e9)
+    return out
+
+
+def metric_by_key(
+    seg: Segments, sample_t_ns: np.ndarray, rate: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Overlap-weighted mean and std of a per-sample-interval `rate` for each key.
+
+    `rate[i]` is the metric over (sample_t_ns[i], sample_t_ns[i+1]). Returns (mean, std, count)
+    per key; NaN where a key overlaps no sample interval.
+    """
+    k = len(seg.names)
+    w_sum = np.zeros(k)
+    x_sum = np.zeros(k)
+    x2_sum = np.zeros(k)
+    cnt = np.zeros(k, dtype=np.int64)
+    if len(sample_t_ns) < 2:
+        nan = np.full(k, np.nan)
+        return nan, nan, cnt
+    a_all, b_all = sample_t_ns[:-1], sample_t_ns[1:]
+    ok = np.isfinite(rate)
+    for s, e, key in zip(seg.start_ns, seg.end_ns, seg.key):
+        lo = max(int(np.searchsorted(b_all, s, side="right")), 0)
+        hi = int(np.searchsorted(a_all, e, side="left"))
+        if hi <= lo:
+            continue
+        a, b = a_all[lo:hi], b_all[lo:hi]
+        w = (np.minimum(b, e) - np.maximum(a, s)).astype(float)
+        m = ok[lo:hi] & (w > 0)
+        if not m.any():
+            continue
+        r = rate[lo:hi][m]
+        w = w[m]
+        w_sum[key] += w.sum()
+        x_sum[key] += (w * r).sum()
+        x2_sum[key] += (w * r * r).sum()
+        cnt[key] += int(m.sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = x_sum / w_sum
+        var = np.maximum(x2_sum / w_sum - mean * mean, 0.0)
+    return mean, np.sqrt(var), cnt

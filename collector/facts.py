@@ -1,0 +1,164 @@
+"""Typed facts the collector writes: the `eroica.patterns/v1` document and its parts.
+
+Every model is frozen and forbids unknown keys. Units are in field names (`_seconds`,
+`_bytes`, `_ratio` in 0..1, `_per_second`, `_total`). Missing data is a `CollectorGap`,
+never a silent None.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
+
+PATTERNS_SCHEMA = "eroica.patterns/v1"
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Category(str, Enum):
+    """What a function execution is, in critical-path priority order (highest first).
+
+    On a device: kernel > memory > communication > CPU-side work. On the CPU-only path the
+    host thread is the critical path; semantic wrappers that the collector owns (data loading,
+    GC pauses) claim the ops nested inside them, compute ops come next, then communication the
+    main thread waits on, then user regions' own time, then untracked Python.
+    """
+
+    kernel = "kernel"
+    memory = "memory"
+    data = "data"
+    gc = "gc"
+    compute = "compute"
+    communication = "communication"
+    region = "region"
+    python = "python"
+
+
+#: Lower number = higher priority on the critical path.
+CATEGORY_PRIORITY: dict[Category, int] = {c: i for i, c in enumerate(Category)}
+
+
+class MetricName(str, Enum):
+    """The hardware metric that matters for a function while it runs."""
+
+    cpu_util_ratio = "cpu_util_ratio"            # main thread on-CPU time / wall time
+    runqueue_wait_ratio = "runqueue_wait_ratio"  # main thread waiting for a CPU / wall time
+    nic_bytes_per_second = "nic_bytes_per_second"
+    gpu_sm_clock_mhz = "gpu_sm_clock_mhz"
+
+
+class FunctionPattern(Frozen):
+    """The behaviour pattern of one function on one rank in one window (beta, mu, sigma)."""
+
+    category: Category
+    name: str
+    occurrences_total: NonNegativeInt
+    total_seconds: NonNegativeFloat          # inclusive wall time of all executions
+    critical_seconds: NonNegativeFloat       # time this function held the critical path
+    beta_ratio: float = Field(ge=0, le=1)    # critical_seconds / window wall time
+    mean_seconds: NonNegativeFloat
+    p50_seconds: NonNegativeFloat
+    p90_seconds: NonNegativeFloat
+    max_seconds: NonNegativeFloat
+    std_seconds: NonNegativeFloat
+    critical_per_step_seconds: list[NonNegativeFloat]  # one value per step of the window
+    metric: MetricName | None = None
+    metric_mean: float | None = None
+    metric_std: float | None = None
+    metric_samples_total: NonNegativeInt = 0
+
+
+class HardwareSummary(Frozen):
+    """Whole-window hardware signature of one rank (means over the window)."""
+
+    sample_interval_seconds: NonNegativeFloat
+    samples_total: NonNegativeInt
+    cpu_util_ratio: float | None = None               # main thread, 1.0 = one full core
+    process_cpu_cores: float | None = None            # all threads of the process, in cores
+    runqueue_wait_ratio: float | None = None          # main thread runnable but not running
+    involuntary_ctx_switches_per_second: float | None = None
+    cgroup_throttled_ratio: float | None = None       # throttled time / window time
+    cgroup_nr_throttled_total: int | None = None
+    cgroup_cpu_quota_cores: float | None = None       # quota / period; None when unlimited
+    system_cpu_util_ratio: float | None = None        # all cores, 0..1
+    per_core_util_ratio: list[float] = Field(default_factory=list)
+    rss_bytes: float | None = None
+    swap_used_bytes: float | None = None
+    major_faults_per_second: float | None = None
+    minor_faults_per_second: float | None = None
+    disk_read_bytes_per_second: float | None = None
+    disk_write_bytes_per_second: float | None = None
+    nic_bytes_per_second: dict[str, float] = Field(default_factory=dict)
+    gpu: dict[str, float] = Field(default_factory=dict)
+
+
+class CollectorGap(Frozen):
+    """Something the collector could not collect: recorded, never silent."""
+
+    kind: Literal["collector_gap"] = "collector_gap"
+    source: str
+    reason: str
+
+
+class CollectorOverhead(Frozen):
+    """What the collector itself cost on this rank."""
+
+    detector_seconds_total: NonNegativeFloat       # time inside mon.step() bookkeeping, whole run so far
+    detector_calls_total: NonNegativeInt
+    sampler_cpu_seconds: NonNegativeFloat          # sampler thread CPU during the window
+    summarize_seconds: NonNegativeFloat            # wall time to build this document
+    raw_events_total: NonNegativeInt               # function executions seen in the window
+    raw_events_dropped_total: NonNegativeInt       # over the event buffer cap
+    raw_trace_bytes: NonNegativeInt = 0            # bounded escape-hatch trace, when kept
+    pattern_bytes: NonNegativeInt = 0              # size of this document (filled at write time)
+
+
+class JobInfo(Frozen):
+    rank: NonNegativeInt
+    world_size: int = Field(ge=1)
+    local_rank: NonNegativeInt = 0
+    hostname: str
+    pid: int
+    role: str = "worker"
+    backend: str = "unknown"
+    device: str = "cpu"
+
+
+class WindowInfo(Frozen):
+    window_id: str
+    start_step: NonNegativeInt
+    end_step: NonNegativeInt                        # exclusive
+    trigger: Literal["detector", "forced", "requested"]
+    triggered_by_rank: int | None = None
+    wall_seconds: NonNegativeFloat
+
+
+class StepTimes(Frozen):
+    before_seconds: list[NonNegativeFloat]          # recent steps before the window (the baseline)
+    during_seconds: list[NonNegativeFloat]          # the window's steps
+    baseline_median_seconds: float | None = None
+
+
+class ConfigFact(Frozen):
+    key: str
+    value: str
+
+
+class PatternsDoc(Frozen):
+    """One rank's local summary of one profiling window."""
+
+    schema_: Literal["eroica.patterns/v1"] = Field(PATTERNS_SCHEMA, alias="schema")
+    job: JobInfo
+    window: WindowInfo
+    step_times: StepTimes
+    functions: list[FunctionPattern]
+    hardware: HardwareSummary
+    config: list[ConfigFact] = Field(default_factory=list)
+    gaps: list[CollectorGap] = Field(default_factory=list)
+    overhead: CollectorOverhead
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)

@@ -1,0 +1,1 @@
+"""Hooks the collector installs into the training process only while a window is open."""

@@ -1,0 +1,381 @@
+"""The Monitor: the one object a training script holds. It never raises into the training loop."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from eroica.collector.critical import Execution
+from eroica.collector.detector import StepTimeDetector
+from eroica.collector.facts import Category, CollectorGap, JobInfo
+from eroica.collector.hooks.gc_hook import GcHook
+from eroica.collector.policy import TriggerPolicy
+from eroica.collector.sampler_proc import SamplerClient
+from eroica.collector.summarize import WindowRecord, summarize
+from eroica.collector.sync import LocalStore, WindowCoordinator, WindowPlan
+from eroica.collector.torch_ops import TorchOpsRecorder
+
+log = logging.getLogger("eroica.collector")
+FORCE_ENV = "EROICA_FORCE_WINDOW_AT_STEP"
+
+
+def _dist_info() -> tuple[int, int, str, Any]:
+    """rank, world size, backend and the job's store, from torch.distributed when initialised."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            from torch.distributed import distributed_c10d as c10d
+
+            store = None
+            with contextlib.suppress(Exception):
+                store = c10d._get_default_store()
+            return dist.get_rank(), dist.get_world_size(), str(dist.get_backend()), store
+    except Exception:
+        pass
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), "none", None
+
+
+class _TimedLoader:
+    def __init__(self, mon: Monitor, loader: Iterable[Any]) -> None:
+        self._mon = mon
+        self._loader = loader
+
+    def __len__(self) -> int:
+        return len(self._loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self._loader)
+        while True:
+            t0 = time.monotonic_ns()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            self._mon._record(Execution(t0, time.monotonic_ns(), Category.data, "DataLoader.__next__"))
+            yield item
+
+
+class Monitor:
+    """Detector + synchronized profiling windows + local summaries for one training process.
+
+    >>> mon = Monitor(out_dir="runs/job1")          # after dist.init_process_group(...)
+    >>> loader = mon.wrap_loader(loader)
+    >>> with mon.region("forward"): ...
+    >>> mon.step()                                  # once per iteration
+    >>> mon.close()
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        policy: TriggerPolicy | None = None,
+        role: str = "worker",
+        store: Any = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        self.out_dir = Path(out_dir)
+        self.gaps: list[CollectorGap] = []
+        self.windows_completed: list[str] = []
+        self.windows_closed = 0
+        self.disabled = False
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+        self._events: list[Execution] = []
+        self._events_dropped = 0
+        self._recording = False
+        self._window: WindowPlan | None = None
+        self._pending: WindowPlan | None = None
+        self._windows_opened = 0
+        self._window_times: deque[float] = deque()
+        self._step = 0                                  # index of the step now running
+        self._last_ns: int | None = None
+        self._bounds: list[int] = []
+        self._exclude_next = False
+        self._det_seconds = 0.0
+        self._det_calls = 0
+        self._win_seconds_this_call = 0.0
+        self._sampler: SamplerClient | None = None
+        self._ops = TorchOpsRecorder()
+        self._gc = GcHook(self._record)
+        self.config: dict[str, str] = {}
+        try:
+            self.policy = TriggerPolicy.from_env(policy)
+            r, w, backend, job_store = _dist_info()
+            self.rank = r if rank is None else rank
+            self.world_size = w if world_size is None else world_size
+            self.job = JobInfo(
+                rank=self.rank,
+                world_size=self.world_size,
+                local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                role=role,
+                backend=backend,
+            )
+            store = store if store is not None else job_store
+            if store is None:
+                if self.world_size > 1:
+                    self._gap("store", "no torch.distributed store: windows cannot be synchronized; detector off")
+                store = LocalStore()
+            self._coord = WindowCoordinator(store, self.rank)
+            self._detector = StepTimeDetector(self.policy)
+            force = os.environ.get(FORCE_ENV)
+            if force:
+                self._pending = WindowPlan(0, int(force), "forced", None)
+            self._collect_config()
+            self._sampler = SamplerClient(os.getpid(), threading.get_native_id())
+            self.gaps.extend(self._sampler.gaps)
+        except Exception as exc:
+            self._disable("init", exc)
+
+    # ---------------------------------------------------------------- public API
+    def wrap_loader(self, loader: Iterable[Any]) -> Iterable[Any]:
+        """Time every `next()` of the loader (data-loading stalls show up as `DataLoader.__next__`)."""
+        try:
+            for attr in ("num_workers", "batch_size", "pin_memory", "prefetch_factor", "persistent_workers"):
+                if hasattr(loader, attr):
+                    self.config[f"dataloader.{attr}"] = str(getattr(loader, attr))
+            return _TimedLoader(self, loader)
+        except Exception as exc:
+            self._warn("wrap_loader", exc)
+            return loader
+
+    @contextlib.contextmanager
+    def region(self, name: str) -> Iterator[None]:
+        """Annotate a user region; its own time (outside torch ops) is attributed to it."""
+        t0 = time.monotonic_ns() if self._recording else 0
+        try:
+            yield
+        finally:
+            if t0:
+                self._record(Execution(t0, time.monotonic_ns(), Category.region, str(name)))
+
+    def step(self) -> None:
+        """Call once per iteration, after the optimizer step."""
+        if self.disabled:
+            return
+        t_in = time.perf_counter()
+        self._win_seconds_this_call = 0.0
+        try:
+            self._on_step()
+        except Exception as exc:
+            self._disable("step", exc)
+        # window open/close time is the window's cost, not the detector's
+        self._det_seconds += time.perf_counter() - t_in - self._win_seconds_this_call
+        self._det_calls += 1
+
+    def close(self) -> None:
+        try:
+            if self._window is not None:
+                self._gap("window", f"job ended inside window {self._window.index}; summarizing what was seen")
+                self._close_window(time.monotonic_ns())
+        except Exception as exc:
+            self._warn("close", exc)
+        finally:
+            self._gc.remove()
+            if self._sampler is not None:
+                self._sampler.close()
+
+    # ---------------------------------------------------------------- internals
+    def _record(self, ex: Execution) -> None:
+        if not self._recording:
+            return
+        if len(self._events) >= self.policy.max_events:
+            self._events_dropped += 1
+            return
+        self._events.append(ex)
+
+    def _gap(self, source: str, reason: str) -> None:
+        self.gaps.append(CollectorGap(source=source, reason=reason))
+
+    def _warn(self, where: str, exc: BaseException) -> None:
+        if where not in self._warned:
+            self._warned.add(where)
+            log.warning("eroica collector: %s failed (%r); training continues", where, exc)
+            self._gap(where, repr(exc)[:200])
+
+    def _disable(self, where: str, exc: BaseException) -> None:
+        self._warn(where, exc)
+        self.disabled = True
+        self._recording = False
+        with contextlib.suppress(Exception):
+            self._gc.remove()
+
+    def _collect_config(self) -> None:
+        try:
+            import torch
+
+            self.config["torch.version"] = torch.__version__
+            self.config["torch.num_threads"] = str(torch.get_num_threads())
+            self.config["torch.num_interop_threads"] = str(torch.get_num_interop_threads())
+        except Exception:
+            self._gap("config", "torch not importable")
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NCCL_ALGO", "NCCL_PROTO", "CUDA_VISIBLE_DEVICES"):
+            if var in os.environ:
+                self.config[f"env.{var}"] = os.environ[var]
+        self.config["cpu.count"] = str(os.cpu_count())
+        with contextlib.suppress(Exception):
+            self.config["cpu.affinity_count"] = str(len(os.sched_getaffinity(0)))
+
+    def _on_step(self) -> None:
+        now = time.monotonic_ns()
+        done = self._step                               # the step that just finished
+        seconds = None if self._last_ns is None else (now - self._last_ns) / 1e9
+        self._last_ns = now
+        self._step += 1
+        in_window = self._window is not None
+        if in_window:
+            self._bounds.append(now)
+            assert self._window is not None
+            if self._step >= self._window.start_step + self.policy.window_steps:
+                self._close_window(now)
+                self._exclude_next = True               # the next step carries the summary cost
+                self._last_ns = time.monotonic_ns()
+            else:
+                self._ops.mark_step(self._step)
+        if seconds is not None and self.policy.enabled:
+            excluded = in_window or self._exclude_next
+            if not in_window:
+                self._exclude_next = False
+            decision = self._detector.observe(done, seconds, excluded=excluded)
+            if decision.fire and self._pending is None and self._window is None and self._may_open():
+                self._propose()
+        if self._pending is None and self._window is None and self._step % self.policy.poll_every_steps == 0:
+            self._poll()
+        if self._window is None and self._pending is not None and self._step >= self._pending.start_step:
+            if self._step > self._pending.start_step:
+                self._gap("window", f"window {self._pending.index} planned at step {self._pending.start_step} "
+                                    f"seen at step {self._step}: started late")
+            self._open_window(self._pending, now)
+
+    def _may_open(self) -> bool:
+        cutoff = time.monotonic() - 3600
+        while self._window_times and self._window_times[0] < cutoff:
+            self._window_times.popleft()
+        return len(self._window_times) < self.policy.max_windows_per_hour
+
+    def _propose(self) -> None:
+        target = self._step + self.policy.lead_steps
+        try:
+            self._pending = self._coord.propose(self._windows_opened, target)
+        except Exception as exc:
+            self._warn("store.propose", exc)
+
+    def _poll(self) -> None:
+        try:
+            plan = self._coord.poll(self._windows_opened)
+        except Exception as exc:
+            self._warn("store.poll", exc)
+            return
+        if plan is not None:
+            self._pending = plan
+
+    def _open_window(self, plan: WindowPlan, now: int) -> None:
+        t_in = time.perf_counter()
+        try:
+            self._open_window_inner(plan)
+        finally:
+            self._win_seconds_this_call += time.perf_counter() - t_in
+
+    def _open_window_inner(self, plan: WindowPlan) -> None:
+        self._pending = None
+        self._window = plan
+        self._windows_opened = max(self._windows_opened, plan.index) + 1
+        self._window_times.append(time.monotonic())
+        self._detector.window_scheduled(plan.start_step + self.policy.window_steps)
+        self._events = []
+        self._events_dropped = 0
+        self._window_gaps: list[CollectorGap] = []
+        if self._sampler is not None and not self._sampler.start(
+            self.policy.sample_interval_seconds, capacity=20_000
+        ):
+            self._window_gaps.append(CollectorGap(source="sampler", reason="hardware sampler unavailable"))
+        gap = self._ops.start()
+        if gap is not None:
+            self._window_gaps.append(gap)
+        self._gc.install()
+        self._recording = True
+        self._ops.mark_step(self._step)
+        self._bounds = [time.monotonic_ns()]
+
+    def _window_id(self, plan: WindowPlan) -> str:
+        return f"w{plan.index:03d}-s{plan.start_step}"
+
+    def _close_window(self, now: int) -> None:
+        t_in = time.perf_counter()
+        try:
+            self._close_window_inner()
+        finally:
+            self._win_seconds_this_call += time.perf_counter() - t_in
+
+    def _close_window_inner(self) -> None:
+        plan = self._window
+        assert plan is not None
+        self.windows_closed += 1
+        t_sum = time.monotonic()
+        self._recording = False
+        self._window = None
+        self._gc.remove()
+        wid = self._window_id(plan)
+        wdir = self.out_dir / wid
+        trace_path = None
+        if self.policy.keep_raw_trace:
+            wdir.mkdir(parents=True, exist_ok=True)
+            trace_path = str(wdir / f"rank-{self.rank}.trace.json")
+        ops = self._ops.stop(self.policy.max_events, trace_path, self.policy.raw_trace_max_bytes)
+        series = self._sampler.stop() if self._sampler is not None else None
+        if self._sampler is not None:
+            for g in self._sampler.gaps:
+                if g not in self.gaps:
+                    self.gaps.append(g)
+        history = list(self._detector.history)
+        n_window = len(self._bounds) - 1
+        before = history[: max(len(history) - n_window, 0)][-20:]
+        rec = WindowRecord(
+            job=self.job,
+            window_id=wid,
+            start_step=plan.start_step,
+            trigger=plan.trigger,
+            triggered_by_rank=plan.triggered_by_rank,
+            step_bounds_ns=list(self._bounds),
+            before_seconds=before,
+            baseline_median_seconds=self._detector.baseline_median_seconds,
+            executions=ops.executions + self._events,
+            samples=series,
+            gaps=self.gaps + self._window_gaps + ops.gaps,
+            config=dict(self.config),
+            events_dropped=ops.dropped + self._events_dropped,
+            detector_seconds_total=self._det_seconds,
+            detector_calls_total=self._det_calls,
+            raw_trace_bytes=ops.raw_trace_bytes,
+        )
+        self._events = []
+        if len(rec.step_bounds_ns) < 2:
+            self._gap("window", f"window {wid} closed before a full step; nothing written")
+            return
+        doc = summarize(rec, t_sum, time.monotonic())
+        self._write(wdir, doc)
+        self.windows_completed.append(wid)
+
+    def _write(self, wdir: Path, doc: Any) -> None:
+        wdir.mkdir(parents=True, exist_ok=True)
+        data = doc.model_dump(mode="json", by_alias=True)
+        text = json.dumps(data, separators=(",", ":"))
+        size = len(text.encode())
+        data["overhead"]["pattern_bytes"] = size
+        text = json.dumps(data, separators=(",", ":"))
+        final = wdir / f"rank-{self.rank}.json"
+        tmp = wdir / f".rank-{self.rank}.json.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, final)

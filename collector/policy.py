@@ -1,0 +1,58 @@
+"""The trigger policy: one validated config for when a profiling window opens."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class TriggerPolicy(BaseModel):
+    """When the step-time detector opens a window, and how long it lasts.
+
+    Defaults follow public practice (skip warm-up steps, robust baseline, several consecutive
+    breaches, a cooldown) and are tuned for short CPU jobs; production jobs raise `warmup_steps`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    warmup_steps: int = Field(5, ge=0, description="steps ignored at start (compilation, caches)")
+    baseline_steps: int = Field(10, ge=3, description="steps whose median/MAD form the baseline")
+    threshold_mad: float = Field(5.0, gt=0, description="breach when step > median + k * 1.4826 * MAD")
+    threshold_min_ratio: float = Field(
+        1.15, gt=1.0, description="and step > median * ratio (guards a tiny MAD)"
+    )
+    consecutive_breaches: int = Field(3, ge=1, description="breaches in a row before a window opens")
+    breach_window: int = Field(
+        0, ge=0, description="if > 0: open when this many of the last N steps breached (intermittent faults)"
+    )
+    lead_steps: int = Field(3, ge=1, description="steps between agreement and window start (all ranks see it)")
+    window_steps: int = Field(6, ge=2, description="steps profiled per window")
+    cooldown_steps: int = Field(20, ge=0, description="steps after a window before the detector re-arms")
+    max_windows_per_hour: int = Field(6, ge=0)
+    sample_interval_seconds: float = Field(0.005, gt=0, le=1.0, description="hardware sampler period")
+    max_events: int = Field(200_000, ge=1000, description="cap on function executions kept per window")
+    poll_every_steps: int = Field(1, ge=1, description="how often ranks check the store for a window")
+    keep_raw_trace: bool = Field(False, description="keep a bounded Chrome trace of the window")
+    raw_trace_max_bytes: int = Field(8 * 1024 * 1024, ge=0)
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> TriggerPolicy:
+        if self.breach_window and self.breach_window < self.consecutive_breaches:
+            raise ValueError("breach_window must be >= consecutive_breaches (or 0 to disable)")
+        return self
+
+    @classmethod
+    def from_env(cls, base: TriggerPolicy | None = None) -> TriggerPolicy:
+        """Apply `EROICA_POLICY_<FIELD>=value` overrides (used by launchers and tests)."""
+        data = (base or cls()).model_dump()
+        for name, field in cls.model_fields.items():
+            raw = os.environ.get(f"EROICA_POLICY_{name.upper()}")
+            if raw is None:
+                continue
+            if field.annotation is bool:
+                data[name] = raw.strip().lower() in ("1", "true", "yes", "on")
+            else:
+                data[name] = raw
+        return cls.model_validate(data)

@@ -1,0 +1,335 @@
+"""Hardware sampler: a background thread reading /proc, /sys and psutil on the local monotonic clock.
+
+Each source is read behind a guard: a source that fails is recorded once as a `CollectorGap`
+and not read again in this window. Samples go into preallocated numpy arrays (a hard cap),
+so memory is bounded whatever the window length.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from eroica.collector.facts import CollectorGap
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+SLOW_EVERY = 10  # heavier sources are read every SLOW_EVERY samples
+
+
+class Source(Protocol):
+    name: str
+    columns: tuple[str, ...]
+    slow: bool
+
+    def read(self) -> tuple[float, ...]: ...
+
+
+def _read(path: str) -> str:
+    with open(path, "rb", buffering=0) as fh:
+        return fh.read(65536).decode()
+
+
+@dataclass
+class SchedStat:
+    """The training thread's on-CPU and run-queue wait time (ns), from schedstat."""
+
+    pid: int
+    tid: int
+    name: str = "schedstat"
+    columns: tuple[str, ...] = ("main_cpu_ns", "main_wait_ns")
+    slow: bool = False
+
+    def __post_init__(self) -> None:
+        self.path = f"/proc/{self.pid}/task/{self.tid}/schedstat"
+
+    def read(self) -> tuple[float, ...]:
+        run, wait, _ = _read(self.path).split()
+        return float(run), float(wait)
+
+
+@dataclass
+class ProcStat:
+    """Whole-process CPU (all threads) and page faults, from /proc/self/stat."""
+
+    pid: int
+    name: str = "proc_stat"
+    columns: tuple[str, ...] = ("proc_cpu_s", "minflt", "majflt")
+    slow: bool = False
+
+    def read(self) -> tuple[float, ...]:
+        raw = _read(f"/proc/{self.pid}/stat")
+        fields = raw[raw.rindex(")") + 2 :].split()
+        # fields[0] is field 3 (state); minflt=10, majflt=12, utime=14, stime=15 (1-based)
+        minflt, majflt = float(fields[7]), float(fields[9])
+        cpu = (float(fields[11]) + float(fields[12])) / CLK_TCK
+        return cpu, minflt, majflt
+
+
+@dataclass
+class ThreadCtx:
+    pid: int
+    tid: int
+    name: str = "ctx_switches"
+    columns: tuple[str, ...] = ("invol_ctx",)
+    slow: bool = True
+
+    def read(self) -> tuple[float, ...]:
+        for line in _read(f"/proc/{self.pid}/task/{self.tid}/status").splitlines():
+            if line.startswith("nonvoluntary_ctxt_switches"):
+                return (float(line.split()[1]),)
+        raise OSError("nonvoluntary_ctxt_switches missing")
+
+
+def cgroup_cpu_dir(pid: int | str = "self") -> tuple[Path, int]:
+    """The cgroup directory holding a process's CPU controller files, and the cgroup version."""
+    v2_path = None
+    for line in _read(f"/proc/{pid}/cgroup").splitlines():
+        hid, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            for root in (Path("/sys/fs/cgroup/cpu,cpuacct"), Path("/sys/fs/cgroup/cpu")):
+                cand = root / path.lstrip("/")
+                if (cand / "cpu.stat").exists():
+                    return cand, 1
+        if hid == "0" and controllers == "":
+            v2_path = path
+    if v2_path is not None:
+        for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+            cand = root / v2_path.lstrip("/")
+            if (cand / "cpu.stat").exists() and "throttled" in _read(str(cand / "cpu.stat")):
+                return cand, 2
+    raise OSError("no cgroup cpu controller with cpu.stat found for this process")
+
+
+@dataclass
+class CgroupCpu:
+    """CFS throttling counters of this process's cgroup (v1 or v2)."""
+
+    pid: int
+    name: str = "cgroup_cpu"
+    columns: tuple[str, ...] = ("cg_nr_throttled", "cg_throttled_ns")
+    slow: bool = False
+
+    def __post_init__(self) -> None:
+        self.directory, self.version = cgroup_cpu_dir(self.pid)
+        self.stat_path = str(self.directory / "cpu.stat")
+
+    def quota_cores(self) -> float | None:
+        if self.version == 1:
+            quota = int(_read(str(self.directory / "cpu.cfs_quota_us")))
+            period = int(_read(str(self.directory / "cpu.cfs_period_us")))
+            return None if quota < 0 else quota / period
+        quota_s, period_s = _read(str(self.directory / "cpu.max")).split()
+        return None if quota_s == "max" else int(quota_s) / int(period_s)
+
+    def read(self) -> tuple[float, ...]:
+        vals = dict(line.split() for line in _read(self.stat_path).splitlines() if line.strip())
+        if self.version == 1:
+            return float(vals["nr_throttled"]), float(vals["throttled_time"])
+        return float(vals["nr_throttled"]), float(vals["throttled_usec"]) * 1000.0
+
+
+@dataclass
+class ProcMem:
+    pid: int
+    name: str = "memory"
+    columns: tuple[str, ...] = ("rss_bytes", "swap_bytes")
+    slow: bool = True
+
+    def read(self) -> tuple[float, ...]:
+        rss = swap = 0.0
+        for line in _read(f"/proc/{self.pid}/status").splitlines():
+            if line.startswith("VmRSS:"):
+                rss = float(line.split()[1]) * 1024
+            elif line.startswith("VmSwap:"):
+                swap = float(line.split()[1]) * 1024
+        return rss, swap
+
+
+@dataclass
+class ProcIO:
+    pid: int
+    name: str = "disk_io"
+    columns: tuple[str, ...] = ("io_read_bytes", "io_write_bytes")
+    slow: bool = True
+
+    def read(self) -> tuple[float, ...]:
+        vals = dict(line.split(": ") for line in _read(f"/proc/{self.pid}/io").splitlines())
+        return float(vals["read_bytes"]), float(vals["write_bytes"])
+
+
+@dataclass
+class SystemCpu:
+    """All-core and per-core busy jiffies from /proc/stat (per-core util over the window)."""
+
+    name: str = "system_cpu"
+    columns: tuple[str, ...] = ("sys_busy", "sys_total")
+    slow: bool = True
+    per_core_first: list[tuple[float, float]] = field(default_factory=list)
+    per_core_last: list[tuple[float, float]] = field(default_factory=list)
+
+    def read(self) -> tuple[float, ...]:
+        rows = []
+        for line in _read("/proc/stat").splitlines():
+            if not line.startswith("cpu"):
+                break
+            parts = line.split()
+            vals = [float(x) for x in parts[1:9]]
+            idle = vals[3] + vals[4]
+            rows.append((sum(vals) - idle, sum(vals)))
+        self.per_core_last = rows[1:]
+        if not self.per_core_first:
+            self.per_core_first = rows[1:]
+        return rows[0]
+
+    def per_core_util(self) -> list[float]:
+        out = []
+        for (b0, t0), (b1, t1) in zip(self.per_core_first, self.per_core_last):
+            out.append(round((b1 - b0) / (t1 - t0), 4) if t1 > t0 else 0.0)
+        return out
+
+
+@dataclass
+class NetDev:
+    """Per-interface rx+tx byte counters from /proc/net/dev (loopback included: gloo uses it)."""
+
+    pid: int
+    name: str = "nic"
+    slow: bool = False
+    interfaces: tuple[str, ...] = ()
+    columns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.interfaces:
+            self.interfaces = tuple(sorted(self._parse()))
+        self.columns = tuple(f"nic:{i}" for i in self.interfaces)
+
+    def _parse(self) -> dict[str, float]:
+        out = {}
+        for line in _read(f"/proc/{self.pid}/net/dev").splitlines()[2:]:
+            name, rest = line.split(":", 1)
+            f = rest.split()
+            out[name.strip()] = float(f[0]) + float(f[8])
+        return out
+
+    def read(self) -> tuple[float, ...]:
+        d = self._parse()
+        return tuple(d.get(i, 0.0) for i in self.interfaces)
+
+
+@dataclass
+class SampleSeries:
+    """What one window's sampling produced: column -> array, aligned on `t_ns` (monotonic)."""
+
+    t_ns: np.ndarray
+    columns: dict[str, np.ndarray]
+    gaps: list[CollectorGap]
+    interval_seconds: float
+    sampler_cpu_seconds: float
+    dropped_total: int
+    extras: dict[str, object] = field(default_factory=dict)
+
+
+class HardwareSampler:
+    """Samples every `interval` seconds between start() and stop(); at most `capacity` samples."""
+
+    def __init__(self, sources: list[Source], interval: float, capacity: int = 20_000) -> None:
+        self.sources = sources
+        self.interval = interval
+        self.capacity = capacity
+        self.gaps: list[CollectorGap] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._n = 0
+        self._dropped = 0
+        self._cpu = 0.0
+        cols = [c for s in sources for c in s.columns]
+        self._t = np.zeros(capacity, dtype=np.int64)
+        self._data = {c: np.full(capacity, np.nan) for c in cols}
+        self._dead: set[str] = set()
+
+    def _sample_once(self, idx: int, slow: bool) -> None:
+        self._t[idx] = time.monotonic_ns()
+        for src in self.sources:
+            if src.name in self._dead or (src.slow and not slow):
+                continue
+            try:
+                vals = src.read()
+            except Exception as exc:  # a broken source becomes a gap, never an exception
+                self._dead.add(src.name)
+                self.gaps.append(CollectorGap(source=src.name, reason=f"read failed: {exc!r}"[:200]))
+                continue
+            for col, v in zip(src.columns, vals):
+                self._data[col][idx] = v
+
+    def _run(self) -> None:
+        t_cpu0 = time.thread_time()
+        i = 0
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            if self._n >= self.capacity:
+                self._dropped += 1
+            else:
+                self._sample_once(self._n, slow=(i % SLOW_EVERY == 0))
+                self._n += 1
+            i += 1
+            next_t += self.interval
+            delay = next_t - time.monotonic()
+            if delay < 0:
+                next_t = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+        if self._n < self.capacity:
+            self._sample_once(self._n, slow=True)  # a final full sample closes the window
+            self._n += 1
+        self._cpu = time.thread_time() - t_cpu0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="eroica-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> SampleSeries:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self.gaps.append(CollectorGap(source="sampler", reason="sampler thread did not stop in time"))
+        n = self._n
+        return SampleSeries(
+            t_ns=self._t[:n].copy(),
+            columns={c: a[:n].copy() for c, a in self._data.items()},
+            gaps=list(self.gaps),
+            interval_seconds=self.interval,
+            sampler_cpu_seconds=self._cpu,
+            dropped_total=self._dropped,
+        )
+
+
+def default_sources(pid: int, main_tid: int) -> tuple[list[Source], list[CollectorGap]]:
+    """Every source this machine offers for process `pid` (training thread `main_tid`);
+    the ones that cannot even be set up become gaps."""
+    sources: list[Source] = []
+    gaps: list[CollectorGap] = []
+    factories = [
+        ("schedstat", lambda: SchedStat(pid, main_tid)),
+        ("proc_stat", lambda: ProcStat(pid)),
+        ("ctx_switches", lambda: ThreadCtx(pid, main_tid)),
+        ("cgroup_cpu", lambda: CgroupCpu(pid)),
+        ("memory", lambda: ProcMem(pid)),
+        ("disk_io", lambda: ProcIO(pid)),
+        ("system_cpu", SystemCpu),
+        ("nic", lambda: NetDev(pid)),
+    ]
+    for name, make in factories:
+        try:
+            src = make()
+            src.read()
+            sources.append(src)
+        except Exception as exc:
+            gaps.append(CollectorGap(source=name, reason=f"unavailable: {exc!r}"[:200]))
+    return sources, gaps

@@ -1,0 +1,174 @@
+"""Out-of-process hardware sampling.
+
+A sampler thread inside the training process competes for the GIL: under a busy training loop
+each /proc read waits for the interpreter's switch interval, and a 5 ms sampler delivers a
+sample every ~40 ms. So the sampler runs in a small helper process (no torch import) that reads
+/proc/<pid>/... of the training process on the same system-wide monotonic clock. It is started
+once per Monitor, sleeps on a pipe between windows (no CPU), and exits when the pipe closes.
+
+Protocol on the helper's stdin/stdout: `start <interval_s> <capacity>\\n` -> `ok\\n`;
+`stop\\n` -> 8-byte big-endian length + pickle of the series; `quit\\n` or EOF -> exit.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import time
+
+from eroica.collector.facts import CollectorGap
+from eroica.collector.sampler import HardwareSampler, SampleSeries, SystemCpu, default_sources
+
+
+def _series_to_dict(s: SampleSeries) -> dict:
+    return {
+        "t_ns": s.t_ns,
+        "columns": s.columns,
+        "gaps": [g.model_dump() for g in s.gaps],
+        "interval_seconds": s.interval_seconds,
+        "sampler_cpu_seconds": s.sampler_cpu_seconds,
+        "dropped_total": s.dropped_total,
+        "extras": s.extras,
+    }
+
+
+def helper_main(pid: int, tid: int) -> None:
+    out = sys.stdout.buffer
+    sampler: HardwareSampler | None = None
+    setup_gaps: list[CollectorGap] = []
+    quota: float | None = None
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd:
+            continue
+        if cmd[0] == "start":
+            sources, setup_gaps = default_sources(pid, tid)
+            quota = None
+            for src in sources:
+                if src.name == "cgroup_cpu":
+                    try:
+                        quota = src.quota_cores()  # type: ignore[attr-defined]
+                    except Exception as exc:
+                        setup_gaps.append(CollectorGap(source="cgroup_quota", reason=repr(exc)[:200]))
+            sampler = HardwareSampler(sources, float(cmd[1]), int(cmd[2]))
+            sampler.start()
+            out.write(b"ok\n")
+            out.flush()
+        elif cmd[0] == "stop" and sampler is not None:
+            series = sampler.stop()
+            series.gaps = setup_gaps + series.gaps
+            series.extras["cgroup_cpu_quota_cores"] = quota
+            for src in sampler.sources:
+                if isinstance(src, SystemCpu):
+                    series.extras["per_core_util_ratio"] = src.per_core_util()
+            blob = pickle.dumps(_series_to_dict(series), protocol=pickle.HIGHEST_PROTOCOL)
+            out.write(struct.pack(">Q", len(blob)) + blob)
+            out.flush()
+            sampler = None
+        elif cmd[0] == "quit":
+            break
+
+
+class SamplerClient:
+    """The training process's handle on the helper. Every failure is a gap, never an exception."""
+
+    def __init__(self, pid: int, tid: int, timeout_seconds: float = 5.0) -> None:
+        self.pid, self.tid, self.timeout = pid, tid, timeout_seconds
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.gaps: list[CollectorGap] = []
+        self._running = False
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "eroica.collector.sampler_proc", str(pid), str(tid)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        except Exception as exc:
+            self.gaps.append(CollectorGap(source="sampler", reason=f"helper did not start: {exc!r}"[:200]))
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _read_exact(self, n: int, deadline: float) -> bytes:
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        buf = bytearray()
+        while len(buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError("sampler helper did not answer in time")
+            chunk = os.read(fd, n - len(buf))
+            if not chunk:
+                raise EOFError("sampler helper exited")
+            buf += chunk
+        return bytes(buf)
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        self.gaps.append(CollectorGap(source="sampler", reason=f"{what}: {exc!r}"[:200]))
+        self.close()
+
+    def start(self, interval: float, capacity: int) -> bool:
+        if not self.alive:
+            return False
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(f"start {interval} {capacity}\n".encode())
+            self.proc.stdin.flush()
+            line = self._read_exact(3, time.monotonic() + self.timeout)
+            if line != b"ok\n":
+                raise RuntimeError(f"unexpected answer {line!r}")
+            self._running = True
+            return True
+        except Exception as exc:
+            self._fail("start failed", exc)
+            return False
+
+    def stop(self) -> SampleSeries | None:
+        if not (self.alive and self._running):
+            return None
+        assert self.proc is not None and self.proc.stdin is not None
+        self._running = False
+        try:
+            self.proc.stdin.write(b"stop\n")
+            self.proc.stdin.flush()
+            deadline = time.monotonic() + self.timeout
+            (n,) = struct.unpack(">Q", self._read_exact(8, deadline))
+            d = pickle.loads(self._read_exact(n, deadline))
+        except Exception as exc:
+            self._fail("stop failed", exc)
+            return None
+        return SampleSeries(
+            t_ns=d["t_ns"],
+            columns=d["columns"],
+            gaps=[CollectorGap(**g) for g in d["gaps"]],
+            interval_seconds=d["interval_seconds"],
+            sampler_cpu_seconds=d["sampler_cpu_seconds"],
+            dropped_total=d["dropped_total"],
+            extras=d["extras"],
+        )
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=2)
+        except Exception:
+            proc.kill()
+            proc.wait(timeout=2)
+        finally:
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+if __name__ == "__main__":
+    helper_main(int(sys.argv[1]), int(sys.argv[2]))

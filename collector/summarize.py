@@ -1,0 +1,223 @@
+"""Local summary: one window's raw executions and samples -> an `eroica.patterns/v1` document."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from eroica.collector.critical import Execution, attribute, metric_by_key, per_step_critical
+from eroica.collector.facts import (
+    Category,
+    CollectorGap,
+    CollectorOverhead,
+    ConfigFact,
+    FunctionPattern,
+    HardwareSummary,
+    JobInfo,
+    MetricName,
+    PatternsDoc,
+    StepTimes,
+    WindowInfo,
+)
+from eroica.collector.sampler import SampleSeries
+
+MIN_BETA = 0.005            # functions below 0.5% of the critical path are dropped ...
+ALWAYS_KEEP = {Category.data, Category.gc, Category.communication, Category.region}  # ... except these
+MAX_FUNCTIONS = 40
+
+
+@dataclass
+class WindowRecord:
+    """Everything one rank captured in one window, before summarizing."""
+
+    job: JobInfo
+    window_id: str
+    start_step: int
+    trigger: str
+    triggered_by_rank: int | None
+    step_bounds_ns: list[int]                 # monotonic; len = steps + 1
+    before_seconds: list[float]
+    baseline_median_seconds: float | None
+    executions: list[Execution]
+    samples: SampleSeries | None
+    gaps: list[CollectorGap] = field(default_factory=list)
+    config: dict[str, str] = field(default_factory=dict)
+    events_dropped: int = 0
+    detector_seconds_total: float = 0.0
+    detector_calls_total: int = 0
+    raw_trace_bytes: int = 0
+
+
+def _rate(series: SampleSeries, col: str) -> np.ndarray | None:
+    v = series.columns.get(col)
+    if v is None or len(v) < 2 or not np.isfinite(v).any():
+        return None
+    dt = np.diff(series.t_ns).astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(dt > 0, np.diff(v) / dt, np.nan)
+
+
+def _delta(series: SampleSeries, col: str) -> float | None:
+    v = series.columns.get(col)
+    if v is None:
+        return None
+    ok = v[np.isfinite(v)]
+    return float(ok[-1] - ok[0]) if len(ok) >= 2 else None
+
+
+def _mean(series: SampleSeries, col: str) -> float | None:
+    v = series.columns.get(col)
+    if v is None:
+        return None
+    ok = v[np.isfinite(v)]
+    return float(ok.mean()) if len(ok) else None
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None or not np.isfinite(x) else round(float(x), nd)
+
+
+def hardware_summary(series: SampleSeries | None, wall_s: float) -> HardwareSummary:
+    if series is None or len(series.t_ns) < 2:
+        return HardwareSummary(sample_interval_seconds=0.0, samples_total=0 if series is None else len(series.t_ns))
+    span = (series.t_ns[-1] - series.t_ns[0]) / 1e9 or wall_s or 1.0
+
+    def per_s(col: str) -> float | None:
+        d = _delta(series, col)
+        return None if d is None else d / span
+
+    cpu = _delta(series, "main_cpu_ns")
+    wait = _delta(series, "main_wait_ns")
+    thr = _delta(series, "cg_throttled_ns")
+    nr = _delta(series, "cg_nr_throttled")
+    busy, total = _delta(series, "sys_busy"), _delta(series, "sys_total")
+    nics = {c.split(":", 1)[1]: round(per_s(c) or 0.0, 1) for c in series.columns if c.startswith("nic:")}
+    proc_cpu = _delta(series, "proc_cpu_s")
+    return HardwareSummary(
+        sample_interval_seconds=series.interval_seconds,
+        samples_total=len(series.t_ns),
+        cpu_util_ratio=_r(None if cpu is None else cpu / 1e9 / span),
+        process_cpu_cores=_r(None if proc_cpu is None else proc_cpu / span),
+        runqueue_wait_ratio=_r(None if wait is None else wait / 1e9 / span),
+        involuntary_ctx_switches_per_second=_r(per_s("invol_ctx"), 2),
+        cgroup_throttled_ratio=_r(None if thr is None else min(thr / 1e9 / span, 1.0)),
+        cgroup_nr_throttled_total=None if nr is None else int(nr),
+        cgroup_cpu_quota_cores=_r(series.extras.get("cgroup_cpu_quota_cores")),  # type: ignore[arg-type]
+        system_cpu_util_ratio=_r(None if not total else busy / total),  # type: ignore[operator]
+        per_core_util_ratio=list(series.extras.get("per_core_util_ratio", [])),  # type: ignore[call-overload]
+        rss_bytes=_r(_mean(series, "rss_bytes"), 0),
+        swap_used_bytes=_r(_mean(series, "swap_bytes"), 0),
+        major_faults_per_second=_r(per_s("majflt"), 2),
+        minor_faults_per_second=_r(per_s("minflt"), 1),
+        disk_read_bytes_per_second=_r(per_s("io_read_bytes"), 1),
+        disk_write_bytes_per_second=_r(per_s("io_write_bytes"), 1),
+        nic_bytes_per_second=nics,
+    )
+
+
+def _metric_for(cat: Category) -> MetricName:
+    if cat == Category.communication:
+        return MetricName.nic_bytes_per_second
+    if cat == Category.kernel:
+        return MetricName.gpu_sm_clock_mhz
+    return MetricName.cpu_util_ratio
+
+
+def summarize(rec: WindowRecord, summarize_started: float, now: float) -> PatternsDoc:
+    bounds = rec.step_bounds_ns
+    t0, t1 = bounds[0], bounds[-1]
+    wall_s = max((t1 - t0) / 1e9, 1e-9)
+    seg = attribute(rec.executions, t0, t1)
+    per_step = per_step_critical(seg, bounds)
+    crit = per_step.sum(axis=1)
+    durations: dict[int, list[float]] = {}
+    index = {k: i for i, k in enumerate(seg.names)}
+    for e in rec.executions:
+        if e.end_ns <= t0 or e.start_ns >= t1:
+            continue
+        durations.setdefault(index[(e.category, e.name)], []).append((e.end_ns - e.start_ns) / 1e9)
+    untracked = (seg.end_ns - seg.start_ns)[seg.key == 0] / 1e9
+    durations[0] = list(untracked)
+
+    rates: dict[MetricName, np.ndarray | None] = {}
+    series = rec.samples
+    if series is not None and len(series.t_ns) >= 2:
+        rates[MetricName.cpu_util_ratio] = _rate(series, "main_cpu_ns")
+        nic_cols = [c for c in series.columns if c.startswith("nic:")]
+        if nic_cols:
+            dt = np.diff(series.t_ns).astype(float) / 1e9
+            tot = sum(np.diff(series.columns[c]) for c in nic_cols)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rates[MetricName.nic_bytes_per_second] = np.where(dt > 0, tot / dt, np.nan)
+    metric_stats = {}
+    for m, r in rates.items():
+        if r is not None:
+            metric_stats[m] = metric_by_key(seg, series.t_ns, r)  # type: ignore[union-attr]
+
+    funcs: list[FunctionPattern] = []
+    for i, (cat, name) in enumerate(seg.names):
+        beta = float(crit[i] / wall_s)
+        if (beta < MIN_BETA and cat not in ALWAYS_KEEP) or crit[i] <= 0:
+            continue
+        d = np.asarray(durations.get(i, []), dtype=float)
+        m = _metric_for(cat)
+        mean = std = None
+        n = 0
+        if m in metric_stats:
+            mu, sd, cnt = metric_stats[m]
+            if cnt[i] > 0 and np.isfinite(mu[i]):
+                mean, std, n = round(float(mu[i]), 4), round(float(sd[i]), 4), int(cnt[i])
+        funcs.append(
+            FunctionPattern(
+                category=cat,
+                name=name,
+                occurrences_total=len(d),
+                total_seconds=round(float(d.sum()), 6),
+                critical_seconds=round(float(crit[i]), 6),
+                beta_ratio=round(min(beta, 1.0), 5),
+                mean_seconds=round(float(d.mean()), 6) if len(d) else 0.0,
+                p50_seconds=round(float(np.percentile(d, 50)), 6) if len(d) else 0.0,
+                p90_seconds=round(float(np.percentile(d, 90)), 6) if len(d) else 0.0,
+                max_seconds=round(float(d.max()), 6) if len(d) else 0.0,
+                std_seconds=round(float(d.std()), 6) if len(d) else 0.0,
+                critical_per_step_seconds=[round(float(x), 6) for x in per_step[i]],
+                metric=m if mean is not None else None,
+                metric_mean=mean,
+                metric_std=std,
+                metric_samples_total=n,
+            )
+        )
+    funcs.sort(key=lambda f: -f.critical_seconds)
+    funcs = funcs[:MAX_FUNCTIONS]
+    during = [round((b - a) / 1e9, 6) for a, b in zip(bounds[:-1], bounds[1:])]
+    gaps = list(rec.gaps) + (list(series.gaps) if series is not None else [])
+    return PatternsDoc(
+        job=rec.job,
+        window=WindowInfo(
+            window_id=rec.window_id,
+            start_step=rec.start_step,
+            end_step=rec.start_step + len(during),
+            trigger=rec.trigger,  # type: ignore[arg-type]
+            triggered_by_rank=rec.triggered_by_rank,
+            wall_seconds=round(wall_s, 6),
+        ),
+        step_times=StepTimes(
+            before_seconds=[round(x, 6) for x in rec.before_seconds],
+            during_seconds=during,
+            baseline_median_seconds=_r(rec.baseline_median_seconds, 6),
+        ),
+        functions=funcs,
+        hardware=hardware_summary(series, wall_s),
+        config=[ConfigFact(key=k, value=v) for k, v in sorted(rec.config.items())],
+        gaps=gaps,
+        overhead=CollectorOverhead(
+            detector_seconds_total=round(rec.detector_seconds_total, 6),
+            detector_calls_total=rec.detector_calls_total,
+            sampler_cpu_seconds=round(series.sampler_cpu_seconds, 6) if series is not None else 0.0,
+            summarize_seconds=round(now - summarize_started, 6),
+            raw_events_total=len(rec.executions),
+            raw_events_dropped_total=rec.events_dropped + (series.dropped_total if series is not None else 0),
+            raw_trace_bytes=rec.raw_trace_bytes,
+        ),
+    )

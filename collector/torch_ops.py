@@ -1,0 +1,135 @@
+"""Function executions from `torch.profiler` during a window (CPU ops; CUDA activities when a GPU exists)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from eroica.collector.classify import classify_op
+from eroica.collector.critical import Execution
+from eroica.collector.facts import Category, CollectorGap
+
+STEP_MARKER = "eroica.step"
+
+
+@dataclass
+class OpsResult:
+    executions: list[Execution]
+    dropped: int
+    gaps: list[CollectorGap] = field(default_factory=list)
+    raw_trace_bytes: int = 0
+
+
+def _outermost(rows: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Keep intervals not nested inside an earlier kept one (rows sorted by start)."""
+    out: list[tuple[int, int, str]] = []
+    end = -1
+    for s, e, name in rows:
+        if s >= end:
+            out.append((s, e, name))
+            end = e
+        elif e > end:  # partial overlap: clip, keep the tail
+            out.append((end, e, name))
+            end = e
+    return out
+
+
+class TorchOpsRecorder:
+    """Starts/stops torch.profiler around a window and converts its events into executions."""
+
+    def __init__(self) -> None:
+        self._prof: Any = None
+        self._marker: Any = None
+        self._offset_ns = 0
+        self.cuda = False
+
+    def start(self) -> CollectorGap | None:
+        try:
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+        except Exception as exc:
+            return CollectorGap(source="torch_profiler", reason=f"torch unavailable: {exc!r}"[:200])
+        acts = [ProfilerActivity.CPU]
+        self.cuda = bool(torch.cuda.is_available())
+        if self.cuda:
+            acts.append(ProfilerActivity.CUDA)
+        # kineto stamps events with the wall clock (ns); we work on the monotonic clock
+        self._offset_ns = time.time_ns() - time.monotonic_ns()
+        self._prof = profile(activities=acts, record_shapes=False, with_stack=False)
+        self._prof.start()
+        return None
+
+    def mark_step(self, step: int) -> None:
+        """Wrap each window step in a marker: it tells us which profiler thread is the training thread."""
+        if self._prof is None:
+            return
+        from torch.profiler import record_function
+
+        if self._marker is not None:
+            self._marker.__exit__(None, None, None)
+        self._marker = record_function(f"{STEP_MARKER}#{step}")
+        self._marker.__enter__()
+
+    def stop(self, max_events: int, trace_path: str | None = None, trace_cap: int = 0) -> OpsResult:
+        if self._prof is None:
+            return OpsResult([], 0)
+        if self._marker is not None:
+            self._marker.__exit__(None, None, None)
+            self._marker = None
+        prof, self._prof = self._prof, None
+        prof.stop()
+        gaps: list[CollectorGap] = []
+        raw_bytes = 0
+        events = prof.profiler.kineto_results.events()
+        off = self._offset_ns
+        main_tid = None
+        for ev in events:
+            if ev.name().startswith(STEP_MARKER):
+                main_tid = ev.start_thread_id()
+                break
+        cpu_rows: dict[int, list[tuple[int, int, str]]] = {}
+        device: list[Execution] = []
+        n = 0
+        dropped = 0
+        for ev in events:
+            dur = ev.duration_ns()
+            if dur <= 0:
+                continue
+            name = ev.name()
+            if name.startswith(STEP_MARKER) or name.startswith("ProfilerStep#"):
+                continue
+            n += 1
+            if n > max_events:
+                dropped += 1
+                continue
+            s = ev.start_ns() - off
+            if str(ev.device_type()).endswith("CPU"):
+                cpu_rows.setdefault(ev.start_thread_id(), []).append((s, s + dur, name))
+            else:
+                device.append(Execution(s, s + dur, classify_op(name, on_device=True), name))
+        execs: list[Execution] = list(device)
+        for tid, rows in cpu_rows.items():
+            rows.sort()
+            for s, e, name in _outermost(rows):
+                cat = classify_op(name)
+                if tid == main_tid or main_tid is None:
+                    execs.append(Execution(s, e, cat, name))
+                elif cat == Category.communication:
+                    # collectives run on backend threads (gloo); the training thread waits on them
+                    execs.append(Execution(s, e, cat, name))
+        if main_tid is None:
+            gaps.append(CollectorGap(source="torch_profiler", reason="training thread not identified"))
+        if trace_path is not None:
+            try:
+                prof.export_chrome_trace(trace_path)
+                import os
+
+                raw_bytes = os.path.getsize(trace_path)
+                if raw_bytes > trace_cap:
+                    os.remove(trace_path)
+                    gaps.append(CollectorGap(source="raw_trace", reason=f"raw trace {raw_bytes} B over cap"))
+                    raw_bytes = 0
+            except Exception as exc:
+                gaps.append(CollectorGap(source="raw_trace", reason=f"export failed: {exc!r}"[:200]))
+        return OpsResult(execs, dropped, gaps, raw_bytes)

@@ -1,0 +1,100 @@
+"""Typed facts the engine derives from peer comparison; only deviating ones reach the rule engine.
+
+Cross-rank numbers are ratios to the peer-group median (a named reference), never averages of
+averages. Units are in field names.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+
+
+class Fact(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    rank: NonNegativeInt
+
+
+class RankSlowness(Fact):
+    """A rank that is busy (not waiting on its peers) longer than its peers, per step."""
+
+    kind: Literal["rank_slowness"] = "rank_slowness"
+    group: str
+    busy_seconds_per_step: float
+    peer_median_busy_seconds_per_step: float
+    excess_seconds_per_step: float
+    excess_step_ratio: float                 # excess / peer-median step time: what the rank costs the job
+    busy_ratio_to_median: float
+    comm_wait_ratio_to_median: float         # culprits wait least; victims wait most
+    least_waiting: bool                      # this rank waits least of its group in communication
+    robust_z: float
+    consistency_ratio: float = Field(ge=0, le=1)  # share of window steps in which it was slow
+    peers: NonNegativeInt
+    group_valid: bool
+
+
+class FunctionOutlier(Fact):
+    """One function on one rank holds the critical path longer than on its peers."""
+
+    kind: Literal["function_outlier"] = "function_outlier"
+    category: str
+    function: str
+    seconds_per_step: float
+    peer_median_seconds_per_step: float
+    excess_seconds_per_step: float
+    ratio_to_median: float                   # capped at 1000 when the peers' median is 0
+    explains_ratio: float = Field(ge=0, le=1)  # share of the rank's excess busy time it explains
+    robust_z: float
+    metric: str | None = None
+    metric_mean: float | None = None
+    peer_metric_median: float | None = None
+    metric_ratio_to_median: float | None = None  # None when the metric is missing here or at peers
+    occurrences_total: NonNegativeInt = 0
+    peer_median_occurrences: float = 0.0
+
+
+class CategoryExcess(Fact):
+    """All functions of one category on one rank, beside the peers: where the excess time went."""
+
+    kind: Literal["category_excess"] = "category_excess"
+    category: str
+    seconds_per_step: float
+    peer_median_seconds_per_step: float
+    excess_seconds_per_step: float
+    explains_ratio: float = Field(ge=0, le=1)
+    top_function: str
+    metric_ratio_to_median: float | None = None   # critical-time-weighted metric vs peers
+
+
+class HardwareSignal(Fact):
+    """One whole-window hardware signal of a suspect rank, beside its peers' median."""
+
+    kind: Literal["hw_signal"] = "hw_signal"
+    signal: str
+    value: float
+    peer_median: float
+    delta: float                             # value - peer_median
+    ratio_to_median: float                   # capped at 1000 when the median is 0
+
+
+class ConfigDeviation(Fact):
+    """A configuration value on one rank that differs from the majority of its peers."""
+
+    kind: Literal["config_deviation"] = "config_deviation"
+    key: str
+    value: str
+    peer_value: str
+
+
+AnyFact = Annotated[
+    RankSlowness | FunctionOutlier | CategoryExcess | HardwareSignal | ConfigDeviation, Field(discriminator="kind")
+]
+
+FACT_TYPES: dict[str, type[Fact]] = {
+    "rank_slowness": RankSlowness,
+    "function_outlier": FunctionOutlier,
+    "category_excess": CategoryExcess,
+    "hw_signal": HardwareSignal,
+    "config_deviation": ConfigDeviation,
+}

@@ -1,0 +1,323 @@
+"""Peer comparison with robust statistics (pure numpy): per-rank patterns in, deviating facts out.
+
+Synchronous collectives turn one late rank into waiting time on every other rank, so durations
+of communication cannot name the culprit: the victims wait *longer* in communication and the
+culprit waits *least*. We therefore compare each rank's *busy* time (step time minus time the
+critical path spent waiting in communication) against the median of its peer group, and
+attribute the excess to the functions that hold the critical path longer than on the peers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from eroica.collector.facts import Category, PatternsDoc
+from eroica.engine.facts import (
+    CategoryExcess,
+    ConfigDeviation,
+    Fact,
+    FunctionOutlier,
+    HardwareSignal,
+    RankSlowness,
+)
+from eroica.engine.load import WindowData
+
+MAD_TO_SIGMA = 1.4826
+MIN_GROUP = 3                  # fewer peers than this: no valid peer group
+MAX_DISPERSION = 0.35          # peers' busy-time MAD / median above this: heterogeneous group
+SUSPECT_EXCESS_STEP_RATIO = 0.04   # a rank must cost the job at least this share of a step ...
+SUSPECT_Z = 3.0                    # ... and stand out from its peers by this robust z
+FUNCTION_MIN_EXPLAINS = 0.1
+HW_SIGNALS = (
+    "cgroup_throttled_ratio",
+    "cpu_util_ratio",
+    "runqueue_wait_ratio",
+    "involuntary_ctx_switches_per_second",
+    "major_faults_per_second",
+    "minor_faults_per_second",
+    "swap_used_bytes",
+    "disk_write_bytes_per_second",
+    "disk_read_bytes_per_second",
+    "process_cpu_cores",
+)
+CONFIG_KEYS_IGNORED = ("torch.version",)
+
+
+def _key(cat: Category, name: str) -> tuple[str, str]:
+    # GC generations are one function for comparison: peers collect young generations too
+    if cat == Category.gc:
+        return ("gc", "gc.collect")
+    return (cat.value, name)
+
+
+def robust_z(x: np.ndarray, floor: float) -> np.ndarray:
+    med = np.median(x)
+    mad = np.median(np.abs(x - med)) * MAD_TO_SIGMA
+    return (x - med) / max(mad, floor)
+
+
+def _cap_ratio(a: float, b: float) -> float:
+    if b <= 0:
+        return 1000.0 if a > 0 else 1.0
+    return float(min(a / b, 1000.0))
+
+
+@dataclass
+class PeerGroup:
+    name: str
+    ranks: list[int]
+    valid: bool
+    reason: str
+    dispersion_ratio: float
+
+
+@dataclass
+class RankRow:
+    """Per-rank numbers the report shows (not rule facts)."""
+
+    rank: int
+    step_seconds: float
+    busy_seconds: float
+    comm_wait_seconds: float
+    functions: dict[tuple[str, str], float]
+
+
+@dataclass
+class PeerAnalysis:
+    window_id: str
+    groups: list[PeerGroup]
+    facts: list[Fact]
+    rows: dict[int, RankRow]
+    median_step_seconds: float
+    function_keys: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _per_step(doc: PatternsDoc) -> tuple[dict[tuple[str, str], np.ndarray], np.ndarray]:
+    steps = np.asarray(doc.step_times.during_seconds, dtype=float)
+    n = max(len(steps), 1)
+    out: dict[tuple[str, str], np.ndarray] = {}
+    for f in doc.functions:
+        k = _key(f.category, f.name)
+        v = np.asarray(f.critical_per_step_seconds, dtype=float)
+        if len(v) != len(steps):
+            v = np.full(n, f.critical_seconds / n)
+        out[k] = out.get(k, np.zeros(n)) + v
+    return out, steps
+
+
+def _groups(docs: dict[int, PatternsDoc]) -> dict[str, list[int]]:
+    by_role: dict[str, list[int]] = {}
+    for r, d in sorted(docs.items()):
+        by_role.setdefault(d.job.role, []).append(r)
+    return by_role
+
+
+def analyze(window: WindowData) -> PeerAnalysis:
+    docs = window.docs
+    facts: list[Fact] = []
+    groups: list[PeerGroup] = []
+    rows: dict[int, RankRow] = {}
+    all_keys: set[tuple[str, str]] = set()
+    med_steps: list[float] = []
+    for gname, ranks in _groups(docs).items():
+        per = {r: _per_step(docs[r]) for r in ranks}
+        keys = sorted({k for r in ranks for k in per[r][0]})
+        all_keys.update(keys)
+        n_steps = min(len(per[r][1]) for r in ranks) or 1
+        # matrix [rank, key] of mean critical seconds per step; [rank, step] busy per step
+        fmat = np.array([[per[r][0].get(k, np.zeros(n_steps))[:n_steps].mean() for k in keys] for r in ranks])
+        step = np.array([per[r][1][:n_steps] for r in ranks])
+        comm_idx = [i for i, k in enumerate(keys) if k[0] == Category.communication.value]
+        comm_steps = np.array(
+            [sum((per[r][0].get(keys[i], np.zeros(n_steps))[:n_steps] for i in comm_idx), np.zeros(n_steps))
+             for r in ranks]
+        )
+        busy_steps = np.maximum(step - comm_steps, 0.0)
+        busy = busy_steps.mean(axis=1)
+        comm = comm_steps.mean(axis=1)
+        step_mean = step.mean(axis=1)
+        med_step = float(np.median(step_mean))
+        med_steps.append(med_step)
+        for i, r in enumerate(ranks):
+            rows[r] = RankRow(r, float(step_mean[i]), float(busy[i]), float(comm[i]),
+                              {k: float(fmat[i, j]) for j, k in enumerate(keys)})
+        n = len(ranks)
+        med_busy = float(np.median(busy))
+        # dispersion of the group without its most extreme member: is this a group of equals?
+        if n >= 3:
+            trimmed = np.delete(busy, int(np.argmax(np.abs(busy - med_busy))))
+            tmed = float(np.median(trimmed))
+            disp = float(np.median(np.abs(trimmed - tmed)) * MAD_TO_SIGMA / tmed) if tmed > 0 else 0.0
+        else:
+            disp = 0.0
+        if n < MIN_GROUP:
+            valid, reason = False, f"only {n} rank(s) in role {gname!r}: too few peers to compare"
+        elif disp > MAX_DISPERSION:
+            valid, reason = False, f"peers disagree (busy-time dispersion {disp:.0%}): heterogeneous work"
+        else:
+            valid, reason = True, f"{n} ranks in role {gname!r} doing the same work"
+        groups.append(PeerGroup(gname, ranks, valid, reason, round(disp, 4)))
+        if n < 2:
+            continue
+        floor = max(0.01 * med_step, 1e-4)
+        z_busy = robust_z(busy, floor)
+        min_comm = float(comm.min())
+        med_comm = float(np.median(comm))
+        fz = np.column_stack([robust_z(fmat[:, j], floor) for j in range(len(keys))]) if keys else np.zeros((n, 0))
+        fmed = np.median(fmat, axis=0) if keys else np.zeros(0)
+        for i, r in enumerate(ranks):
+            excess = float(busy[i] - med_busy)
+            excess_ratio = excess / med_step if med_step > 0 else 0.0
+            if excess_ratio < SUSPECT_EXCESS_STEP_RATIO or z_busy[i] < SUSPECT_Z:
+                continue
+            med_busy_steps = np.median(busy_steps, axis=0)
+            consistency = float(np.mean(busy_steps[i] > med_busy_steps + 0.5 * excess))
+            facts.append(
+                RankSlowness(
+                    rank=r, group=gname,
+                    busy_seconds_per_step=round(float(busy[i]), 6),
+                    peer_median_busy_seconds_per_step=round(med_busy, 6),
+                    excess_seconds_per_step=round(excess, 6),
+                    excess_step_ratio=round(excess_ratio, 4),
+                    busy_ratio_to_median=round(_cap_ratio(float(busy[i]), med_busy), 4),
+                    comm_wait_ratio_to_median=round(_cap_ratio(float(comm[i]), med_comm), 4),
+                    least_waiting=bool(comm[i] <= min_comm + 1e-9),
+                    robust_z=round(float(min(z_busy[i], 1e6)), 3),
+                    consistency_ratio=round(consistency, 4),
+                    peers=n, group_valid=valid,
+                )
+            )
+            facts.extend(_function_outliers(docs, r, keys, fmat[i], fmed, fz[i], excess, ranks))
+            facts.extend(_category_excess(docs, r, keys, fmat, i, excess, ranks))
+            facts.extend(_hw_signals(docs, r, ranks))
+            facts.extend(_config_deviations(docs, r, ranks))
+    return PeerAnalysis(window.window_id, groups, facts, rows,
+                        float(np.median(med_steps)) if med_steps else 0.0, sorted(all_keys))
+
+
+def _metric(doc: PatternsDoc, key: tuple[str, str]) -> tuple[str | None, float | None, int]:
+    """Occurrence-weighted metric mean of the functions merged into `key`."""
+    name, tot, w, occ = None, 0.0, 0.0, 0
+    for f in doc.functions:
+        if _key(f.category, f.name) != key:
+            continue
+        occ += f.occurrences_total
+        if f.metric is not None and f.metric_mean is not None:
+            name = f.metric.value
+            tot += f.metric_mean * max(f.critical_seconds, 1e-9)
+            w += max(f.critical_seconds, 1e-9)
+    return name, (tot / w if w else None), occ
+
+
+def _function_outliers(docs, rank, keys, row, fmed, fz, excess, ranks) -> list[Fact]:  # type: ignore[no-untyped-def]
+    out: list[Fact] = []
+    if excess <= 0:
+        return out
+    for j, k in enumerate(keys):
+        if k[0] == Category.communication.value:
+            continue
+        fx = float(row[j] - fmed[j])
+        explains = fx / excess
+        if explains < FUNCTION_MIN_EXPLAINS or fz[j] < SUSPECT_Z:
+            continue
+        metric, mean, occ = _metric(docs[rank], k)
+        peer_vals = [m for m in (_metric(docs[p], k)[1] for p in ranks if p != rank) if m is not None]
+        peer_occ = [_metric(docs[p], k)[2] for p in ranks if p != rank]
+        pmed = float(np.median(peer_vals)) if peer_vals else None
+        mratio = None
+        if mean is not None and pmed is not None and pmed > 0:
+            mratio = round(min(mean / pmed, 1000.0), 4)
+        out.append(
+            FunctionOutlier(
+                rank=rank, category=k[0], function=k[1],
+                seconds_per_step=round(float(row[j]), 6),
+                peer_median_seconds_per_step=round(float(fmed[j]), 6),
+                excess_seconds_per_step=round(fx, 6),
+                ratio_to_median=round(_cap_ratio(float(row[j]), float(fmed[j])), 4),
+                explains_ratio=round(min(explains, 1.0), 4),
+                robust_z=round(float(min(fz[j], 1e6)), 3),
+                metric=metric,
+                metric_mean=None if mean is None else round(mean, 4),
+                peer_metric_median=None if pmed is None else round(pmed, 4),
+                metric_ratio_to_median=mratio,
+                occurrences_total=occ,
+                peer_median_occurrences=float(np.median(peer_occ)) if peer_occ else 0.0,
+            )
+        )
+    return out
+
+
+def _category_metric(doc: PatternsDoc, cat: str) -> float | None:
+    tot = w = 0.0
+    for f in doc.functions:
+        if f.category.value == cat and f.metric_mean is not None and f.critical_seconds > 0:
+            tot += f.metric_mean * f.critical_seconds
+            w += f.critical_seconds
+    return tot / w if w else None
+
+
+def _category_excess(docs, rank, keys, fmat, i, excess, ranks) -> list[Fact]:  # type: ignore[no-untyped-def]
+    """Per category: this rank's summed critical time vs the median of the peers' sums."""
+    out: list[Fact] = []
+    if excess <= 0:
+        return out
+    fmed = np.median(fmat, axis=0)
+    row = fmat[i]
+    for cat in sorted({k[0] for k in keys} - {Category.communication.value}):
+        idx = [j for j, k in enumerate(keys) if k[0] == cat]
+        sums = fmat[:, idx].sum(axis=1)
+        mine = float(sums[i])
+        med = float(np.median(sums))
+        cx = mine - med
+        if cx / excess < FUNCTION_MIN_EXPLAINS:
+            continue
+        top = max(idx, key=lambda j: row[j] - fmed[j])
+        m = _category_metric(docs[rank], cat)
+        peer = [v for v in (_category_metric(docs[p], cat) for p in ranks if p != rank) if v is not None]
+        pm = float(np.median(peer)) if peer else None
+        out.append(
+            CategoryExcess(
+                rank=rank, category=cat,
+                seconds_per_step=round(mine, 6), peer_median_seconds_per_step=round(med, 6),
+                excess_seconds_per_step=round(cx, 6), explains_ratio=round(min(cx / excess, 1.0), 4),
+                top_function=keys[top][1],
+                metric_ratio_to_median=None if (m is None or not pm) else round(min(m / pm, 1000.0), 4),
+            )
+        )
+    return out
+
+
+def _hw_signals(docs: dict[int, PatternsDoc], rank: int, ranks: list[int]) -> list[Fact]:
+    out: list[Fact] = []
+    for sig in HW_SIGNALS:
+        v = getattr(docs[rank].hardware, sig)
+        peers = [getattr(docs[p].hardware, sig) for p in ranks if p != rank]
+        peers = [p for p in peers if p is not None]
+        if v is None or not peers:
+            continue
+        med = float(np.median(peers))
+        out.append(
+            HardwareSignal(
+                rank=rank, signal=sig, value=round(float(v), 4), peer_median=round(med, 4),
+                delta=round(float(v) - med, 4), ratio_to_median=round(_cap_ratio(float(v), med), 4),
+            )
+        )
+    return out
+
+
+def _config_deviations(docs: dict[int, PatternsDoc], rank: int, ranks: list[int]) -> list[Fact]:
+    mine = {c.key: c.value for c in docs[rank].config}
+    out: list[Fact] = []
+    for key, val in sorted(mine.items()):
+        if key in CONFIG_KEYS_IGNORED:
+            continue
+        others = [next((c.value for c in docs[p].config if c.key == key), None) for p in ranks if p != rank]
+        others = [o for o in others if o is not None]
+        if not others:
+            continue
+        majority = max(set(others), key=others.count)
+        if others.count(majority) > len(others) / 2 and majority != val:
+            out.append(ConfigDeviation(rank=rank, key=key, value=val, peer_value=majority))
+    return out

@@ -1,0 +1,172 @@
+"""Rules -> an engine-neutral intermediate form, checked against the fact vocabulary.
+
+The back end (durable-rules today) only sees `RuleIR`. The compiler refuses what the back end
+cannot run safely: joins are equality-only (non-equality joins can read out of bounds in
+durable-rules), operators are a closed set, every field must exist on its fact kind, and every
+`$alias.field` reference must be bound by an earlier condition.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from eroica.engine.errors import RuleCompileError
+from eroica.engine.facts import FACT_TYPES
+from eroica.engine.rules.loader import LoadedRule, line_of
+from eroica.engine.rules.schema import OPERATORS, THRESHOLD_OPS
+
+VAR = re.compile(r"^\$([a-z_][a-z0-9_]*)$")
+REF = re.compile(r"^\$([a-z_][a-z0-9_]*)\.([a-z_][a-z0-9_]*)$")
+
+
+@dataclass(frozen=True)
+class TestIR:
+    field: str
+    op: str          # one of OPERATORS
+    value: Any
+
+
+@dataclass(frozen=True)
+class JoinIR:
+    field: str
+    alias: str
+    other_field: str
+
+
+@dataclass(frozen=True)
+class PatternIR:
+    alias: str
+    kind: str
+    tests: tuple[TestIR, ...]
+    joins: tuple[JoinIR, ...]
+
+
+@dataclass(frozen=True)
+class RuleIR:
+    id: str
+    taxonomy: str
+    patterns: tuple[PatternIR, ...]
+    confidence: float
+    summary: str
+    function_ref: str | None
+    fix_template: str | None
+    derive: tuple[tuple[str, Any], ...] | None   # ((field, value-or-ref), ...) incl. kind
+
+    @property
+    def derived_kind(self) -> str | None:
+        return None if self.derive is None else dict(self.derive)["kind"]
+
+
+def fact_fields(extra_kinds: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    vocab = {k: set(m.model_fields) for k, m in FACT_TYPES.items()}
+    for k, fields in (extra_kinds or {}).items():
+        vocab.setdefault(k, set()).update(fields | {"rank", "kind"})
+    return vocab
+
+
+def derived_kinds(rules: list[LoadedRule]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for lr in rules:
+        d = lr.rule.emit.derive
+        if d and isinstance(d.get("kind"), str):
+            out.setdefault(d["kind"], set()).update(d)
+    return out
+
+
+def compile_rule(lr: LoadedRule, vocab: dict[str, set[str]]) -> tuple[RuleIR | None, list[str]]:
+    r = lr.rule
+    problems: list[str] = []
+
+    def bad(loc: tuple[Any, ...], msg: str) -> None:
+        problems.append(f"{lr.path}:{line_of(lr.lines, loc)}: rule {r.id!r}, key {'.'.join(map(str, loc))!r}: {msg}")
+
+    bound: dict[str, tuple[str, str]] = {}     # variable -> (alias, field)
+    aliases: dict[str, str] = {}               # alias -> kind
+    patterns: list[PatternIR] = []
+    for i, cond in enumerate(r.when):
+        alias = cond.as_ or f"c{i}"
+        if alias in aliases:
+            bad(("when", i, "as"), f"alias {alias!r} used twice; give each condition its own `as`")
+        if cond.fact not in vocab:
+            bad(("when", i, "fact"), f"unknown fact kind {cond.fact!r}; known: {', '.join(sorted(vocab))}")
+            continue
+        tests: list[TestIR] = []
+        joins: list[JoinIR] = []
+        for field, spec in cond.where.items():
+            loc = ("when", i, "where", field)
+            if field not in vocab[cond.fact]:
+                bad(loc, f"fact {cond.fact!r} has no field {field!r}; fields: {', '.join(sorted(vocab[cond.fact]))}")
+                continue
+            if isinstance(spec, str) and VAR.match(spec):
+                var = spec[1:]
+                if var in bound:
+                    a, f = bound[var]
+                    joins.append(JoinIR(field, a, f))
+                else:
+                    bound[var] = (alias, field)
+                continue
+            ops = spec.items() if isinstance(spec, dict) else [("eq", spec)]
+            for op, val in ops:
+                if op not in OPERATORS:
+                    bad(loc, f"unknown operator {op!r}; use one of {', '.join(OPERATORS)}")
+                    continue
+                if isinstance(val, str) and val.startswith("$"):
+                    bad(loc, f"{op} against {val!r}: joins must be equality-only (`{field}: {val}`); "
+                             "compare against constants, or precompute the ratio into the fact")
+                    continue
+                if op == "in" and not (isinstance(val, list) and val):
+                    bad(loc, "`in` needs a non-empty list of values")
+                    continue
+                if op in THRESHOLD_OPS and (isinstance(val, bool) or not isinstance(val, (int, float))):
+                    bad(loc, f"`{op}` needs a number, got {val!r}")
+                    continue
+                tests.append(TestIR(field, op, val))
+        aliases[alias] = cond.fact
+        patterns.append(PatternIR(alias, cond.fact, tuple(tests), tuple(joins)))
+
+    def check_ref(value: Any, loc: tuple[Any, ...]) -> None:
+        if isinstance(value, str) and value.startswith("$"):
+            m = REF.match(value)
+            if not m:
+                bad(loc, f"reference {value!r} must look like `$alias.field`")
+            elif m.group(1) not in aliases:
+                bad(loc, f"reference {value!r}: no condition has `as: {m.group(1)}`")
+            elif m.group(2) not in vocab.get(aliases[m.group(1)], set()):
+                bad(loc, f"reference {value!r}: fact {aliases[m.group(1)]!r} has no field {m.group(2)!r}")
+
+    check_ref(r.emit.function, ("emit", "function"))
+    derive = None
+    if r.emit.derive is not None:
+        if not isinstance(r.emit.derive.get("kind"), str):
+            bad(("emit", "derive"), "a derived fact needs `kind: <name>`")
+        for k, v in r.emit.derive.items():
+            check_ref(v, ("emit", "derive", k))
+        derive = tuple(sorted(r.emit.derive.items()))
+    for var in re.findall(r"\{([a-z_]+)\.", r.emit.summary):
+        if var not in aliases:
+            bad(("emit", "summary"), f"summary uses {{{var}.…}} but no condition has `as: {var}`")
+    if problems:
+        return None, problems
+    return (
+        RuleIR(
+            id=r.id, taxonomy=r.taxonomy, patterns=tuple(patterns), confidence=r.emit.confidence,
+            summary=r.emit.summary, function_ref=r.emit.function, fix_template=r.emit.fix_template, derive=derive,
+        ),
+        [],
+    )
+
+
+def compile_rules(rules: list[LoadedRule]) -> list[RuleIR]:
+    vocab = fact_fields(derived_kinds(rules))
+    out: list[RuleIR] = []
+    problems: list[str] = []
+    for lr in rules:
+        ir, probs = compile_rule(lr, vocab)
+        problems.extend(probs)
+        if ir is not None:
+            out.append(ir)
+    if problems:
+        raise RuleCompileError(problems)
+    return out

@@ -1,0 +1,155 @@
+"""Load rule files and site overrides, collecting every problem (file, line, key, fix) before raising."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from eroica.engine.errors import RuleError
+from eroica.engine.rules.schema import RULE_SCHEMA, Rule
+
+
+@dataclass(frozen=True)
+class LoadedRule:
+    rule: Rule
+    path: str
+    lines: dict[tuple[Any, ...], int]   # loc path -> 1-based line, for messages
+
+
+def builtin_knowledge_dir() -> Path:
+    return Path(str(resources.files("eroica.knowledge")))
+
+
+def builtin_rules_dir() -> Path:
+    return builtin_knowledge_dir() / "rules"
+
+
+def _line_map(node: yaml.Node, prefix: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], int]:
+    out = {prefix: node.start_mark.line + 1}
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = k.value
+            out[prefix + (key,)] = k.start_mark.line + 1
+            out.update(_line_map(v, prefix + (key,)))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            out.update(_line_map(v, prefix + (i,)))
+    return out
+
+
+def line_of(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int:
+    loc = tuple("as" if x == "as_" else ("schema" if x == "schema_" else x) for x in loc)
+    while loc and loc not in lines:
+        loc = loc[:-1]
+    return lines.get(loc, 1)
+
+
+def rule_files(paths: list[Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_file():
+            out.append(p)
+        elif p.is_dir():
+            out.extend(sorted(x for x in p.rglob("*.yaml") if x.is_file()))
+        else:
+            raise RuleError([f"{p}: no such rule file or directory"])
+    return out
+
+
+def parse_rule_file(path: Path) -> tuple[LoadedRule | None, list[str]]:
+    try:
+        text = path.read_text()
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        return None, [f"{path}{line}: not valid YAML: {getattr(exc, 'problem', exc)}; fix the syntax"]
+    except OSError as exc:
+        return None, [f"{path}: cannot read: {exc.strerror}"]
+    if not isinstance(data, dict) or node is None:
+        return None, [f"{path}:1: a rule file must be a mapping with `schema: {RULE_SCHEMA}`"]
+    lines = _line_map(node)
+    if data.get("schema") != RULE_SCHEMA:
+        return None, [f"{path}:{line_of(lines, ('schema',))}: key 'schema': expected {RULE_SCHEMA!r}, "
+                      f"got {data.get('schema')!r}; add `schema: {RULE_SCHEMA}` as the first key"]
+    try:
+        rule = Rule.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            key = ".".join(str(x) for x in loc) or "(top)"
+            fix = "remove it or check its spelling" if err["type"] == "extra_forbidden" else "see knowledge/README.md"
+            problems.append(f"{path}:{line_of(lines, loc)}: rule {data.get('id', '?')!r}, key {key!r}: "
+                            f"{err['msg']}; {fix}")
+        return None, problems
+    if path.stem != rule.id.split(".", 1)[1].replace("-", "_"):
+        return None, [f"{path}:{line_of(lines, ('id',))}: rule {rule.id!r}: file name must be the id tail "
+                      f"({rule.id.split('.', 1)[1].replace('-', '_')}.yaml)"]
+    return LoadedRule(rule, str(path), lines), []
+
+
+def load_overrides(paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """`overrides: {rule-id: {disabled: true} | {confidence: 0.7} | {where: {i: {field: {op: value}}}}}`."""
+    out: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    for p in paths:
+        try:
+            data = yaml.safe_load(Path(p).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            problems.append(f"{p}: cannot load overrides: {exc}")
+            continue
+        ov = data.get("overrides", {}) if isinstance(data, dict) else None
+        if not isinstance(ov, dict):
+            problems.append(f"{p}: expected a mapping `overrides: {{rule-id: {{...}}}}`")
+            continue
+        out.update(ov)
+    if problems:
+        raise RuleError(problems)
+    return out
+
+
+def load_rules(paths: list[Path] | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> list[LoadedRule]:
+    files = rule_files(paths or [builtin_rules_dir()])
+    loaded: list[LoadedRule] = []
+    problems: list[str] = []
+    seen: dict[str, str] = {}
+    for f in files:
+        lr, probs = parse_rule_file(f)
+        problems.extend(probs)
+        if lr is None:
+            continue
+        if lr.rule.id in seen:
+            problems.append(f"{f}: rule id {lr.rule.id!r} already used by {seen[lr.rule.id]}; ids are never reused")
+            continue
+        seen[lr.rule.id] = f.as_posix()
+        loaded.append(lr)
+    if problems:
+        raise RuleError(problems)
+    ov = overrides or {}
+    unknown = sorted(set(ov) - set(seen))
+    if unknown:
+        raise RuleError([f"override for unknown rule id {u!r}" for u in unknown])
+    out = []
+    for lr in loaded:
+        o = ov.get(lr.rule.id)
+        if o and o.get("disabled"):
+            continue
+        if lr.rule.status.value == "deprecated":
+            continue
+        if o:
+            data = lr.rule.model_dump(by_alias=True)
+            if "confidence" in o:
+                data["emit"]["confidence"] = o["confidence"]
+            for idx, fields in (o.get("where") or {}).items():
+                data["when"][int(idx)]["where"].update(fields)
+            lr = LoadedRule(Rule.model_validate(data), lr.path, lr.lines)
+        out.append(lr)
+    return out

@@ -1,0 +1,81 @@
+"""The `eroica.rule/v1` YAML schema SREs author: one rule per file, tests inline."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+RULE_SCHEMA = "eroica.rule/v1"
+OPERATORS = ("eq", "ne", "gt", "gte", "lt", "lte", "in")
+THRESHOLD_OPS = ("gt", "gte", "lt", "lte")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Status(str, Enum):
+    experimental = "experimental"
+    test = "test"
+    stable = "stable"
+    deprecated = "deprecated"
+
+
+class Severity(str, Enum):
+    low = "low"
+    medium = "medium"
+    high = "high"
+    critical = "critical"
+
+
+class Condition(Strict):
+    """One fact pattern: `fact` kind, optional alias `as`, and field tests in `where`.
+
+    A value `$name` binds a variable at its first use and joins (equality only) at later uses.
+    """
+
+    fact: str
+    as_: str | None = Field(None, alias="as")
+    where: dict[str, Any] = Field(default_factory=dict)
+
+
+class Emit(Strict):
+    """What the rule concludes: a finding (root cause = the rule's taxonomy) or a derived fact."""
+
+    confidence: float = Field(ge=0, le=1)
+    summary: str
+    function: str | None = None          # "$alias.field" or a literal
+    fix_template: str | None = None
+    derive: dict[str, Any] | None = None  # {kind: <new fact kind>, field: value|$alias.field, ...}
+
+
+class RuleTest(Strict):
+    name: str
+    given: list[dict[str, Any]]
+    expect: list[dict[str, Any]]
+
+    @field_validator("given")
+    @classmethod
+    def _kinds(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, f in enumerate(v):
+            if "kind" not in f:
+                raise ValueError(f"given[{i}] has no 'kind'")
+        return v
+
+
+class Rule(Strict):
+    schema_: Literal["eroica.rule/v1"] = Field(alias="schema")
+    id: str = Field(pattern=r"^[a-z0-9]+(\.[a-z0-9]+(-[a-z0-9]+)*)+$")
+    title: str
+    status: Status
+    severity: Severity
+    taxonomy: str
+    owner: str
+    references: list[str] = Field(default_factory=list)
+    falsepositives: list[str] = Field(default_factory=list)
+    when: list[Condition] = Field(min_length=1)
+    emit: Emit
+    tests: list[RuleTest] = Field(default_factory=list)
+    incidents: list[str] = Field(default_factory=list)

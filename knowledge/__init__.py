@@ -1,0 +1,1 @@
+"""eroica.knowledge: data SREs author (taxonomy, one YAML rule per file, runbooks). No code."""
