@@ -1,0 +1,1 @@
+"""eroica.cli: the `eroica` command (demo, diagnose, rules)."""

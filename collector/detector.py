@@ -26,8 +26,9 @@ class StepTimeDetector:
     """Feed `observe(step, seconds)` once per step; `fire` says: ask for a window now.
 
     - Steps before `warmup_steps` are ignored.
-    - The baseline is the median and MAD of the next `baseline_steps` steps; it then stays
-      frozen until a window has run (a slow job must not become the new normal).
+    - The baseline is the median and MAD of the last `baseline_steps` steps that did not breach:
+      it follows a job that speeds up after warm-up, but a slowdown (breaching steps) never
+      becomes the new normal.
     - A breach is a step above `median + threshold_mad * 1.4826 * MAD` and above
       `median * threshold_min_ratio`.
     - It fires after `consecutive_breaches` breaches in a row (or, with `breach_window`, that
@@ -37,7 +38,7 @@ class StepTimeDetector:
     """
 
     policy: TriggerPolicy
-    _baseline: list[float] = field(default_factory=list)
+    _baseline: deque[float] = field(default_factory=deque)
     _median: float | None = None
     _mad: float | None = None
     _recent: deque[bool] = field(default_factory=deque)
@@ -62,25 +63,34 @@ class StepTimeDetector:
         if excluded or step < self.policy.warmup_steps:
             return Decision(False, False, self.threshold_seconds())
         if self._median is None:
-            self._baseline.append(seconds)
-            if len(self._baseline) >= self.policy.baseline_steps:
-                self._median = median(self._baseline)
-                self._mad = median(abs(x - self._median) for x in self._baseline)
+            self._push_baseline(seconds)
             return Decision(False, False, self.threshold_seconds())
         threshold = self.threshold_seconds()
         assert threshold is not None
         breach = seconds > threshold
+        if not breach:
+            self._push_baseline(seconds)
         self._consecutive = self._consecutive + 1 if breach else 0
         if self.policy.breach_window:
             self._recent.append(breach)
             while len(self._recent) > self.policy.breach_window:
                 self._recent.popleft()
         if step <= self._quiet_until_step:
+            self._consecutive = 0            # after the cooldown, K fresh breaches are needed
+            self._recent.clear()
             return Decision(breach, False, threshold)
         fire = self._consecutive >= self.policy.consecutive_breaches
         if self.policy.breach_window and sum(self._recent) >= self.policy.consecutive_breaches:
             fire = True
         return Decision(breach, fire, threshold)
+
+    def _push_baseline(self, seconds: float) -> None:
+        self._baseline.append(seconds)
+        while len(self._baseline) > self.policy.baseline_steps:
+            self._baseline.popleft()
+        if len(self._baseline) >= self.policy.baseline_steps:
+            self._median = median(self._baseline)
+            self._mad = median(abs(x - self._median) for x in self._baseline)
 
     def window_scheduled(self, end_step: int) -> None:
         """A window is set to end at `end_step`: stay quiet until the cooldown after it."""

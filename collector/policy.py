@@ -30,7 +30,7 @@ class TriggerPolicy(BaseModel):
     window_steps: int = Field(6, ge=2, description="steps profiled per window")
     cooldown_steps: int = Field(20, ge=0, description="steps after a window before the detector re-arms")
     max_windows_per_hour: int = Field(6, ge=0)
-    sample_interval_seconds: float = Field(0.005, gt=0, le=1.0, description="hardware sampler period")
+    sample_interval_seconds: float = Field(0.01, gt=0, le=1.0, description="hardware sampler period")
     max_events: int = Field(200_000, ge=1000, description="cap on function executions kept per window")
     poll_every_steps: int = Field(1, ge=1, description="how often ranks check the store for a window")
     keep_raw_trace: bool = Field(False, description="keep a bounded Chrome trace of the window")

@@ -30,9 +30,31 @@ class Source(Protocol):
     def read(self) -> tuple[float, ...]: ...
 
 
+_FDS: dict[str, int] = {}
+
+
 def _read(path: str) -> str:
-    with open(path, "rb", buffering=0) as fh:
-        return fh.read(65536).decode()
+    """Read a /proc or /sys file through a cached descriptor (pread at 0 regenerates it: 3-4x
+    cheaper than open/read/close, which matters at hundreds of samples per second)."""
+    fd = _FDS.get(path)
+    if fd is None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        _FDS[path] = fd
+    try:
+        return os.pread(fd, 65536, 0).decode()
+    except OSError:
+        _FDS.pop(path, None)
+        os.close(fd)
+        raise
+
+
+def close_cached_files() -> None:
+    for fd in _FDS.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _FDS.clear()
 
 
 @dataclass

@@ -21,7 +21,7 @@ import sys
 import time
 
 from eroica.collector.facts import CollectorGap
-from eroica.collector.sampler import HardwareSampler, SampleSeries, SystemCpu, default_sources
+from eroica.collector.sampler import HardwareSampler, SampleSeries, SystemCpu, close_cached_files, default_sources
 
 
 def _series_to_dict(s: SampleSeries) -> dict:
@@ -69,6 +69,7 @@ def helper_main(pid: int, tid: int) -> None:
             out.write(struct.pack(">Q", len(blob)) + blob)
             out.flush()
             sampler = None
+            close_cached_files()
         elif cmd[0] == "quit":
             break
 

@@ -1,0 +1,46 @@
+"""`eroica diagnose RUN_DIR`: peer comparison + rules over the pattern files of a run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.errors import EngineError, RuleError
+from eroica.engine.render import FORMATS, render
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("diagnose", help="diagnose the windows of a run directory")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--window", default=None, help="only this window id (default: all)")
+    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("-o", "--output", type=Path, default=None, help="write here instead of stdout")
+    p.add_argument("--rules", type=Path, action="append", default=None,
+                   help="extra rule file or directory (a site's own rules); repeatable")
+    p.add_argument("--overrides", type=Path, action="append", default=None,
+                   help="site override file (knowledge/overrides/<site>.yaml); repeatable")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        d = diagnose(args.run_dir, DiagnoseOptions(extra_rule_dirs=args.rules, override_files=args.overrides,
+                                                   window=args.window))
+    except RuleError as exc:
+        print("eroica diagnose: the rule base has problems:\n" + "\n".join(exc.problems), file=sys.stderr)
+        return 2
+    except EngineError as exc:
+        print(f"eroica diagnose: {exc}", file=sys.stderr)
+        return 2
+    if not d.windows:
+        print(f"eroica diagnose: {args.run_dir} has no window directories with rank-<R>.json files", file=sys.stderr)
+        return 2
+    text = render(d, args.format)
+    if args.output:
+        args.output.write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0

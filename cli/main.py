@@ -1,0 +1,26 @@
+"""The `eroica` command: one sub-command group per module, above all four layers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from eroica.cli import demo, diagnose_cmd, rules_cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="eroica", description="Find why a distributed training job got slow.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    demo.add_parser(sub)
+    diagnose_cmd.add_parser(sub)
+    rules_cmd.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

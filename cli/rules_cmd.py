@@ -1,0 +1,126 @@
+"""`eroica rules test|lint`: the rule base's own test runner and linter (like `promtool test rules`)."""
+
+from __future__ import annotations
+
+import argparse
+import operator
+from pathlib import Path
+
+from eroica.engine.diagnose import load_taxonomy
+from eroica.engine.errors import RuleError
+from eroica.engine.rules.compiler import compile_rule, derived_kinds, fact_fields
+from eroica.engine.rules.loader import LoadedRule, builtin_rules_dir, line_of, load_rules, parse_rule_file, rule_files
+from eroica.engine.rules.runner import TestCase, run_tests
+from eroica.engine.rules.schema import THRESHOLD_OPS
+
+_CMP = {"gt": operator.gt, "gte": operator.ge, "lt": operator.lt, "lte": operator.le}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("rules", help="test or lint the rule base")
+    rs = p.add_subparsers(dest="rules_cmd", required=True)
+    t = rs.add_parser("test", help="run every rule's inline tests")
+    t.add_argument("paths", nargs="*", type=Path, help="rule files or directories (default: shipped rules)")
+    t.set_defaults(func=cmd_test)
+    li = rs.add_parser("lint", help="check rules: schema, fact fields, taxonomy, ids, threshold tests")
+    li.add_argument("paths", nargs="*", type=Path)
+    li.set_defaults(func=cmd_lint)
+
+
+def build_cases(rules: list[LoadedRule]) -> tuple[list[TestCase], list[str]]:
+    vocab = fact_fields(derived_kinds(rules))
+    cases: list[TestCase] = []
+    problems: list[str] = []
+    for lr in rules:
+        ir, probs = compile_rule(lr, vocab)
+        problems.extend(probs)
+        if ir is None:
+            continue
+        for t in lr.rule.tests:
+            cases.append(TestCase(lr.rule.id, t.name, (ir,), tuple(t.given), tuple(t.expect), lr.path))
+    return cases, problems
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    try:
+        rules = load_rules(args.paths or [builtin_rules_dir()])
+    except RuleError as exc:
+        print("\n".join(exc.problems))
+        return 1
+    cases, problems = build_cases(rules)
+    if problems:
+        print("\n".join(problems))
+        return 1
+    outcomes = run_tests(cases)
+    failed = 0
+    for o in outcomes:
+        mark = "PASS" if o.passed else "FAIL"
+        print(f"{mark}  {o.rule_id}: {o.name}")
+        if not o.passed:
+            failed += 1
+            print(f"      {o.path}: {o.detail}")
+    untested = [lr.rule.id for lr in rules if not lr.rule.tests]
+    for rid in untested:
+        print(f"FAIL  {rid}: has no tests")
+    print(f"{len(outcomes) - failed} passed, {failed + len(untested)} failed")
+    return 1 if failed or untested else 0
+
+
+def lint(paths: list[Path]) -> list[str]:
+    problems: list[str] = []
+    loaded: list[LoadedRule] = []
+    seen: dict[str, str] = {}
+    for f in rule_files(paths):
+        lr, probs = parse_rule_file(f)
+        problems.extend(probs)
+        if lr is None:
+            continue
+        if lr.rule.id in seen:
+            problems.append(f"{f}:{line_of(lr.lines, ('id',))}: duplicate rule id {lr.rule.id!r} (also in {seen[lr.rule.id]})")
+            continue
+        seen[lr.rule.id] = str(f)
+        loaded.append(lr)
+    taxonomy = load_taxonomy()
+    vocab = fact_fields(derived_kinds(loaded))
+    for lr in loaded:
+        r = lr.rule
+        _, probs = compile_rule(lr, vocab)
+        problems.extend(probs)
+        if r.taxonomy not in taxonomy:
+            problems.append(f"{lr.path}:{line_of(lr.lines, ('taxonomy',))}: rule {r.id!r}: unknown taxonomy id "
+                            f"{r.taxonomy!r}; add it to knowledge/taxonomy.yaml or use one of {', '.join(sorted(taxonomy))}")
+        if r.status.value == "stable" and not r.incidents:
+            problems.append(f"{lr.path}:{line_of(lr.lines, ('status',))}: rule {r.id!r} is stable but names no "
+                            "incident; add `incidents: [ID]` or set status: test")
+        if not any(t.expect for t in r.tests) or not any(not t.expect for t in r.tests):
+            problems.append(f"{lr.path}:{line_of(lr.lines, ('tests',))}: rule {r.id!r} needs at least one firing "
+                            "test and one quiet test")
+        for i, cond in enumerate(r.when):
+            for field, spec in cond.where.items():
+                if not isinstance(spec, dict):
+                    continue
+                for op, val in spec.items():
+                    if op not in THRESHOLD_OPS or not isinstance(val, (int, float)):
+                        continue
+                    vals = [g[field] for t in r.tests for g in t.given
+                            if g.get("kind") == cond.fact and isinstance(g.get(field), (int, float))]
+                    hit = any(_CMP[op](v, val) for v in vals)
+                    miss = any(not _CMP[op](v, val) for v in vals)
+                    if not (hit and miss):
+                        side = "passing" if not hit else "failing"
+                        problems.append(
+                            f"{lr.path}:{line_of(lr.lines, ('when', i, 'where', field))}: rule {r.id!r}: threshold "
+                            f"{cond.fact}.{field} {op} {val} has no test on its {side} side; add a test whose "
+                            f"given {cond.fact} has {field} on that side")
+    return problems
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    try:
+        problems = lint(args.paths or [builtin_rules_dir()])
+    except RuleError as exc:
+        problems = exc.problems
+    for p in problems:
+        print(p)
+    print(f"{len(problems)} problem(s)")
+    return 1 if problems else 0

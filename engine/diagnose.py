@@ -1,0 +1,258 @@
+"""Orchestrates one diagnosis: load -> peer comparison -> rule engine -> findings with explained confidence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from eroica.engine.diagnosis import (
+    ConfidenceFactors,
+    Coverage,
+    Diagnosis,
+    Finding,
+    FindingCategory,
+    PeerGroupInfo,
+    StepSummary,
+    WindowDiagnosis,
+)
+from eroica.engine.facts import CategoryExcess, Fact, FunctionOutlier, HardwareSignal, RankSlowness
+from eroica.engine.load import WindowData, load_run
+from eroica.engine.peer import PeerAnalysis, analyze
+from eroica.engine.rules.compiler import RuleIR, compile_rules
+from eroica.engine.rules.loader import builtin_knowledge_dir, load_overrides, load_rules, rule_files
+from eroica.engine.rules.runner import evaluate
+
+UNKNOWN_MIN_EXCESS = 0.1      # an unexplained slow rank below this share of a step is not reported
+UNKNOWN_CONFIDENCE = 0.35
+
+
+@dataclass(frozen=True)
+class TaxonomyEntry:
+    category: str
+    component: str
+    question: str
+    runbook: str
+
+
+def load_taxonomy(knowledge_dir: Path | None = None) -> dict[str, TaxonomyEntry]:
+    path = (knowledge_dir or builtin_knowledge_dir()) / "taxonomy.yaml"
+    data = yaml.safe_load(path.read_text())
+    return {k: TaxonomyEntry(**v) for k, v in data["root_causes"].items()}
+
+
+def _version() -> str:
+    try:
+        return metadata.version("eroica")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _peer_factor(valid: bool, n: int) -> float:
+    if n <= 1:
+        return 0.2
+    if not valid:
+        return 0.5
+    return 1.0 if n >= 4 else 0.85
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1000:.1f} ms"
+
+
+def _evidence(facts: list[dict[str, Any]], analysis: PeerAnalysis, rank: int) -> list[str]:
+    out: list[str] = []
+    for f in facts:
+        k = f.get("kind")
+        if k == "rank_slowness":
+            out.append(
+                f"rank {rank} is busy {_ms(f['busy_seconds_per_step'])}/step against a peer median of "
+                f"{_ms(f['peer_median_busy_seconds_per_step'])} (+{f['excess_step_ratio']:.0%} of a step); it waits "
+                f"{f['comm_wait_ratio_to_median']:.2f}x the peers' communication time"
+                + (": the others wait for it" if f.get("least_waiting") else "")
+            )
+        elif k == "category_excess":
+            mr = f.get("metric_ratio_to_median")
+            out.append(
+                f"{f['category']} holds the critical path {_ms(f['seconds_per_step'])}/step vs "
+                f"{_ms(f['peer_median_seconds_per_step'])} on peers, explaining {f['explains_ratio']:.0%} of the "
+                f"excess (top: {f['top_function']})" + (f"; CPU rate {mr:.2f}x the peers'" if mr is not None else "")
+            )
+        elif k == "function_outlier":
+            out.append(
+                f"{f['function']}: {_ms(f['seconds_per_step'])}/step vs {_ms(f['peer_median_seconds_per_step'])} "
+                f"(x{f['ratio_to_median']:.1f}), explains {f['explains_ratio']:.0%}"
+            )
+        elif k == "hw_signal":
+            out.append(f"{f['signal']} = {f['value']:.3g} (peer median {f['peer_median']:.3g})")
+    return out
+
+
+def _facts_for_rules(analysis: PeerAnalysis) -> list[dict[str, Any]]:
+    return [f.model_dump(mode="json") for f in analysis.facts]
+
+
+def _coverage(w: WindowData) -> Coverage:
+    world = w.world_size or len(w.docs)
+    reported = sorted(w.docs)
+    missing = sorted(set(range(world)) - set(reported))
+    gaps = sorted({f"rank {r}: {g.source}: {g.reason}" for r, d in w.docs.items() for g in d.gaps})
+    sizes = [d.overhead.pattern_bytes for d in w.docs.values()]
+    ov: dict[str, float] = {}
+    if w.docs:
+        docs = list(w.docs.values())
+        calls = sum(d.overhead.detector_calls_total for d in docs) or 1
+        ov = {
+            "detector_seconds_per_step": round(sum(d.overhead.detector_seconds_total for d in docs) / calls, 7),
+            "sampler_cpu_seconds_median": round(float(np.median([d.overhead.sampler_cpu_seconds for d in docs])), 4),
+            "summarize_seconds_median": round(float(np.median([d.overhead.summarize_seconds for d in docs])), 4),
+            "raw_events_median": float(np.median([d.overhead.raw_events_total for d in docs])),
+        }
+    steps = max((len(d.step_times.during_seconds) for d in w.docs.values()), default=0)
+    return Coverage(
+        world_size=world, ranks_reported=reported, ranks_missing=missing,
+        coverage_ratio=round(len(reported) / world, 4) if world else 0.0,
+        file_problems=[str(p) for p in w.problems], collector_gaps=gaps, window_steps=steps,
+        pattern_bytes_per_rank_median=int(np.median(sizes)) if sizes else 0, collector_overhead=ov,
+    )
+
+
+def _steps(w: WindowData, analysis: PeerAnalysis) -> StepSummary:
+    before = [d.step_times.baseline_median_seconds for d in w.docs.values()
+              if d.step_times.baseline_median_seconds is not None]
+    during = [x for d in w.docs.values() for x in d.step_times.during_seconds]
+    b = float(np.median(before)) if before else None
+    d_ = float(np.median(during)) if during else None
+    return StepSummary(
+        before_median_seconds=None if b is None else round(b, 6),
+        during_median_seconds=None if d_ is None else round(d_, 6),
+        slowdown_ratio=round(d_ / b, 3) if b and d_ else None,
+        per_rank_during_seconds={str(r): round(row.step_seconds, 6) for r, row in sorted(analysis.rows.items())},
+        per_rank_busy_seconds={str(r): round(row.busy_seconds, 6) for r, row in sorted(analysis.rows.items())},
+        per_rank_comm_wait_seconds={str(r): round(row.comm_wait_seconds, 6) for r, row in sorted(analysis.rows.items())},
+    )
+
+
+def build_findings(
+    w: WindowData, analysis: PeerAnalysis, conclusions: list[dict[str, Any]], taxonomy: dict[str, TaxonomyEntry]
+) -> list[Finding]:
+    slow = {f.rank: f for f in analysis.facts if isinstance(f, RankSlowness)}
+    groups = {g.name: g for g in analysis.groups}
+    cov = _coverage(w).coverage_ratio
+    merged: dict[tuple[str, int], dict[str, Any]] = {}
+    for c in conclusions:
+        key = (c["root_cause"], int(c["rank"]))
+        prev = merged.get(key)
+        if prev is None or c["confidence"] > prev["confidence"]:
+            rules = sorted(set((prev or {}).get("rule_ids", [])) | {c["rule_id"]})
+            merged[key] = dict(c, rule_ids=rules)
+        else:
+            prev["rule_ids"] = sorted(set(prev["rule_ids"]) | {c["rule_id"]})
+    # a slow rank no rule explains is still reported, as `unknown`, with low confidence
+    for r, s in slow.items():
+        if any(k[1] == r for k in merged) or s.excess_step_ratio < UNKNOWN_MIN_EXCESS:
+            continue
+        outs = [f for f in analysis.facts if isinstance(f, (FunctionOutlier, CategoryExcess)) and f.rank == r]
+        top = max(outs, key=lambda f: f.excess_seconds_per_step, default=None)
+        fn = None if top is None else (top.function if isinstance(top, FunctionOutlier) else top.top_function)
+        merged[("unknown", r)] = {
+            "root_cause": "unknown", "rank": r, "function": fn, "confidence": UNKNOWN_CONFIDENCE,
+            "summary": f"Rank {r} is slow (+{s.excess_step_ratio:.0%} of a step) and no rule explains why.",
+            "fix_template": None, "rule_ids": [],
+            "facts": [s.model_dump(mode="json")] + ([top.model_dump(mode="json")] if top else []),
+        }
+    findings = []
+    for (cause, r), c in merged.items():
+        s = slow.get(r)
+        gname = s.group if s else next((g.name for g in analysis.groups if r in g.ranks), "worker")
+        g = groups.get(gname)
+        valid = bool(g and g.valid)
+        n = len(g.ranks) if g else 1
+        excess = s.excess_step_ratio if s else 0.0
+        consistency = s.consistency_ratio if s else 0.0
+        factors = ConfidenceFactors(
+            rule_ratio=c["confidence"],
+            deviation_strength_ratio=round(float(np.clip(0.6 + 2 * excess, 0.0, 1.0)), 4),
+            step_consistency_ratio=round(0.6 + 0.4 * consistency, 4),
+            peer_group_ratio=_peer_factor(valid, n),
+            coverage_ratio=cov,
+            peer_group=g.reason if g else "no peer group",
+            peer_group_valid=valid,
+        )
+        conf = (factors.rule_ratio * factors.deviation_strength_ratio * factors.step_consistency_ratio
+                * factors.peer_group_ratio * factors.coverage_ratio)
+        tax = taxonomy.get(cause) or taxonomy["unknown"]
+        ev = _evidence(c["facts"], analysis, r)
+        hw = [f for f in analysis.facts if isinstance(f, HardwareSignal) and f.rank == r
+              and not 0.6 <= f.ratio_to_median <= 1.6 and abs(f.delta) > 1e-3]
+        hw.sort(key=lambda f: -abs(np.log(max(f.ratio_to_median, 1e-3))))
+        ev_hw = [f"{f.signal} = {f.value:.3g} (peer median {f.peer_median:.3g})" for f in hw[:3]]
+        ev += [e for e in ev_hw if e not in ev]
+        if not valid:
+            ev.insert(0, f"insufficient peer evidence: {factors.peer_group}")
+        doc = w.docs.get(r)
+        findings.append(
+            Finding(
+                root_cause=cause, category=FindingCategory(tax.category), component=tax.component,
+                ranks=[r], hosts=[doc.job.hostname] if doc else [], function=c.get("function"),
+                confidence=round(float(conf), 4), confidence_factors=factors, summary=" ".join(c["summary"].split()),
+                evidence=ev, rule_ids=c["rule_ids"], fix_template=c.get("fix_template"), runbook=tax.runbook,
+                insufficient_peer_evidence=not valid,
+                excess_seconds_per_step=round(s.excess_seconds_per_step, 6) if s else 0.0,
+            )
+        )
+    findings.sort(key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
+    return findings
+
+
+@dataclass
+class DiagnoseOptions:
+    rule_paths: list[Path] | None = None       # default: the shipped knowledge/rules
+    extra_rule_dirs: list[Path] | None = None  # a site's own rules, kept outside the repo
+    override_files: list[Path] | None = None
+    window: str | None = None
+    in_process: bool = False
+
+
+def compile_knowledge(opts: DiagnoseOptions) -> list[RuleIR]:
+    paths = list(opts.rule_paths or [builtin_knowledge_dir() / "rules"]) + list(opts.extra_rule_dirs or [])
+    rule_files(paths)  # raises a clear error for missing paths
+    overrides = load_overrides(list(opts.override_files or []))
+    return compile_rules(load_rules(paths, overrides))
+
+
+def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
+    opts = opts or DiagnoseOptions()
+    rules = compile_knowledge(opts)
+    taxonomy = load_taxonomy()
+    windows = load_run(Path(run_dir), opts.window)
+    analyses = {w.window_id: analyze(w) for w in windows}
+    facts: dict[str, list[dict[str, Any]]] = {wid: _facts_for_rules(a) for wid, a in analyses.items()}
+    conclusions = evaluate(rules, {k: v for k, v in facts.items() if v}, in_process=opts.in_process) if any(
+        facts.values()) else {}
+    out: list[WindowDiagnosis] = []
+    for w in windows:
+        a = analyses[w.window_id]
+        findings = build_findings(w, a, conclusions.get(w.window_id, []), taxonomy)
+        any_doc = next(iter(w.docs.values()), None)
+        out.append(
+            WindowDiagnosis(
+                window=w.window_id,
+                start_step=any_doc.window.start_step if any_doc else 0,
+                end_step=any_doc.window.end_step if any_doc else 0,
+                trigger=any_doc.window.trigger if any_doc else "unknown",
+                findings=findings, coverage=_coverage(w), steps=_steps(w, a),
+                peer_groups=[PeerGroupInfo(name=g.name, ranks=g.ranks, valid=g.valid, reason=g.reason)
+                             for g in a.groups],
+                healthy=not any(f.confidence >= 0.5 for f in findings),
+            )
+        )
+    return Diagnosis(run_dir=str(run_dir), eroica_version=_version(), rules_loaded=len(rules), windows=out)
+
+
+def facts_of(analysis: PeerAnalysis) -> list[Fact]:
+    return list(analysis.facts)

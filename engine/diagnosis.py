@@ -1,0 +1,97 @@
+"""The `eroica.diagnosis/v1` document: what `eroica diagnose` writes as JSON."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+
+DIAGNOSIS_SCHEMA = "eroica.diagnosis/v1"
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class FindingCategory(str, Enum):
+    hardware = "hardware"      # goes to people
+    software = "software"      # goes to the assistant
+
+
+class ConfidenceFactors(Frozen):
+    """Every factor that multiplies into a finding's confidence, so the number can be read."""
+
+    rule_ratio: float = Field(ge=0, le=1)             # how often the rule is right when it fires
+    deviation_strength_ratio: float = Field(ge=0, le=1)  # how much the rank costs the job
+    step_consistency_ratio: float = Field(ge=0, le=1)    # share of window steps it was slow in
+    peer_group_ratio: float = Field(ge=0, le=1)          # size and homogeneity of the peer group
+    coverage_ratio: float = Field(ge=0, le=1)            # ranks that reported / world size
+    peer_group: str
+    peer_group_valid: bool
+
+
+class Finding(Frozen):
+    root_cause: str
+    category: FindingCategory
+    component: str
+    ranks: list[NonNegativeInt]
+    hosts: list[str]
+    function: str | None
+    confidence: float = Field(ge=0, le=1)
+    confidence_factors: ConfidenceFactors
+    summary: str
+    evidence: list[str]
+    rule_ids: list[str]
+    fix_template: str | None = None
+    runbook: str | None = None
+    insufficient_peer_evidence: bool = False
+    excess_seconds_per_step: float = 0.0
+
+
+class Coverage(Frozen):
+    world_size: NonNegativeInt
+    ranks_reported: list[NonNegativeInt]
+    ranks_missing: list[NonNegativeInt]
+    coverage_ratio: float = Field(ge=0, le=1)
+    file_problems: list[str]
+    collector_gaps: list[str]
+    window_steps: NonNegativeInt
+    pattern_bytes_per_rank_median: NonNegativeInt
+    collector_overhead: dict[str, float]
+
+
+class StepSummary(Frozen):
+    before_median_seconds: float | None
+    during_median_seconds: float | None
+    slowdown_ratio: float | None
+    per_rank_during_seconds: dict[str, float]
+    per_rank_busy_seconds: dict[str, float]
+    per_rank_comm_wait_seconds: dict[str, float]
+
+
+class PeerGroupInfo(Frozen):
+    name: str
+    ranks: list[NonNegativeInt]
+    valid: bool
+    reason: str
+
+
+class WindowDiagnosis(Frozen):
+    window: str
+    start_step: NonNegativeInt
+    end_step: NonNegativeInt
+    trigger: str
+    findings: list[Finding]
+    coverage: Coverage
+    steps: StepSummary
+    peer_groups: list[PeerGroupInfo]
+    healthy: bool
+
+
+class Diagnosis(Frozen):
+    schema_: Literal["eroica.diagnosis/v1"] = Field(DIAGNOSIS_SCHEMA, alias="schema")
+    run_dir: str
+    eroica_version: str
+    rules_loaded: NonNegativeInt
+    windows: list[WindowDiagnosis]

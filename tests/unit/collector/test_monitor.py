@@ -1,0 +1,71 @@
+"""A single-process Monitor with a forced window: real profiler, real sampler, real pattern file."""
+
+import json
+import time
+
+import pytest
+
+from eroica.collector import Monitor, TriggerPolicy
+from eroica.collector.facts import PatternsDoc
+
+torch = pytest.importorskip("torch")
+
+
+def loop(mon: Monitor, steps: int, sleep_in_loader: float = 0.0) -> None:
+    def data():  # type: ignore[no-untyped-def]
+        for _ in range(steps):
+            if sleep_in_loader:
+                time.sleep(sleep_in_loader)
+            yield torch.randn(32, 64)
+
+    model = torch.nn.Linear(64, 64)
+    for x in mon.wrap_loader(data()):
+        with mon.region("forward"):
+            y = model(x).sum()
+        y.backward()
+        mon.step()
+
+
+def test_forced_window_writes_a_small_valid_pattern_file(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("EROICA_FORCE_WINDOW_AT_STEP", "5")
+    mon = Monitor(out_dir=tmp_path, policy=TriggerPolicy(window_steps=4))
+    loop(mon, 12, sleep_in_loader=0.01)
+    mon.close()
+    files = list(tmp_path.glob("w000-s5/rank-0.json"))
+    assert len(files) == 1
+    doc = PatternsDoc.model_validate(json.loads(files[0].read_text()))
+    assert doc.window.trigger == "forced" and doc.window.end_step == 9
+    assert len(doc.step_times.during_seconds) == 4
+    names = {(f.category.value, f.name) for f in doc.functions}
+    assert ("data", "DataLoader.__next__") in names
+    load = next(f for f in doc.functions if f.name == "DataLoader.__next__")
+    assert load.critical_seconds >= 4 * 0.009       # the sleeps are on the critical path
+    assert load.metric_mean is not None and load.metric_mean < 0.5   # sleeping, not computing
+    assert 0 < doc.overhead.pattern_bytes < 20_000
+    assert doc.hardware.samples_total > 3
+
+
+def test_monitor_never_raises_when_it_cannot_write(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("EROICA_FORCE_WINDOW_AT_STEP", "2")
+    mon = Monitor(out_dir=blocker / "run", policy=TriggerPolicy(window_steps=2))
+    loop(mon, 8)                                   # must not raise into the loop
+    mon.close()
+    assert mon.disabled
+    assert any(g.source == "step" for g in mon.gaps)
+
+
+def test_detector_opens_a_window_by_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pol = TriggerPolicy(warmup_steps=2, baseline_steps=5, consecutive_breaches=3, lead_steps=2, window_steps=3)
+    mon = Monitor(out_dir=tmp_path, policy=pol)
+    model = torch.nn.Linear(16, 16)
+    for step in range(30):
+        time.sleep(0.03 if step >= 12 else 0.01)
+        model(torch.randn(4, 16)).sum().backward()
+        mon.step()
+    mon.close()
+    assert mon.windows_completed, mon.gaps
+    wid = mon.windows_completed[0]
+    start = int(wid.split("-s")[1])
+    assert 14 <= start <= 18                       # 3 breaches after step 12, then the lead
