@@ -10,7 +10,7 @@ from eroica.engine.diagnose import load_taxonomy
 from eroica.engine.errors import RuleError
 from eroica.engine.rules.compiler import compile_rule, derived_kinds, fact_fields
 from eroica.engine.rules.loader import LoadedRule, builtin_rules_dir, line_of, load_rules, parse_rule_file, rule_files
-from eroica.engine.rules.runner import TestCase, run_tests
+from eroica.engine.rules.runner import RuleTestCase, run_tests
 from eroica.engine.rules.schema import THRESHOLD_OPS
 
 _CMP = {"gt": operator.gt, "gte": operator.ge, "lt": operator.lt, "lte": operator.le}
@@ -27,9 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     li.set_defaults(func=cmd_lint)
 
 
-def build_cases(rules: list[LoadedRule]) -> tuple[list[TestCase], list[str]]:
+def build_cases(rules: list[LoadedRule]) -> tuple[list[RuleTestCase], list[str]]:
     vocab = fact_fields(derived_kinds(rules))
-    cases: list[TestCase] = []
+    cases: list[RuleTestCase] = []
     problems: list[str] = []
     for lr in rules:
         ir, probs = compile_rule(lr, vocab)
@@ -37,7 +37,7 @@ def build_cases(rules: list[LoadedRule]) -> tuple[list[TestCase], list[str]]:
         if ir is None:
             continue
         for t in lr.rule.tests:
-            cases.append(TestCase(lr.rule.id, t.name, (ir,), tuple(t.given), tuple(t.expect), lr.path))
+            cases.append(RuleTestCase(lr.rule.id, t.name, (ir,), tuple(t.given), tuple(t.expect), lr.path))
     return cases, problems
 
 
@@ -76,7 +76,9 @@ def lint(paths: list[Path]) -> list[str]:
         if lr is None:
             continue
         if lr.rule.id in seen:
-            problems.append(f"{f}:{line_of(lr.lines, ('id',))}: duplicate rule id {lr.rule.id!r} (also in {seen[lr.rule.id]})")
+            problems.append(
+                f"{f}:{line_of(lr.lines, ('id',))}: duplicate rule id {lr.rule.id!r} (also in {seen[lr.rule.id]})"
+            )
             continue
         seen[lr.rule.id] = str(f)
         loaded.append(lr)
@@ -88,7 +90,8 @@ def lint(paths: list[Path]) -> list[str]:
         problems.extend(probs)
         if r.taxonomy not in taxonomy:
             problems.append(f"{lr.path}:{line_of(lr.lines, ('taxonomy',))}: rule {r.id!r}: unknown taxonomy id "
-                            f"{r.taxonomy!r}; add it to knowledge/taxonomy.yaml or use one of {', '.join(sorted(taxonomy))}")
+                            f"{r.taxonomy!r}; add it to knowledge/taxonomy.yaml or use one of "
+                            f"{', '.join(sorted(taxonomy))}")
         if r.status.value == "stable" and not r.incidents:
             problems.append(f"{lr.path}:{line_of(lr.lines, ('status',))}: rule {r.id!r} is stable but names no "
                             "incident; add `incidents: [ID]` or set status: test")

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     torch.manual_seed(1234 + rank)
     faulty = args.fault != "none" and rank == args.fault_rank
     state = {"step": 0}

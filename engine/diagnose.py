@@ -133,7 +133,9 @@ def _steps(w: WindowData, analysis: PeerAnalysis) -> StepSummary:
         slowdown_ratio=round(d_ / b, 3) if b and d_ else None,
         per_rank_during_seconds={str(r): round(row.step_seconds, 6) for r, row in sorted(analysis.rows.items())},
         per_rank_busy_seconds={str(r): round(row.busy_seconds, 6) for r, row in sorted(analysis.rows.items())},
-        per_rank_comm_wait_seconds={str(r): round(row.comm_wait_seconds, 6) for r, row in sorted(analysis.rows.items())},
+        per_rank_comm_wait_seconds={
+            str(r): round(row.comm_wait_seconds, 6) for r, row in sorted(analysis.rows.items())
+        },
     )
 
 

@@ -15,7 +15,12 @@ class EngineError(Exception):
 
 
 class RunDirError(EngineError):
-    """A run directory or pattern file cannot be used."""
+    """A run directory or pattern file cannot be used; names the file and, where known, the field."""
+
+    def __init__(self, message: str, path: str | None = None, field: str | None = None) -> None:
+        self.message, self.path, self.field = message, path, field
+        where = "" if path is None else f"{path}{f' (field {field})' if field else ''}: "
+        super().__init__(where + message)
 
 
 class RuleError(EngineError):

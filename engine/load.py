@@ -46,12 +46,13 @@ def load_doc(path: Path) -> PatternsDoc:
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise RunDirError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from exc
+        raise RunDirError(f"not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}; "
+                          "the file is truncated or corrupt", path=str(path)) from exc
     if not isinstance(raw, dict):
-        raise RunDirError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+        raise RunDirError(f"expected a JSON object, got {type(raw).__name__}", path=str(path))
     schema = raw.get("schema")
     if schema != PATTERNS_SCHEMA:
-        raise RunDirError(f"{path} (field schema): expected {PATTERNS_SCHEMA!r}, got {schema!r}")
+        raise RunDirError(f"expected {PATTERNS_SCHEMA!r}, got {schema!r}", path=str(path), field="schema")
     return PatternsDoc.model_validate(raw)
 
 
@@ -64,7 +65,7 @@ def load_window(wdir: Path) -> WindowData:
         try:
             doc = load_doc(f)
         except RunDirError as exc:
-            w.problems.append(LoadProblem(str(f), "", str(exc).split(": ", 1)[-1]))
+            w.problems.append(LoadProblem(str(f), exc.field or "", exc.message))
             continue
         except ValidationError as exc:
             for err in exc.errors()[:5]:
@@ -76,7 +77,9 @@ def load_window(wdir: Path) -> WindowData:
             continue
         rank = doc.job.rank
         if int(m.group(1)) != rank:
-            w.problems.append(LoadProblem(str(f), "job.rank", f"file name says rank {m.group(1)}, document says {rank}"))
+            w.problems.append(
+                LoadProblem(str(f), "job.rank", f"file name says rank {m.group(1)}, document says {rank}")
+            )
         if rank in w.docs:
             w.problems.append(LoadProblem(str(f), "job.rank", f"duplicate rank {rank}; first one kept"))
             continue

@@ -29,6 +29,7 @@ MIN_GROUP = 3                  # fewer peers than this: no valid peer group
 MAX_DISPERSION = 0.35          # peers' busy-time MAD / median above this: heterogeneous group
 SUSPECT_EXCESS_STEP_RATIO = 0.04   # a rank must cost the job at least this share of a step ...
 SUSPECT_Z = 3.0                    # ... and stand out from its peers by this robust z
+SMALL_GROUP_MIN_RATIO = 1.3        # below 3 members: busy at least this much more than the other
 FUNCTION_MIN_EXPLAINS = 0.1
 HW_SIGNALS = (
     "cgroup_throttled_ratio",
@@ -56,6 +57,20 @@ def robust_z(x: np.ndarray, floor: float) -> np.ndarray:
     med = np.median(x)
     mad = np.median(np.abs(x - med)) * MAD_TO_SIGMA
     return (x - med) / max(mad, floor)
+
+
+def _reference(x: np.ndarray, i: int, floor: float) -> tuple[float, float]:
+    """(reference value, robust z) of member i: the group median and MAD from 3 members up;
+    below that, the other members' median (a rank cannot be its own reference)."""
+    if len(x) >= MIN_GROUP:
+        med = float(np.median(x))
+        mad = float(np.median(np.abs(x - med))) * MAD_TO_SIGMA
+        return med, float((x[i] - med) / max(mad, floor))
+    others = np.delete(x, i)
+    if len(others) == 0:
+        return float(x[i]), 0.0
+    ref = float(np.median(others))
+    return ref, float((x[i] - ref) / floor)
 
 
 def _cap_ratio(a: float, b: float) -> float:
@@ -162,15 +177,15 @@ def analyze(window: WindowData) -> PeerAnalysis:
         if n < 2:
             continue
         floor = max(0.01 * med_step, 1e-4)
-        z_busy = robust_z(busy, floor)
         min_comm = float(comm.min())
         med_comm = float(np.median(comm))
-        fz = np.column_stack([robust_z(fmat[:, j], floor) for j in range(len(keys))]) if keys else np.zeros((n, 0))
-        fmed = np.median(fmat, axis=0) if keys else np.zeros(0)
         for i, r in enumerate(ranks):
-            excess = float(busy[i] - med_busy)
+            ref_busy, z = _reference(busy, i, floor)
+            excess = float(busy[i] - ref_busy)
             excess_ratio = excess / med_step if med_step > 0 else 0.0
-            if excess_ratio < SUSPECT_EXCESS_STEP_RATIO or z_busy[i] < SUSPECT_Z:
+            if excess_ratio < SUSPECT_EXCESS_STEP_RATIO or z < SUSPECT_Z:
+                continue
+            if n < MIN_GROUP and _cap_ratio(float(busy[i]), ref_busy) < SMALL_GROUP_MIN_RATIO:
                 continue
             med_busy_steps = np.median(busy_steps, axis=0)
             consistency = float(np.mean(busy_steps[i] > med_busy_steps + 0.5 * excess))
@@ -178,19 +193,22 @@ def analyze(window: WindowData) -> PeerAnalysis:
                 RankSlowness(
                     rank=r, group=gname,
                     busy_seconds_per_step=round(float(busy[i]), 6),
-                    peer_median_busy_seconds_per_step=round(med_busy, 6),
+                    peer_median_busy_seconds_per_step=round(ref_busy, 6),
                     excess_seconds_per_step=round(excess, 6),
                     excess_step_ratio=round(excess_ratio, 4),
-                    busy_ratio_to_median=round(_cap_ratio(float(busy[i]), med_busy), 4),
+                    busy_ratio_to_median=round(_cap_ratio(float(busy[i]), ref_busy), 4),
                     comm_wait_ratio_to_median=round(_cap_ratio(float(comm[i]), med_comm), 4),
                     least_waiting=bool(comm[i] <= min_comm + 1e-9),
-                    robust_z=round(float(min(z_busy[i], 1e6)), 3),
+                    robust_z=round(float(min(z, 1e6)), 3),
                     consistency_ratio=round(consistency, 4),
                     peers=n, group_valid=valid,
                 )
             )
-            facts.extend(_function_outliers(docs, r, keys, fmat[i], fmed, fz[i], excess, ranks))
-            facts.extend(_category_excess(docs, r, keys, fmat, i, excess, ranks))
+            refs = [_reference(fmat[:, j], i, floor) for j in range(len(keys))]
+            fmed = np.array([x[0] for x in refs])
+            fz = np.array([x[1] for x in refs])
+            facts.extend(_function_outliers(docs, r, keys, fmat[i], fmed, fz, excess, ranks))
+            facts.extend(_category_excess(docs, r, keys, fmat, i, excess, ranks, floor))
             facts.extend(_hw_signals(docs, r, ranks))
             facts.extend(_config_deviations(docs, r, ranks))
     return PeerAnalysis(window.window_id, groups, facts, rows,
@@ -258,18 +276,18 @@ def _category_metric(doc: PatternsDoc, cat: str) -> float | None:
     return tot / w if w else None
 
 
-def _category_excess(docs, rank, keys, fmat, i, excess, ranks) -> list[Fact]:  # type: ignore[no-untyped-def]
-    """Per category: this rank's summed critical time vs the median of the peers' sums."""
+def _category_excess(docs, rank, keys, fmat, i, excess, ranks, floor) -> list[Fact]:  # type: ignore[no-untyped-def]
+    """Per category: this rank's summed critical time vs the peers' reference of the sums."""
     out: list[Fact] = []
     if excess <= 0:
         return out
-    fmed = np.median(fmat, axis=0)
     row = fmat[i]
+    fmed = np.array([_reference(fmat[:, j], i, floor)[0] for j in range(fmat.shape[1])])
     for cat in sorted({k[0] for k in keys} - {Category.communication.value}):
         idx = [j for j, k in enumerate(keys) if k[0] == cat]
         sums = fmat[:, idx].sum(axis=1)
         mine = float(sums[i])
-        med = float(np.median(sums))
+        med = _reference(sums, i, floor)[0]
         cx = mine - med
         if cx / excess < FUNCTION_MIN_EXPLAINS:
             continue

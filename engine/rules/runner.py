@@ -35,7 +35,7 @@ def evaluate(rules: list[RuleIR], facts_by_window: dict[str, list[dict[str, Any]
 
 
 @dataclass(frozen=True)
-class TestCase:
+class RuleTestCase:
     rule_id: str
     name: str
     rules: tuple[RuleIR, ...]          # the rule under test
@@ -45,7 +45,7 @@ class TestCase:
 
 
 @dataclass(frozen=True)
-class TestOutcome:
+class RuleTestOutcome:
     rule_id: str
     name: str
     path: str
@@ -64,7 +64,7 @@ def _matches(exp: dict[str, Any], got: dict[str, Any]) -> bool:
     return True
 
 
-def _worker_tests(cases: list[TestCase]) -> list[TestOutcome]:
+def _worker_tests(cases: list[RuleTestCase]) -> list[RuleTestOutcome]:
     from eroica.engine.rules._durable import run_ir
 
     out = []
@@ -72,7 +72,7 @@ def _worker_tests(cases: list[TestCase]) -> list[TestOutcome]:
         try:
             conclusions, derived = run_ir(list(c.rules), [dict(g) for g in c.given])
         except Exception as exc:
-            out.append(TestOutcome(c.rule_id, c.name, c.path, False, f"engine error: {exc}"))
+            out.append(RuleTestOutcome(c.rule_id, c.name, c.path, False, f"engine error: {exc}"))
             continue
         got = conclusions + derived
         remaining = list(got)
@@ -86,14 +86,14 @@ def _worker_tests(cases: list[TestCase]) -> list[TestOutcome]:
         if missing or remaining:
             shown = [{k: g.get(k) for k in ("rule_id", "root_cause", "kind", "rank", "function") if k in g}
                      for g in remaining]
-            out.append(TestOutcome(c.rule_id, c.name, c.path, False,
+            out.append(RuleTestOutcome(c.rule_id, c.name, c.path, False,
                                    f"expected {list(c.expect)}, missing {missing}, unexpected {shown}"))
         else:
-            out.append(TestOutcome(c.rule_id, c.name, c.path, True, f"{len(got)} conclusion(s) as expected"))
+            out.append(RuleTestOutcome(c.rule_id, c.name, c.path, True, f"{len(got)} conclusion(s) as expected"))
     return out
 
 
-def run_tests(cases: list[TestCase], in_process: bool = False) -> list[TestOutcome]:
+def run_tests(cases: list[RuleTestCase], in_process: bool = False) -> list[RuleTestOutcome]:
     if in_process:
         return _worker_tests(cases)
     return _in_worker(_worker_tests, cases)  # type: ignore[no-any-return]

@@ -1,0 +1,34 @@
+"""Every inline test of every shipped rule; test id = rule id + test name."""
+
+from __future__ import annotations
+
+import pytest
+
+from eroica.cli.rules_cmd import build_cases, lint
+from eroica.engine.rules.loader import builtin_rules_dir, load_rules
+from eroica.engine.rules.runner import RuleTestOutcome, run_tests
+
+RULES = load_rules()
+CASES, PROBLEMS = build_cases(RULES)
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> dict[tuple[str, str], RuleTestOutcome]:
+    return {(o.rule_id, o.name): o for o in run_tests(CASES)}   # one engine worker for all
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.rule_id}: {c.name}" for c in CASES])
+def test_rule(case, outcomes) -> None:  # type: ignore[no-untyped-def]
+    o = outcomes[(case.rule_id, case.name)]
+    assert o.passed, o.detail
+
+
+def test_rules_compile_and_lint_clean() -> None:
+    assert PROBLEMS == []
+    assert lint([builtin_rules_dir()]) == []
+
+
+def test_every_rule_has_a_firing_and_a_quiet_test() -> None:
+    for lr in RULES:
+        assert any(t.expect for t in lr.rule.tests), lr.rule.id
+        assert any(not t.expect for t in lr.rule.tests), lr.rule.id

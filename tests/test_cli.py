@@ -1,0 +1,52 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from patterns_factory import make_doc, write_run
+
+from eroica.cli.main import main
+
+
+def test_diagnose_json_to_file(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    docs = [make_doc(r, step=0.16) for r in range(4)]
+    docs[3] = make_doc(3, step=0.16, busy={"gc:gc.collect(gen2)": 0.08, "compute:forward": 0.02})
+    run = write_run(tmp_path / "run", docs)
+    assert main(["diagnose", str(run), "--format", "json", "-o", str(tmp_path / "d.json")]) == 0
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert d["windows"][0]["findings"][0]["root_cause"] == "gc_pause"
+
+
+def test_diagnose_of_a_missing_dir_exits_2(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["diagnose", str(tmp_path / "none")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_rules_test_and_lint_pass_on_the_shipped_rules(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["rules", "test"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS  straggler.dataloader-stall" in out and " 0 failed" in out
+    assert main(["rules", "lint"]) == 0
+
+
+def test_rules_test_fails_on_a_wrong_expectation(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    src = Path(__file__).parents[1] / "knowledge" / "rules" / "runtime" / "gc_pause.yaml"
+    text = src.read_text().replace("expect: [{rank: 1, root_cause: gc_pause", "expect: [{rank: 2, root_cause: gc_pause")
+    (tmp_path / "gc_pause.yaml").write_text(text)
+    assert main(["rules", "test", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  runtime.gc-pause: fires when GC pauses explain a third of the excess" in out
+
+
+def test_rules_lint_reports_an_untested_threshold_side(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    src = Path(__file__).parents[1] / "knowledge" / "rules" / "runtime" / "gc_pause.yaml"
+    text = src.read_text().replace("explains_ratio: 0.29", "explains_ratio: 0.31")
+    (tmp_path / "gc_pause.yaml").write_text(text)
+    assert main(["rules", "lint", str(tmp_path)]) == 1
+    assert "category_excess.explains_ratio gte 0.3 has no test on its failing side" in capsys.readouterr().out
+
+
+def test_console_script_is_installed() -> None:
+    exe = Path(sys.executable).parent / "eroica"
+    r = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True)
+    assert "diagnose" in r.stdout and "demo" in r.stdout

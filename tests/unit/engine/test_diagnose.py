@@ -1,0 +1,83 @@
+import json
+from pathlib import Path
+
+import pytest
+from patterns_factory import make_doc, write_run
+
+from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.errors import RunDirError
+from eroica.engine.render import render
+
+
+def slow_docs(rank: int = 2, n: int = 4, **kw):  # type: ignore[no-untyped-def]
+    docs = [make_doc(r, world=n, step=0.16, **kw) for r in range(n)]
+    docs[rank] = make_doc(rank, world=n, step=0.16, busy={"compute:forward": 0.02, "compute:backward": 0.03,
+                                                          "data:DataLoader.__next__": 0.1}, **kw)
+    return docs
+
+
+def test_dataloader_stall_is_the_top_finding(tmp_path: Path) -> None:
+    d = diagnose(write_run(tmp_path, slow_docs()), DiagnoseOptions(in_process=True))
+    [w] = d.windows
+    top = w.findings[0]
+    assert (top.root_cause, top.ranks, top.function) == ("dataloader_stall", [2], "DataLoader.__next__")
+    assert top.confidence >= 0.8 and top.category.value == "software"
+    assert top.hosts == ["host1"] and not w.healthy
+    assert top.confidence_factors.peer_group_valid
+
+
+def test_healthy_run_reports_nothing(tmp_path: Path, healthy_docs) -> None:  # type: ignore[no-untyped-def]
+    d = diagnose(write_run(tmp_path, healthy_docs))
+    assert d.windows[0].findings == [] and d.windows[0].healthy
+    assert "healthy" in render(d, "text")
+
+
+def test_throttled_rank_is_hardware(tmp_path: Path) -> None:
+    docs = [make_doc(r, step=0.2) for r in range(4)]
+    docs[1] = make_doc(1, step=0.2, busy={"compute:forward": 0.08, "compute:backward": 0.1}, throttled=0.6,
+                       cpu_metric=0.2)
+    top = diagnose(write_run(tmp_path, docs), DiagnoseOptions(in_process=True)).windows[0].findings[0]
+    assert (top.root_cause, top.ranks, top.category.value) == ("cpu_throttled", [1], "hardware")
+
+
+def test_small_peer_group_lowers_confidence_and_says_why(tmp_path: Path) -> None:
+    big = diagnose(write_run(tmp_path / "a", slow_docs(2, 4)), DiagnoseOptions(in_process=True))
+    small = diagnose(write_run(tmp_path / "b", slow_docs(1, 2)), DiagnoseOptions(in_process=True))
+    fb, fs = big.windows[0].findings[0], small.windows[0].findings[0]
+    assert fs.root_cause == "dataloader_stall" and fs.confidence < fb.confidence
+    assert fs.insufficient_peer_evidence and "too few peers" in fs.evidence[0]
+
+
+def test_missing_ranks_lower_coverage_and_confidence(tmp_path: Path) -> None:
+    docs = slow_docs(2, 5)
+    del docs[4]
+    w = diagnose(write_run(tmp_path, docs), DiagnoseOptions(in_process=True)).windows[0]
+    assert w.coverage.ranks_missing == [4] and w.coverage.coverage_ratio == 0.8
+    assert w.findings[0].confidence_factors.coverage_ratio == 0.8
+
+
+def test_a_broken_file_is_named_and_the_rest_is_diagnosed(tmp_path: Path) -> None:
+    run = write_run(tmp_path, slow_docs())
+    (run / "w000-s30" / "rank-3.json").write_text('{"schema": "eroica.patterns/v1", "job": ')
+    (run / "w000-s30" / "rank-0.json").write_text(json.dumps({"schema": "eroica.patterns/v0"}))
+    w = diagnose(run, DiagnoseOptions(in_process=True)).windows[0]
+    probs = " ".join(w.coverage.file_problems)
+    assert "rank-3.json" in probs and "not valid JSON" in probs
+    assert "rank-0.json" in probs and "schema" in probs
+    assert w.coverage.ranks_reported == [1, 2]
+    assert w.findings == [] or w.findings[0].insufficient_peer_evidence
+
+
+def test_not_a_run_dir_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(RunDirError, match="not a directory"):
+        diagnose(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("fmt", ["text", "md", "json"])
+def test_every_format_renders(tmp_path: Path, fmt: str) -> None:
+    out = render(diagnose(write_run(tmp_path, slow_docs()), DiagnoseOptions(in_process=True)), fmt)
+    assert "dataloader_stall" in out
+    if fmt == "json":
+        data = json.loads(out)
+        assert data["schema"] == "eroica.diagnosis/v1"
+        assert data["windows"][0]["findings"][0]["ranks"] == [2]

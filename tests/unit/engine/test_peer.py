@@ -1,0 +1,57 @@
+from patterns_factory import make_doc
+
+from eroica.engine.facts import CategoryExcess, FunctionOutlier, RankSlowness
+from eroica.engine.load import WindowData
+from eroica.engine.peer import analyze
+
+
+def window(docs):  # type: ignore[no-untyped-def]
+    return WindowData("w000-s30", {d.job.rank: d for d in docs})
+
+
+def slow_loader_job():  # type: ignore[no-untyped-def]
+    docs = [make_doc(r, step=0.16) for r in range(4)]
+    docs[2] = make_doc(2, step=0.16, busy={"compute:forward": 0.02, "compute:backward": 0.03,
+                                           "data:DataLoader.__next__": 0.1})
+    return docs
+
+
+def test_the_culprit_is_found_and_the_victims_are_not_blamed() -> None:
+    a = analyze(window(slow_loader_job()))
+    slow = [f for f in a.facts if isinstance(f, RankSlowness)]
+    assert [f.rank for f in slow] == [2]
+    assert slow[0].least_waiting and slow[0].comm_wait_ratio_to_median < 0.5
+    assert all(f.rank == 2 for f in a.facts)          # victims wait longer in comm: no fact names them
+    cat = [f for f in a.facts if isinstance(f, CategoryExcess)]
+    assert [(f.category, f.top_function) for f in cat] == [("data", "DataLoader.__next__")]
+    assert cat[0].explains_ratio == 1.0
+    fn = [f for f in a.facts if isinstance(f, FunctionOutlier)]
+    assert fn and fn[0].function == "DataLoader.__next__" and fn[0].ratio_to_median > 50
+
+
+def test_healthy_job_gives_no_fact(healthy_docs) -> None:  # type: ignore[no-untyped-def]
+    a = analyze(window(healthy_docs))
+    assert a.facts == []
+    assert a.groups[0].valid
+
+
+def test_small_noise_is_not_a_deviation() -> None:
+    docs = [make_doc(r, busy={"compute:forward": 0.02 + 0.001 * r, "compute:backward": 0.03}) for r in range(4)]
+    assert analyze(window(docs)).facts == []
+
+
+def test_two_ranks_are_not_a_valid_peer_group() -> None:
+    a = analyze(window(slow_loader_job()[:3][1:]))   # ranks 1 and 2
+    assert not a.groups[0].valid and "too few peers" in a.groups[0].reason
+
+
+def test_heterogeneous_peers_make_the_group_invalid() -> None:
+    docs = [make_doc(r, busy={"compute:forward": v}) for r, v in enumerate([0.01, 0.03, 0.06, 0.09, 0.02])]
+    a = analyze(window(docs))
+    assert not a.groups[0].valid and "heterogeneous" in a.groups[0].reason
+
+
+def test_roles_form_separate_peer_groups() -> None:
+    docs = [make_doc(r, role="trainer") for r in range(4)] + [make_doc(r, role="stage1") for r in range(4, 8)]
+    a = analyze(window(docs))
+    assert sorted(g.name for g in a.groups) == ["stage1", "trainer"]
