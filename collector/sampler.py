@@ -332,6 +332,12 @@ class HardwareSampler:
         )
 
 
+def _nvml() -> Source:
+    from eroica.collector.nvml import open_nvml_source
+
+    return open_nvml_source()
+
+
 def default_sources(pid: int, main_tid: int) -> tuple[list[Source], list[CollectorGap]]:
     """Every source this machine offers for process `pid` (training thread `main_tid`);
     the ones that cannot even be set up become gaps."""
@@ -346,12 +352,15 @@ def default_sources(pid: int, main_tid: int) -> tuple[list[Source], list[Collect
         ("disk_io", lambda: ProcIO(pid)),
         ("system_cpu", SystemCpu),
         ("nic", lambda: NetDev(pid)),
+        ("nvml", _nvml),
     ]
     for name, make in factories:
         try:
             src = make()
             src.read()
             sources.append(src)
+            for missing in getattr(src, "unavailable", []):
+                gaps.append(CollectorGap(source=name, reason=f"field unavailable: {missing}"))
         except Exception as exc:
             gaps.append(CollectorGap(source=name, reason=f"unavailable: {exc!r}"[:200]))
     return sources, gaps

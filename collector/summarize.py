@@ -94,6 +94,20 @@ def hardware_summary(series: SampleSeries | None, wall_s: float) -> HardwareSumm
     busy, total = _delta(series, "sys_busy"), _delta(series, "sys_total")
     nics = {c.split(":", 1)[1]: round(per_s(c) or 0.0, 1) for c in series.columns if c.startswith("nic:")}
     proc_cpu = _delta(series, "proc_cpu_s")
+    gpu: dict[str, float] = {}
+    for c, v in series.columns.items():
+        ok = v[np.isfinite(v)]
+        if not c.startswith("gpu_") or not len(ok):
+            continue
+        if c == "gpu_throttle_mask":
+            mask = 0
+            for x in ok:
+                mask |= int(x)
+            gpu[c] = float(mask)
+            gpu["gpu_throttled_sample_ratio"] = round(float(np.mean([(int(x) & ~0x1) != 0 for x in ok])), 4)
+        else:
+            gpu[c] = round(float(ok.mean()), 3)
+            gpu[c.replace("gpu_", "gpu_std_", 1)] = round(float(ok.std()), 3)
     return HardwareSummary(
         sample_interval_seconds=series.interval_seconds,
         samples_total=len(series.t_ns),
@@ -113,6 +127,7 @@ def hardware_summary(series: SampleSeries | None, wall_s: float) -> HardwareSumm
         disk_read_bytes_per_second=_r(per_s("io_read_bytes"), 1),
         disk_write_bytes_per_second=_r(per_s("io_write_bytes"), 1),
         nic_bytes_per_second=nics,
+        gpu=gpu,
     )
 
 
@@ -150,6 +165,9 @@ def summarize(rec: WindowRecord, summarize_started: float, now: float) -> Patter
             tot = sum(np.diff(series.columns[c]) for c in nic_cols)
             with np.errstate(invalid="ignore", divide="ignore"):
                 rates[MetricName.nic_bytes_per_second] = np.where(dt > 0, tot / dt, np.nan)
+        sm = series.columns.get("gpu_sm_clock_mhz")
+        if sm is not None and len(sm) >= 2:
+            rates[MetricName.gpu_sm_clock_mhz] = sm[:-1]     # a level, not a counter
     metric_stats = {}
     for m, r in rates.items():
         if r is not None:

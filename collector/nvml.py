@@ -1,0 +1,166 @@
+"""GPU signals through NVML (`nvidia-ml-py`, imported as `pynvml`), behind the sampler's Source interface.
+
+Every call is guarded: a field the driver does not expose is dropped from the columns at setup
+(and reported as a gap by the caller); a failing read makes the whole source a gap. Without a
+GPU the setup fails with a clear reason. `ReplayNvml` feeds recorded NVML-like samples through
+the same module interface, for tests on machines without a GPU (clearly a replay, not NVML).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: clock-throttle (clock-event) reason bits, from nvml.h
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+def decode_throttle_reasons(mask: int) -> list[str]:
+    return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+
+
+def gpu_index_for_rank() -> int:
+    """The NVML index of this rank's GPU: LOCAL_RANK mapped through CUDA_VISIBLE_DEVICES."""
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v for v in visible.split(",") if v.strip()]
+        if local < len(ids) and ids[local].strip().isdigit():
+            return int(ids[local])
+    return local
+
+
+@dataclass
+class NvmlSource:
+    """Reads one GPU. `nvml` is the pynvml module or a replay with the same functions."""
+
+    nvml: Any
+    index: int
+    name: str = "nvml"
+    slow: bool = False
+    columns: tuple[str, ...] = ()
+    unavailable: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = self.nvml
+        n.nvmlInit()
+        self.handle = n.nvmlDeviceGetHandleByIndex(self.index)
+        probes = {
+            "gpu_sm_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM),
+            "gpu_mem_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_MEM),
+            "gpu_util_ratio": lambda: n.nvmlDeviceGetUtilizationRates(self.handle).gpu / 100.0,
+            "gpu_power_w": lambda: n.nvmlDeviceGetPowerUsage(self.handle) / 1000.0,
+            "gpu_power_limit_w": lambda: n.nvmlDeviceGetEnforcedPowerLimit(self.handle) / 1000.0,
+            "gpu_temp_c": lambda: n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU),
+            "gpu_throttle_mask": lambda: n.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle),
+            "gpu_pcie_gen": lambda: n.nvmlDeviceGetCurrPcieLinkGeneration(self.handle),
+            "gpu_pcie_width": lambda: n.nvmlDeviceGetCurrPcieLinkWidth(self.handle),
+            "gpu_mem_used_bytes": lambda: n.nvmlDeviceGetMemoryInfo(self.handle).used,
+        }
+        self._probes = {}
+        for col, fn in probes.items():
+            try:
+                float(fn())
+                self._probes[col] = fn
+            except Exception as exc:  # a field this driver/GPU does not expose
+                self.unavailable.append(f"{col}: {exc!r}"[:120])
+        if not self._probes:
+            raise RuntimeError("NVML answered no field for this GPU")
+        self.columns = tuple(self._probes)
+
+    def read(self) -> tuple[float, ...]:
+        return tuple(float(fn()) for fn in self._probes.values())
+
+
+def open_nvml_source(index: int | None = None) -> NvmlSource:
+    """The real thing: raises with a clear reason when there is no pynvml, driver or GPU."""
+    try:
+        import pynvml  # provided by the nvidia-ml-py distribution
+    except ImportError as exc:
+        raise RuntimeError("nvidia-ml-py is not installed (pip install 'eroica[gpu]')") from exc
+    try:
+        return NvmlSource(pynvml, gpu_index_for_rank() if index is None else index)
+    except Exception as exc:
+        raise RuntimeError(f"no NVIDIA GPU or driver reachable through NVML: {exc!r}"[:200]) from exc
+
+
+class _Util:
+    def __init__(self, gpu: float, memory: float) -> None:
+        self.gpu, self.memory = gpu, memory
+
+
+class _Mem:
+    def __init__(self, used: float) -> None:
+        self.used = used
+
+
+class ReplayNvml:
+    """A REPLAY of recorded NVML samples behind pynvml's function names (no GPU involved).
+
+    `samples` is a list of dicts with the columns of NvmlSource; each read of the SM clock
+    advances to the next sample (cycling), so one sampler tick sees one recorded sample.
+    """
+
+    NVML_CLOCK_SM = 1
+    NVML_CLOCK_MEM = 2
+    NVML_TEMPERATURE_GPU = 0
+
+    def __init__(self, samples: Sequence[dict[str, float]]) -> None:
+        if not samples:
+            raise ValueError("a replay needs at least one recorded sample")
+        self.samples = list(samples)
+        self.i = -1
+
+    def _cur(self, key: str) -> float:
+        s = self.samples[max(self.i, 0) % len(self.samples)]
+        if key not in s:
+            raise KeyError(f"recorded sample has no {key}")
+        return s[key]
+
+    def nvmlInit(self) -> None:  # noqa: N802 (pynvml's names)
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+        return index
+
+    def nvmlDeviceGetClockInfo(self, handle: int, kind: int) -> float:  # noqa: N802
+        if kind == self.NVML_CLOCK_SM:
+            self.i += 1
+            return self._cur("gpu_sm_clock_mhz")
+        return self._cur("gpu_mem_clock_mhz")
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> _Util:  # noqa: N802
+        return _Util(self._cur("gpu_util_ratio") * 100.0, 0.0)
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> float:  # noqa: N802
+        return self._cur("gpu_power_w") * 1000.0
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: int) -> float:  # noqa: N802
+        return self._cur("gpu_power_limit_w") * 1000.0
+
+    def nvmlDeviceGetTemperature(self, handle: int, kind: int) -> float:  # noqa: N802
+        return self._cur("gpu_temp_c")
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: int) -> int:  # noqa: N802
+        return int(self._cur("gpu_throttle_mask"))
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: int) -> float:  # noqa: N802
+        return self._cur("gpu_pcie_gen")
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: int) -> float:  # noqa: N802
+        return self._cur("gpu_pcie_width")
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> _Mem:  # noqa: N802
+        return _Mem(self._cur("gpu_mem_used_bytes"))

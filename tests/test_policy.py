@@ -1,0 +1,65 @@
+"""Project policies: packaging, layering, taxonomy and runbooks."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).parents[1]
+LAYERS = {"collector": 0, "engine": 1, "assistant": 2, "cli": 3}
+
+
+def test_every_package_folder_is_declared() -> None:
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = set(cfg["packages"])
+    found = set()
+    for pkg, folder in cfg["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([pkg, *rel.parts]) if rel.parts else pkg)
+    assert found == declared
+
+
+def test_imports_flow_one_way_and_durable_rules_is_imported_once() -> None:
+    durable_importers = []
+    for folder, level in LAYERS.items():
+        for py in (ROOT / folder).rglob("*.py"):
+            tree = ast.parse(py.read_text())
+            for node in ast.walk(tree):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                for n in names:
+                    if n.startswith("durable"):
+                        durable_importers.append(py.relative_to(ROOT).as_posix())
+                    parts = n.split(".")
+                    if parts[0] == "eroica" and len(parts) > 1 and parts[1] in LAYERS:
+                        assert LAYERS[parts[1]] <= level, f"{py}: {folder} must not import {n}"
+    assert sorted(set(durable_importers)) == ["engine/rules/_durable.py"]
+
+
+def test_modules_stay_small_and_there_is_no_utils() -> None:
+    for folder in [*LAYERS, "knowledge"]:
+        for py in (ROOT / folder).rglob("*.py"):
+            assert py.name != "utils.py"
+            assert len(py.read_text().splitlines()) <= 500, f"{py} is over 500 lines: split it"
+
+
+def test_knowledge_has_no_code_but_its_init() -> None:
+    assert [p.name for p in (ROOT / "knowledge").rglob("*.py")] == ["__init__.py"]
+
+
+def test_every_taxonomy_id_has_a_runbook_and_the_contract_ids_exist() -> None:
+    tax = yaml.safe_load((ROOT / "knowledge" / "taxonomy.yaml").read_text())["root_causes"]
+    contract = {"dataloader_stall", "cpu_contention", "cpu_throttled", "gpu_throttled", "pcie_degraded",
+                "nvlink_degraded", "nic_degraded", "workload_imbalance", "gc_pause", "slow_storage",
+                "host_memory_pressure", "framework_config", "user_code", "unknown"}
+    assert contract <= set(tax)
+    for k, v in tax.items():
+        assert v["category"] in ("hardware", "software"), k
+        assert (ROOT / "knowledge" / v["runbook"]).is_file(), f"{k}: runbook {v['runbook']} missing"
