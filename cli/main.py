@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eroica.cli import demo, diagnose_cmd, rules_cmd
+from eroica.cli import demo, diagnose_cmd, record, rules_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(sub)
     diagnose_cmd.add_parser(sub)
     rules_cmd.add_parser(sub)
+    record.add_parser(sub)
     return p
 
 

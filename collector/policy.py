@@ -27,7 +27,7 @@ class TriggerPolicy(BaseModel):
         0, ge=0, description="if > 0: open when this many of the last N steps breached (intermittent faults)"
     )
     lead_steps: int = Field(3, ge=1, description="steps between agreement and window start (all ranks see it)")
-    window_steps: int = Field(6, ge=2, description="steps profiled per window")
+    window_steps: int = Field(8, ge=2, description="steps profiled per window")
     cooldown_steps: int = Field(20, ge=0, description="steps after a window before the detector re-arms")
     max_windows_per_hour: int = Field(6, ge=0)
     sample_interval_seconds: float = Field(0.01, gt=0, le=1.0, description="hardware sampler period")

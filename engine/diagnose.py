@@ -178,7 +178,8 @@ def build_findings(
         consistency = s.consistency_ratio if s else 0.0
         factors = ConfidenceFactors(
             rule_ratio=c["confidence"],
-            deviation_strength_ratio=round(float(np.clip(0.6 + 2 * excess, 0.0, 1.0)), 4),
+            # 0.5 at a 5% excess of a step, 1.0 from 25%: small deviations are closer to the noise
+            deviation_strength_ratio=round(float(0.5 + 0.5 * np.clip((excess - 0.05) / 0.2, 0.0, 1.0)), 4),
             step_consistency_ratio=round(0.6 + 0.4 * consistency, 4),
             peer_group_ratio=_peer_factor(valid, n),
             coverage_ratio=cov,

@@ -1,0 +1,79 @@
+"""`eroica record`: run the demo job with a real fault and keep its window as an incident.
+
+An incident is `incidents/<ID>/`: the per-rank pattern files of one window (`patterns/`), a
+`context.yaml` (job, world size, what was injected and how) and an `expected.yaml` (root cause,
+ranks, function hint, minimum confidence, what must not be reported). Anyone can rerun it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from eroica.cli.launch import launch
+from eroica.cli.workload import FAULTS
+
+HOW = {
+    "none": "no fault; one window forced at step 24",
+    "dataloader_stall": "the rank's collate_fn sleeps --stall-seconds per batch (a stalled input pipeline)",
+    "cpu_throttled": "the rank moves itself into a cgroup v1 child with cpu.cfs_quota_us = 12% of a core",
+    "workload_imbalance": "the rank's batch is repeated --imbalance-factor times (more samples than its peers)",
+    "gc_pause": "the rank fills a bounded deque with 60k cyclic objects per step (full GC collections)",
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("record", help="run a real faulty job and keep its window as an incident")
+    p.add_argument("--fault", choices=FAULTS, required=True)
+    p.add_argument("--rank", type=int, default=1)
+    p.add_argument("--id", required=True, help="incident id, e.g. INC-0001")
+    p.add_argument("--dir", type=Path, default=Path("incidents"))
+    p.add_argument("--fault-step", type=int, default=25)
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="extra workload arguments")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    dest = args.dir / args.id
+    if dest.exists():
+        print(f"eroica record: {dest} exists; pick a new id (incident ids are never reused)")
+        return 2
+    env = {"EROICA_FORCE_WINDOW_AT_STEP": "24"} if args.fault == "none" else {}
+    with tempfile.TemporaryDirectory(prefix="eroica-record-") as tmp:
+        run_dir = Path(tmp)
+        t0 = time.time()
+        res = launch(run_dir, fault=args.fault, fault_rank=args.rank, fault_step=args.fault_step,
+                     env=env, extra_args=args.extra)
+        if not res.ok:
+            print(f"eroica record: the job failed: {res.returncodes}")
+            return 1
+        windows = sorted(d for d in run_dir.iterdir() if d.is_dir() and d.name.startswith("w"))
+        if not windows:
+            print("eroica record: no window opened; nothing to record")
+            return 1
+        dest.mkdir(parents=True)
+        shutil.copytree(windows[0], dest / "patterns" / windows[0].name)
+    context = {
+        "id": args.id,
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+        "job": {"kind": "eroica demo workload (DDP MLP, gloo, CPU)", "world_size": 4, "host": platform.node()},
+        "injected": {"fault": args.fault, "rank": args.rank, "from_step": args.fault_step,
+                     "how": HOW[args.fault], "extra_args": args.extra},
+        "window": windows[0].name,
+        "rerun": f"eroica record --fault {args.fault} --rank {args.rank} --id <NEW-ID>",
+    }
+    if args.fault == "none":
+        expected = {"healthy": True, "max_confidence": 0.5}
+    else:
+        expected = {"root_cause": args.fault, "ranks": [args.rank], "min_confidence": 0.5,
+                    "must_not": [{"ranks_other_than": [args.rank], "min_confidence": 0.5}]}
+    (dest / "context.yaml").write_text(yaml.safe_dump(context, sort_keys=False))
+    (dest / "expected.yaml").write_text(yaml.safe_dump(expected, sort_keys=False))
+    print(f"recorded {dest}")
+    return 0
