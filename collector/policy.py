@@ -26,19 +26,28 @@ class TriggerPolicy(BaseModel):
     breach_window: int = Field(
         0, ge=0, description="if > 0: open when this many of the last N steps breached (intermittent faults)"
     )
-    lead_steps: int = Field(3, ge=1, description="steps between agreement and window start (all ranks see it)")
+    lead_steps: int = Field(
+        6, ge=1, description="steps between agreement and window start: >= poll_every_steps + 2 so every rank sees it"
+    )
     window_steps: int = Field(8, ge=2, description="steps profiled per window")
     cooldown_steps: int = Field(20, ge=0, description="steps after a window before the detector re-arms")
     max_windows_per_hour: int = Field(6, ge=0)
     sample_interval_seconds: float = Field(0.01, gt=0, le=1.0, description="hardware sampler period")
     max_events: int = Field(200_000, ge=1000, description="cap on function executions kept per window")
-    poll_every_steps: int = Field(1, ge=1, description="how often ranks check the store for a window")
+    poll_every_steps: int = Field(
+        4, ge=1, description="how often ranks check the store for a planned window (one store round trip)"
+    )
     keep_raw_trace: bool = Field(False, description="keep a bounded Chrome trace of the window")
     raw_trace_max_bytes: int = Field(8 * 1024 * 1024, ge=0)
     enabled: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> TriggerPolicy:
+        if self.lead_steps < self.poll_every_steps + 2:
+            raise ValueError(
+                f"lead_steps ({self.lead_steps}) must be >= poll_every_steps + 2 ({self.poll_every_steps + 2}): "
+                "ranks poll the store every poll_every_steps and may be up to 2 steps apart"
+            )
         if self.breach_window and self.breach_window < self.consecutive_breaches:
             raise ValueError("breach_window must be >= consecutive_breaches (or 0 to disable)")
         return self
