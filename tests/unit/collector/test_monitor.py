@@ -70,3 +70,19 @@ def test_detector_opens_a_window_by_itself(tmp_path) -> None:  # type: ignore[no
     wid = mon.windows_completed[0]
     start = int(wid.split("-s")[1])
     assert 14 <= start <= 18                       # 3 breaches after step 12, then the lead
+
+
+def test_raw_trace_escape_hatch_is_bounded(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("EROICA_FORCE_WINDOW_AT_STEP", "2")
+    mon = Monitor(out_dir=tmp_path / "kept", policy=TriggerPolicy(window_steps=2, keep_raw_trace=True))
+    loop(mon, 6)
+    mon.close()
+    trace = tmp_path / "kept" / "w000-s2" / "rank-0.trace.json"
+    assert trace.exists() and json.loads(trace.read_text())["traceEvents"]
+    mon = Monitor(out_dir=tmp_path / "capped",
+                  policy=TriggerPolicy(window_steps=2, keep_raw_trace=True, raw_trace_max_bytes=100))
+    loop(mon, 6)
+    mon.close()
+    assert not (tmp_path / "capped" / "w000-s2" / "rank-0.trace.json").exists()
+    doc = json.loads((tmp_path / "capped" / "w000-s2" / "rank-0.json").read_text())
+    assert any(g["source"] == "raw_trace" and "over cap" in g["reason"] for g in doc["gaps"])

@@ -1,0 +1,59 @@
+import json
+
+import numpy as np
+
+from eroica.collector.critical import Execution
+from eroica.collector.facts import Category as C
+from eroica.collector.facts import CollectorGap, JobInfo, MetricName, PatternsDoc
+from eroica.collector.sampler import SampleSeries
+from eroica.collector.summarize import WindowRecord, summarize
+
+MS = 1_000_000
+
+
+def record(execs: list[Execution], series: SampleSeries | None = None) -> WindowRecord:
+    return WindowRecord(
+        job=JobInfo(rank=3, world_size=4, hostname="h", pid=1), window_id="w000-s10", start_step=10,
+        trigger="detector", triggered_by_rank=0, step_bounds_ns=[0, 100 * MS, 200 * MS],
+        before_seconds=[0.09] * 5, baseline_median_seconds=0.09, executions=execs, samples=series,
+        gaps=[CollectorGap(source="nvml", reason="no GPU")],
+    )
+
+
+def test_beta_duration_stats_and_per_step_values() -> None:
+    execs = [Execution(0, 60 * MS, C.data, "DataLoader.__next__"),
+             Execution(60 * MS, 90 * MS, C.compute, "fwd"),
+             Execution(100 * MS, 110 * MS, C.data, "DataLoader.__next__"),
+             Execution(110 * MS, 200 * MS, C.compute, "fwd"),
+             Execution(0, 1 * MS // 10, C.compute, "tiny")]       # 0.05% of the window: dropped
+    doc = summarize(record(execs), 0.0, 0.01)
+    f = {x.name: x for x in doc.functions}
+    assert set(f) == {"DataLoader.__next__", "fwd", "untracked"}
+    load = f["DataLoader.__next__"]
+    assert load.category == C.data and load.occurrences_total == 2
+    assert abs(load.beta_ratio - 0.35) < 1e-6 and load.critical_per_step_seconds == [0.06, 0.01]
+    assert load.max_seconds == 0.06 and abs(load.mean_seconds - 0.035) < 1e-9
+    assert f["untracked"].critical_per_step_seconds == [0.01, 0.0]
+    assert doc.window.end_step == 12 and doc.step_times.during_seconds == [0.1, 0.1]
+    assert doc.gaps[0].source == "nvml"
+
+
+def test_metric_mu_sigma_come_from_samples_during_the_function() -> None:
+    t = np.arange(0, 201, 10) * MS
+    cpu_ns = np.concatenate([np.zeros(7), np.cumsum(np.full(14, 10 * MS))])  # idle 0-60 ms, busy afterwards
+    series = SampleSeries(t_ns=t, columns={"main_cpu_ns": cpu_ns}, gaps=[], interval_seconds=0.01,
+                          sampler_cpu_seconds=0.001, dropped_total=0)
+    execs = [Execution(0, 60 * MS, C.data, "load"), Execution(60 * MS, 200 * MS, C.compute, "fwd")]
+    doc = summarize(record(execs, series), 0.0, 0.01)
+    f = {x.name: x for x in doc.functions}
+    assert f["load"].metric == MetricName.cpu_util_ratio and f["load"].metric_mean < 0.2
+    assert f["fwd"].metric_mean > 0.9 and f["fwd"].metric_std < 0.3
+    assert doc.hardware.samples_total == 21 and 0.6 < doc.hardware.cpu_util_ratio < 0.75
+
+
+def test_the_document_is_small_and_round_trips() -> None:
+    execs = [Execution(i * MS, i * MS + MS // 2, C.compute, f"op{i % 30}") for i in range(200)]
+    doc = summarize(record(execs), 0.0, 0.01)
+    text = json.dumps(doc.model_dump(mode="json", by_alias=True))
+    assert len(text) < 16_000
+    assert PatternsDoc.model_validate(json.loads(text)) == doc
