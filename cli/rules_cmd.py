@@ -8,7 +8,7 @@ from pathlib import Path
 
 from eroica.engine.diagnose import load_taxonomy
 from eroica.engine.errors import RuleError
-from eroica.engine.rules.compiler import compile_rule, derived_kinds, fact_fields
+from eroica.engine.rules.compiler import compile_each, compile_rule, derived_kinds, fact_fields
 from eroica.engine.rules.loader import LoadedRule, builtin_rules_dir, line_of, load_rules, parse_rule_file, rule_files
 from eroica.engine.rules.runner import RuleTestCase, run_tests
 from eroica.engine.rules.schema import THRESHOLD_OPS
@@ -28,14 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def build_cases(rules: list[LoadedRule]) -> tuple[list[RuleTestCase], list[str]]:
-    vocab = fact_fields(derived_kinds(rules))
+    compiled, problems = compile_each(rules)
     cases: list[RuleTestCase] = []
-    problems: list[str] = []
-    for lr in rules:
-        ir, probs = compile_rule(lr, vocab)
-        problems.extend(probs)
-        if ir is None:
-            continue
+    for lr, ir in compiled:
         for t in lr.rule.tests:
             cases.append(RuleTestCase(lr.rule.id, t.name, (ir,), tuple(t.given), tuple(t.expect), lr.path))
     return cases, problems

@@ -158,15 +158,21 @@ def compile_rule(lr: LoadedRule, vocab: dict[str, set[str]]) -> tuple[RuleIR | N
     )
 
 
-def compile_rules(rules: list[LoadedRule]) -> list[RuleIR]:
+def compile_each(rules: list[LoadedRule]) -> tuple[list[tuple[LoadedRule, RuleIR]], list[str]]:
+    """Compile every rule against one vocabulary; (rule, IR) pairs for those that compiled, all problems."""
     vocab = fact_fields(derived_kinds(rules))
-    out: list[RuleIR] = []
+    out: list[tuple[LoadedRule, RuleIR]] = []
     problems: list[str] = []
     for lr in rules:
         ir, probs = compile_rule(lr, vocab)
         problems.extend(probs)
         if ir is not None:
-            out.append(ir)
+            out.append((lr, ir))
+    return out, problems
+
+
+def compile_rules(rules: list[LoadedRule]) -> list[RuleIR]:
+    compiled, problems = compile_each(rules)
     if problems:
         raise RuleCompileError(problems)
-    return out
+    return [ir for _, ir in compiled]
