@@ -39,8 +39,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"eroica demo: {args.world_size}-rank gloo job; fault {args.fault!r} on rank {args.rank} "
               f"from step {args.fault_step}; the detector decides when to profile")
     print(f"  run directory: {out}")
-    res = launch(out, world_size=args.world_size, fault=args.fault, fault_rank=args.rank,
-                 fault_step=args.fault_step, steps=args.steps, env=env)
+    try:
+        res = launch(out, world_size=args.world_size, fault=args.fault, fault_rank=args.rank,
+                     fault_step=args.fault_step, steps=args.steps, env=env)
+    except (RuntimeError, OSError) as exc:
+        print(f"eroica demo: cannot set up the fault {args.fault!r}: {exc}")
+        return 2
     for note in res.notes:
         print(f"  note: {note}")
     if not res.ok:
