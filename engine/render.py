@@ -16,6 +16,16 @@ def _ms(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 1000:.0f} ms"
 
 
+def _gap_sources(gaps: list[str]) -> str:
+    """'rank 3: nvml: reason' lines -> 'nvml (4 ranks)'."""
+    by: dict[str, set[str]] = {}
+    for g in gaps:
+        parts = g.split(": ", 2)
+        if len(parts) >= 2:
+            by.setdefault(parts[1], set()).add(parts[0])
+    return ", ".join(f"{src} ({len(r)} rank{'s' if len(r) > 1 else ''})" for src, r in sorted(by.items()))
+
+
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FunctionLoader(
@@ -27,6 +37,7 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.globals["ms"] = _ms
+    env.globals["gap_sources"] = _gap_sources
     return env
 
 
