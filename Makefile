@@ -18,6 +18,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
+	$(BIN)/eroica eval incidents
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not e2e and not gpu"

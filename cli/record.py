@@ -69,10 +69,10 @@ def run(args: argparse.Namespace) -> int:
         "rerun": f"eroica record --fault {args.fault} --rank {args.rank} --id <NEW-ID>",
     }
     if args.fault == "none":
-        expected = {"healthy": True, "max_confidence": 0.5}
+        expected: dict[str, object] = {"expect": [], "min_confidence": 0.5}
     else:
-        expected = {"root_cause": args.fault, "ranks": [args.rank], "min_confidence": 0.5,
-                    "must_not": [{"ranks_other_than": [args.rank], "min_confidence": 0.5}]}
+        expected = {"expect": [{"root_cause": args.fault, "ranks": [args.rank]}], "min_confidence": 0.5,
+                    "top": True, "must_not": [{"ranks_other_than": [args.rank]}]}
     (dest / "context.yaml").write_text(yaml.safe_dump(context, sort_keys=False))
     (dest / "expected.yaml").write_text(yaml.safe_dump(expected, sort_keys=False))
     print(f"recorded {dest}")

@@ -1,36 +1,38 @@
-"""Replays every recorded incident through the engine and checks its expected diagnosis."""
+"""Replays every recorded incident through the engine (the same code as `eroica eval`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import yaml
 
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.cli.main import main
+from eroica.engine.diagnose import DiagnoseOptions
+from eroica.engine.evaluate import evaluate_incident, find_incidents, load_expected
 
-INCIDENTS = sorted(p for p in (Path(__file__).parents[2] / "incidents").iterdir() if (p / "expected.yaml").exists())
+ROOT = Path(__file__).parents[2] / "incidents"
+INCIDENTS = find_incidents(ROOT)
 
 
 @pytest.mark.parametrize("inc", INCIDENTS, ids=[p.name for p in INCIDENTS])
 def test_incident_diagnosis(inc: Path) -> None:
-    exp = yaml.safe_load((inc / "expected.yaml").read_text())
-    d = diagnose(inc / "patterns", DiagnoseOptions(in_process=True))
-    assert len(d.windows) == 1
-    findings = d.windows[0].findings
-    if exp.get("healthy"):
-        assert not [f for f in findings if f.confidence >= exp["max_confidence"]]
-        return
-    assert findings, "no finding"
-    top = findings[0]
-    assert top.root_cause == exp["root_cause"] and top.ranks == exp["ranks"]
-    assert top.confidence >= exp["min_confidence"]
-    for rule in exp.get("must_not", []):
-        others = [f for f in findings if set(f.ranks) - set(rule["ranks_other_than"])
-                  and f.confidence >= rule["min_confidence"]]
-        assert not others, f"blamed a victim: {others}"
+    r = evaluate_incident(inc, DiagnoseOptions(in_process=True))
+    assert r.correct, r.reasons
 
 
-def test_there_are_incidents_for_each_fault_of_the_slice() -> None:
-    causes = {yaml.safe_load((p / "expected.yaml").read_text()).get("root_cause", "healthy") for p in INCIDENTS}
-    assert {"dataloader_stall", "cpu_throttled", "workload_imbalance", "gc_pause", "healthy"} <= causes
+def test_the_library_covers_the_slice_and_healthy_runs() -> None:
+    causes = [e.root_cause for p in INCIDENTS for e in load_expected(p / "expected.yaml").expect]
+    assert {"dataloader_stall", "cpu_throttled", "workload_imbalance", "gc_pause"} <= set(causes)
+    assert any(not load_expected(p / "expected.yaml").expect for p in INCIDENTS)
+
+
+def test_eval_exits_non_zero_when_an_incident_regresses(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    inc = tmp_path / "INC-9999"
+    shutil.copytree(INCIDENTS[0], inc)
+    (inc / "expected.yaml").write_text("expect: [{root_cause: gc_pause, ranks: [0]}]\n")
+    assert main(["eval", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL INC-9999" in out and "missing gc_pause" in out
+    assert main(["eval", str(ROOT)]) == 0
