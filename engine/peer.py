@@ -59,18 +59,41 @@ def robust_z(x: np.ndarray, floor: float) -> np.ndarray:
     return (x - med) / max(mad, floor)
 
 
-def _reference(x: np.ndarray, i: int, floor: float) -> tuple[float, float]:
-    """(reference value, robust z) of member i: the group median and MAD from 3 members up;
-    below that, the other members' median (a rank cannot be its own reference)."""
+def _reference(x: np.ndarray, i: int, floor: float, clean: np.ndarray | None = None) -> tuple[float, float]:
+    """(reference value, robust z) of member i: the median and MAD of the group's clean members
+    (all but the suspects) from 3 members up; below that, the other members' median (a rank
+    cannot be its own reference)."""
     if len(x) >= MIN_GROUP:
-        med = float(np.median(x))
-        mad = float(np.median(np.abs(x - med))) * MAD_TO_SIGMA
+        ref = x[clean] if clean is not None and clean.any() else x
+        med = float(np.median(ref))
+        mad = float(np.median(np.abs(ref - med))) * MAD_TO_SIGMA
         return med, float((x[i] - med) / max(mad, floor))
     others = np.delete(x, i)
     if len(others) == 0:
         return float(x[i]), 0.0
     ref = float(np.median(others))
     return ref, float((x[i] - ref) / floor)
+
+
+def clean_members(busy: np.ndarray, med_step: float, floor: float) -> np.ndarray:
+    """Mask of the members that are not suspects: remove the busiest member while it stands out
+    from the lower half of the rest (stragglers only ever add time, so the fast half is the
+    healthy estimate even when up to half the group is slow), at most half the group. The final
+    reference is then the clean members' median, so one plain median is never pulled towards
+    several culprits at once."""
+    clean = np.ones(len(busy), dtype=bool)
+    if len(busy) < MIN_GROUP or med_step <= 0:
+        return clean
+    while clean.sum() > max(len(busy) // 2, 1):
+        vals = busy[clean]
+        low = np.sort(vals)[: max((len(vals) + 1) // 2, 2)]
+        med = float(np.median(low))
+        mad = float(np.median(np.abs(low - med))) * MAD_TO_SIGMA
+        j = int(np.flatnonzero(clean)[int(np.argmax(vals))])
+        if (busy[j] - med) / med_step < SUSPECT_EXCESS_STEP_RATIO or (busy[j] - med) / max(mad, floor) < SUSPECT_Z:
+            break
+        clean[j] = False
+    return clean
 
 
 def _cap_ratio(a: float, b: float) -> float:
@@ -159,12 +182,13 @@ def analyze(window: WindowData) -> PeerAnalysis:
             rows[r] = RankRow(r, float(step_mean[i]), float(busy[i]), float(comm[i]),
                               {k: float(fmat[i, j]) for j, k in enumerate(keys)})
         n = len(ranks)
-        med_busy = float(np.median(busy))
-        # dispersion of the group without its most extreme member: is this a group of equals?
+        floor = max(0.01 * med_step, 1e-4)
+        clean = clean_members(busy, med_step, floor)
+        # dispersion of the clean members (suspects aside): is this a group of equals?
         if n >= 3:
-            trimmed = np.delete(busy, int(np.argmax(np.abs(busy - med_busy))))
-            tmed = float(np.median(trimmed))
-            disp = float(np.median(np.abs(trimmed - tmed)) * MAD_TO_SIGMA / tmed) if tmed > 0 else 0.0
+            cb = busy[clean]
+            tmed = float(np.median(cb))
+            disp = float(np.median(np.abs(cb - tmed)) * MAD_TO_SIGMA / tmed) if tmed > 0 else 0.0
         else:
             disp = 0.0
         if n < MIN_GROUP:
@@ -176,18 +200,18 @@ def analyze(window: WindowData) -> PeerAnalysis:
         groups.append(PeerGroup(gname, ranks, valid, reason, round(disp, 4)))
         if n < 2:
             continue
-        floor = max(0.01 * med_step, 1e-4)
         min_comm = float(comm.min())
-        med_comm = float(np.median(comm))
+        med_comm = float(np.median(comm[clean]))
+        ref_clean = clean if n >= MIN_GROUP else None
         for i, r in enumerate(ranks):
-            ref_busy, z = _reference(busy, i, floor)
+            ref_busy, z = _reference(busy, i, floor, ref_clean)
             excess = float(busy[i] - ref_busy)
             excess_ratio = excess / med_step if med_step > 0 else 0.0
             if excess_ratio < SUSPECT_EXCESS_STEP_RATIO or z < SUSPECT_Z:
                 continue
             if n < MIN_GROUP and _cap_ratio(float(busy[i]), ref_busy) < SMALL_GROUP_MIN_RATIO:
                 continue
-            med_busy_steps = np.median(busy_steps, axis=0)
+            med_busy_steps = np.median(busy_steps[clean] if clean.any() else busy_steps, axis=0)
             consistency = float(np.mean(busy_steps[i] > med_busy_steps + 0.5 * excess))
             facts.append(
                 RankSlowness(
@@ -204,13 +228,14 @@ def analyze(window: WindowData) -> PeerAnalysis:
                     peers=n, group_valid=valid,
                 )
             )
-            refs = [_reference(fmat[:, j], i, floor) for j in range(len(keys))]
+            refs = [_reference(fmat[:, j], i, floor, ref_clean) for j in range(len(keys))]
             fmed = np.array([x[0] for x in refs])
             fz = np.array([x[1] for x in refs])
             facts.extend(_function_outliers(docs, r, keys, fmat[i], fmed, fz, excess, ranks))
-            facts.extend(_category_excess(docs, r, keys, fmat, i, excess, ranks, floor))
-            facts.extend(_hw_signals(docs, r, ranks))
-            facts.extend(_config_deviations(docs, r, ranks))
+            facts.extend(_category_excess(docs, r, keys, fmat, i, excess, ranks, floor, ref_clean))
+            peers = [p for j, p in enumerate(ranks) if p != r and clean[j]] or [p for p in ranks if p != r]
+            facts.extend(_hw_signals(docs, r, [r, *peers]))
+            facts.extend(_config_deviations(docs, r, [r, *peers]))
     return PeerAnalysis(window.window_id, groups, facts, rows,
                         float(np.median(med_steps)) if med_steps else 0.0, sorted(all_keys))
 
@@ -276,18 +301,18 @@ def _category_metric(doc: PatternsDoc, cat: str) -> float | None:
     return tot / w if w else None
 
 
-def _category_excess(docs, rank, keys, fmat, i, excess, ranks, floor) -> list[Fact]:  # type: ignore[no-untyped-def]
+def _category_excess(docs, rank, keys, fmat, i, excess, ranks, floor, clean) -> list[Fact]:  # type: ignore[no-untyped-def]
     """Per category: this rank's summed critical time vs the peers' reference of the sums."""
     out: list[Fact] = []
     if excess <= 0:
         return out
     row = fmat[i]
-    fmed = np.array([_reference(fmat[:, j], i, floor)[0] for j in range(fmat.shape[1])])
+    fmed = np.array([_reference(fmat[:, j], i, floor, clean)[0] for j in range(fmat.shape[1])])
     for cat in sorted({k[0] for k in keys} - {Category.communication.value}):
         idx = [j for j, k in enumerate(keys) if k[0] == cat]
         sums = fmat[:, idx].sum(axis=1)
         mine = float(sums[i])
-        med = _reference(sums, i, floor)[0]
+        med = _reference(sums, i, floor, clean)[0]
         cx = mine - med
         if cx / excess < FUNCTION_MIN_EXPLAINS:
             continue

@@ -55,3 +55,17 @@ def test_roles_form_separate_peer_groups() -> None:
     docs = [make_doc(r, role="trainer") for r in range(4)] + [make_doc(r, role="stage1") for r in range(4, 8)]
     a = analyze(window(docs))
     assert sorted(g.name for g in a.groups) == ["stage1", "trainer"]
+
+
+def test_two_culprits_at_once_are_both_found_against_the_clean_peers() -> None:
+    docs = [make_doc(r, step=0.2) for r in range(4)]
+    docs[1] = make_doc(1, step=0.2, busy={"compute:forward": 0.02, "compute:backward": 0.03,
+                                          "data:DataLoader.__next__": 0.12})
+    docs[3] = make_doc(3, step=0.2, busy={"compute:forward": 0.02, "compute:backward": 0.03,
+                                          "gc:gc.collect(gen2)": 0.09})
+    a = analyze(window(docs))
+    slow = {f.rank: f for f in a.facts if isinstance(f, RankSlowness)}
+    assert set(slow) == {1, 3}
+    assert abs(slow[3].peer_median_busy_seconds_per_step - 0.051) < 1e-6   # not pulled up by rank 1
+    cats = {(f.rank, f.category) for f in a.facts if isinstance(f, CategoryExcess)}
+    assert {(1, "data"), (3, "gc")} <= cats
