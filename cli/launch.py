@@ -32,16 +32,18 @@ class CpuCgroups:
 
     job: Path | None = None
     throttled: Path | None = None
+    ranks: dict[int, Path] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def create(cls, throttle_cores: float | None) -> CpuCgroups:
+    def create(cls, throttle_cores: float | None, world_size: int = 0, required_by: str | None = None) -> CpuCgroups:
+        """A job cgroup with one child per rank (equal shares, like one container per rank)."""
         cg = cls()
         if not (CPU_ROOT / "cgroup.procs").exists() or not os.access(CPU_ROOT, os.W_OK):
             cg.notes.append("cgroup v1 cpu controller not writable: job runs without its own cgroup")
-            if throttle_cores is not None:
+            if required_by is not None:
                 raise RuntimeError(
-                    "cpu_throttled needs a writable cgroup v1 cpu controller at /sys/fs/cgroup/cpu "
+                    f"{required_by} needs a writable cgroup v1 cpu controller at /sys/fs/cgroup/cpu "
                     "(run as root on a host with cgroup v1)"
                 )
             return cg
@@ -49,6 +51,9 @@ class CpuCgroups:
             cg.job = CPU_ROOT / f"eroica-job-{uuid.uuid4().hex[:8]}"
             cg.job.mkdir()
             (cg.job / "cpu.shares").write_text("8192")
+            for r in range(world_size):
+                cg.ranks[r] = cg.job / f"rank-{r}"
+                cg.ranks[r].mkdir()
             if throttle_cores is not None:
                 cg.throttled = cg.job / "throttled"
                 cg.throttled.mkdir()
@@ -60,27 +65,34 @@ class CpuCgroups:
             raise
         return cg
 
-    def add(self, pid: int) -> None:
-        if self.job is not None:
+    def add(self, pid: int, rank: int) -> None:
+        target = self.ranks.get(rank, self.job)
+        if target is not None:
             try:
-                (self.job / "cgroup.procs").write_text(str(pid))
+                (target / "cgroup.procs").write_text(str(pid))
             except OSError as exc:
-                self.notes.append(f"could not move pid {pid} into the job cgroup: {exc}")
+                self.notes.append(f"could not move pid {pid} into {target}: {exc}")
 
     def cleanup(self) -> None:
-        for path in (self.throttled, self.job):
+        """Kill what the job left in its cgroups (e.g. injected host services), then remove them."""
+        for path in [self.throttled, *self.ranks.values(), self.job]:
             if path is None or not path.exists():
                 continue
             try:
                 for pid in (path / "cgroup.procs").read_text().split():
                     try:
-                        (CPU_ROOT / "cgroup.procs").write_text(pid)
+                        os.kill(int(pid), 9)
                     except OSError:
                         pass
+                for _ in range(50):
+                    if not (path / "cgroup.procs").read_text().split():
+                        break
+                    time.sleep(0.05)
                 path.rmdir()
             except OSError as exc:
                 self.notes.append(f"could not remove {path}: {exc}")
         self.job = self.throttled = None
+        self.ranks = {}
 
 
 @dataclass
@@ -100,7 +112,7 @@ def launch(
     out_dir: Path,
     world_size: int = 4,
     fault: str = "none",
-    fault_rank: int = 1,
+    fault_rank: int | str = 1,
     fault_step: int = 25,
     steps: int = 80,
     extra_args: list[str] | None = None,
@@ -112,7 +124,9 @@ def launch(
     out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = out_dir / "logs"
     log_dir.mkdir(exist_ok=True)
-    cg = CpuCgroups.create(throttle_cores if fault == "cpu_throttled" else None)
+    faults = fault.split(",")
+    needs = next((f for f in faults if f in ("cpu_throttled", "cpu_contention")), None)
+    cg = CpuCgroups.create(throttle_cores if "cpu_throttled" in faults else None, world_size, needs)
     port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     handles = []
@@ -141,7 +155,7 @@ def launch(
             fh = open(log_dir / f"rank-{rank}.log", "wb")
             handles.append(fh)
             p = subprocess.Popen(cmd, env=penv, stdout=fh, stderr=subprocess.STDOUT)
-            cg.add(p.pid)
+            cg.add(p.pid, rank)
             procs.append(p)
         seen = 0
         while any(p.poll() is None for p in procs):

@@ -1,35 +1,61 @@
-"""The demo training job: one rank of a small DDP model on synthetic data, with an optional real fault.
+"""The demo training job: one rank of a small DDP model on synthetic data, with optional real faults.
 
 Run by the launcher as `python -m eroica.cli.workload` once per rank (RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT in the environment, as torchrun sets them). The fault is real: the rank
-sleeps in its input pipeline, is moved into a CPU-quota cgroup, gets more samples than its peers,
-or churns cyclic garbage so that the collector pauses it, starting at `--fault-step`.
+MASTER_ADDR, MASTER_PORT in the environment, as torchrun sets them). Faults are real and start at
+`--fault-step` on the chosen rank(s); `--every N` makes them intermittent (every N-th step):
+
+- dataloader_stall: the rank's collate function sleeps (an input pipeline waiting on storage);
+- cpu_throttled: the rank moves itself into a cgroup with a CFS CPU quota;
+- cpu_contention: the rank starts busy "host service" processes that share its CPU cgroup;
+- workload_imbalance: the rank's batch holds more samples than its peers';
+- gc_pause: the rank fills a bounded cache with cyclic objects, so full GC collections pause it;
+- user_code: the rank makes a blocking call inside a user region (`log_metrics`) every step;
+- framework_config: the rank turns on autograd anomaly detection (a debug flag left on).
+
+Several faults at once: `--fault a,b --fault-rank 1,3`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
 import time
+import warnings
 from collections import deque
 
-FAULTS = ("none", "dataloader_stall", "cpu_throttled", "workload_imbalance", "gc_pause")
+FAULTS = ("none", "dataloader_stall", "cpu_throttled", "cpu_contention", "workload_imbalance", "gc_pause",
+          "user_code", "framework_config")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="eroica-workload")
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=80)
-    p.add_argument("--fault", choices=FAULTS, default="none")
-    p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--fault", default="none", help="fault name, or several separated by commas")
+    p.add_argument("--fault-rank", default="1", help="rank, or one rank per fault separated by commas")
     p.add_argument("--fault-step", type=int, default=25)
+    p.add_argument("--every", type=int, default=1, help="apply the fault every N-th step (intermittent)")
     p.add_argument("--stall-seconds", type=float, default=0.12)
     p.add_argument("--imbalance-factor", type=int, default=6)
+    p.add_argument("--gc-objects", type=int, default=60_000)
+    p.add_argument("--hogs", type=int, default=2)
     p.add_argument("--stop-after-windows", type=int, default=1)
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--hidden", type=int, default=1024)
-    return p.parse_args(argv)
+    p.add_argument("--hidden", type=int, default=384)
+    p.add_argument("--layers", type=int, default=10, help="hidden layers (autograd nodes matter for some faults)")
+    args = p.parse_args(argv)
+    faults = [f.strip() for f in args.fault.split(",") if f.strip()]
+    ranks = [int(r) for r in str(args.fault_rank).split(",") if r.strip()]
+    if len(ranks) == 1 and len(faults) > 1:
+        ranks = ranks * len(faults)
+    bad = [f for f in faults if f not in FAULTS]
+    if bad or len(ranks) != len(faults):
+        p.error(f"--fault must name faults from {FAULTS} and --fault-rank one rank per fault")
+    args.plan = {r: f for f, r in zip(faults, ranks) if f != "none"}
+    return args
 
 
 class _Node:
@@ -50,12 +76,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from eroica.collector import Monitor
 
+    warnings.filterwarnings("ignore", message=".*[Aa]nomaly.*")
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(1234 + rank)
-    faulty = args.fault != "none" and rank == args.fault_rank
+    fault = args.plan.get(rank, "none")
     state = {"step": 0}
+
+    def active(step: int) -> bool:
+        return fault != "none" and step >= args.fault_step and (step - args.fault_step) % args.every == 0
 
     class Synthetic(Dataset):
         def __len__(self) -> int:
@@ -65,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             return torch.randn(256), int(i % 10)
 
     def collate(items):  # type: ignore[no-untyped-def]
-        if faulty and args.fault == "dataloader_stall" and state["step"] >= args.fault_step:
+        if fault == "dataloader_stall" and active(state["step"]):
             time.sleep(args.stall_seconds)      # a stalled input pipeline: waiting on storage
         xs = torch.stack([x for x, _ in items])
         ys = torch.tensor([y for _, y in items])
@@ -73,41 +103,56 @@ def main(argv: list[str] | None = None) -> int:
 
     loader = DataLoader(Synthetic(), batch_size=args.batch, num_workers=0, collate_fn=collate)
     h = args.hidden
-    model = DDP(nn.Sequential(nn.Linear(256, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10)))
+    layers: list[nn.Module] = [nn.Linear(256, h), nn.ReLU()]
+    for _ in range(args.layers - 1):
+        layers += [nn.Linear(h, h), nn.ReLU()]
+    model = DDP(nn.Sequential(*layers, nn.Linear(h, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = Monitor(out_dir=args.out)
     loader = mon.wrap_loader(loader)
-    cache: deque[_Node] = deque(maxlen=600_000)
+    cache: deque[_Node] = deque(maxlen=10 * args.gc_objects)
+    hogs: list[subprocess.Popen[bytes]] = []
     t_last = time.monotonic()
-    for step, (x, y) in enumerate(loader):
-        state["step"] = step + 1
-        if faulty and step == args.fault_step:
-            print(f"[rank {rank}] step {step}: injecting {args.fault}", flush=True)
-            if args.fault == "cpu_throttled":
-                path = os.environ["EROICA_THROTTLE_CGROUP"]
-                with open(os.path.join(path, "cgroup.procs"), "w") as fh:
-                    fh.write(str(os.getpid()))
-        if faulty and step >= args.fault_step:
-            if args.fault == "workload_imbalance":
-                x = x.repeat(args.imbalance_factor, 1)    # this rank's shard holds more samples
-                y = y.repeat(args.imbalance_factor)
-            elif args.fault == "gc_pause":
-                cache.extend(_Node(i) for i in range(60_000))  # a bounded cache of cyclic objects
-        with mon.region("forward"):
-            loss = nn.functional.cross_entropy(model(x), y)
-        with mon.region("backward"):
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-        opt.step()
-        mon.step()
-        if rank == 0 and (step + 1) % 10 == 0:
-            now = time.monotonic()
-            print(f"[rank 0] step {step + 1}: {(now - t_last) / 10 * 1000:.0f} ms/step", flush=True)
-            t_last = now
-        if len(mon.windows_completed) >= args.stop_after_windows or mon.windows_closed >= args.stop_after_windows:
-            break
-        if step + 1 >= args.steps:
-            break
+    try:
+        for step, (x, y) in enumerate(loader):
+            state["step"] = step + 1
+            if fault != "none" and step == args.fault_step:
+                print(f"[rank {rank}] step {step}: injecting {fault}", flush=True)
+                if fault == "cpu_throttled":
+                    with open(os.path.join(os.environ["EROICA_THROTTLE_CGROUP"], "cgroup.procs"), "w") as fh:
+                        fh.write(str(os.getpid()))
+                elif fault == "cpu_contention":
+                    # a host service started by this rank's container: it shares the rank's CPU cgroup
+                    for _ in range(args.hogs):
+                        hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+                elif fault == "framework_config":
+                    torch.autograd.set_detect_anomaly(True)
+            if active(step):
+                if fault == "workload_imbalance":
+                    x = x.repeat(args.imbalance_factor, 1)    # this rank's shard holds more samples
+                    y = y.repeat(args.imbalance_factor)
+                elif fault == "gc_pause":
+                    cache.extend(_Node(i) for i in range(args.gc_objects))
+            with mon.region("forward"):
+                loss = nn.functional.cross_entropy(model(x), y)
+            with mon.region("backward"):
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+            opt.step()
+            with mon.region("log_metrics"):
+                if fault == "user_code" and active(step):
+                    time.sleep(args.stall_seconds)     # a synchronous call to a slow metrics endpoint
+            mon.step()
+            if rank == 0 and (step + 1) % 10 == 0:
+                now = time.monotonic()
+                print(f"[rank 0] step {step + 1}: {(now - t_last) / 10 * 1000:.0f} ms/step", flush=True)
+                t_last = now
+            if mon.windows_closed >= args.stop_after_windows or step + 1 >= args.steps:
+                break
+    finally:
+        for hog in hogs:
+            hog.send_signal(signal.SIGKILL)
+            hog.wait()
     mon.close()
     dist.barrier()
     dist.destroy_process_group()

@@ -1,17 +1,31 @@
-"""The cheap step-time detector: a robust baseline, a threshold, K breaches, a cooldown.
+"""The cheap step-time detector: a robust reference, two tests, a cooldown.
 
 Pure Python, no torch: it sees one float per step and says when to ask for a window.
+
+The reference is the median and MAD of the `baseline_steps` steps *before* the most recent
+`recent_steps` steps (a lagged reference): a slowdown that began within the recent steps is
+always compared with what came before it, and a job that speeds up after warm-up soon has a
+faster reference. Two tests:
+
+- fast: a step above `median + threshold_mad * sigma` and above `median * threshold_min_ratio`;
+  `consecutive_breaches` of them in a row fire (a strong, sustained fault is seen in a few steps);
+- sustained: the mean of the recent steps without their single largest one (robust to one
+  hiccup, but it moves with intermittent faults, which a median would ignore) above the same
+  statistic of the reference by `sustained_mad * sigma / sqrt(n)` and by `sustained_min_ratio`
+  (a 10-20% slowdown that no single step shows).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from math import sqrt
 from statistics import median
 
 from eroica.collector.policy import TriggerPolicy
 
 MAD_TO_SIGMA = 1.4826
+MIN_REFERENCE = 8
 
 
 @dataclass
@@ -19,81 +33,92 @@ class Decision:
     breach: bool
     fire: bool
     threshold_seconds: float | None
+    reason: str = ""
+
+
+def trimmed_mean(values: list[float]) -> float:
+    """Mean without the single largest value (with fewer than 3 values: the plain mean)."""
+    if len(values) < 3:
+        return sum(values) / len(values)
+    return (sum(values) - max(values)) / (len(values) - 1)
 
 
 @dataclass
 class StepTimeDetector:
     """Feed `observe(step, seconds)` once per step; `fire` says: ask for a window now.
 
-    - Steps before `warmup_steps` are ignored.
-    - The baseline is the median and MAD of the last `baseline_steps` steps that did not breach:
-      it follows a job that speeds up after warm-up, but a slowdown (breaching steps) never
-      becomes the new normal.
-    - A breach is a step above `median + threshold_mad * 1.4826 * MAD` and above
-      `median * threshold_min_ratio`.
-    - It fires after `consecutive_breaches` breaches in a row (or, with `breach_window`, that
-      many within the last `breach_window` steps, for intermittent faults).
-    - Steps marked `excluded` (inside a window, or the step that summarised it) are not judged.
-    - After a window it is silent for `cooldown_steps` steps.
+    Steps before `warmup_steps` and steps marked `excluded` (inside a window, or the step that
+    summarised it) are not judged and never enter the reference. After a window it is silent
+    for `cooldown_steps` steps and needs fresh breaches.
     """
 
     policy: TriggerPolicy
-    _baseline: deque[float] = field(default_factory=deque)
-    _median: float | None = None
-    _mad: float | None = None
-    _recent: deque[bool] = field(default_factory=deque)
+    _hist: deque[float] = field(default_factory=deque)
     _consecutive: int = 0
     _quiet_until_step: int = -1
     history: deque[float] = field(default_factory=lambda: deque(maxlen=64))
 
+    def _reference(self) -> list[float]:
+        h = list(self._hist)
+        recent = self.policy.recent_steps
+        return h[:-recent] if len(h) > recent else []
+
+    def _recent(self) -> list[float]:
+        return list(self._hist)[-self.policy.recent_steps :]
+
     @property
     def baseline_median_seconds(self) -> float | None:
-        return self._median
+        ref = self._reference()
+        return median(ref) if len(ref) >= MIN_REFERENCE else None
+
+    def _stats(self) -> tuple[float, float] | None:
+        ref = self._reference()
+        if len(ref) < MIN_REFERENCE:
+            return None
+        med = median(ref)
+        return med, median(abs(x - med) for x in ref) * MAD_TO_SIGMA
 
     def threshold_seconds(self) -> float | None:
-        if self._median is None or self._mad is None:
+        s = self._stats()
+        if s is None:
             return None
-        return max(
-            self._median + self.policy.threshold_mad * MAD_TO_SIGMA * self._mad,
-            self._median * self.policy.threshold_min_ratio,
-        )
+        med, sigma = s
+        return max(med + self.policy.threshold_mad * sigma, med * self.policy.threshold_min_ratio)
+
+    def sustained_threshold_seconds(self) -> float | None:
+        s = self._stats()
+        if s is None:
+            return None
+        med, sigma = s
+        n = self.policy.recent_steps - 1
+        ref_level = trimmed_mean(self._reference())
+        return max(ref_level + self.policy.sustained_mad * sigma / sqrt(n), ref_level * self.policy.sustained_min_ratio)
 
     def observe(self, step: int, seconds: float, excluded: bool = False) -> Decision:
         self.history.append(seconds)
         if excluded or step < self.policy.warmup_steps:
             return Decision(False, False, self.threshold_seconds())
-        if self._median is None:
-            self._push_baseline(seconds)
-            return Decision(False, False, self.threshold_seconds())
         threshold = self.threshold_seconds()
-        assert threshold is not None
+        sustained_thr = self.sustained_threshold_seconds()
+        self._hist.append(seconds)
+        while len(self._hist) > self.policy.baseline_steps + self.policy.recent_steps:
+            self._hist.popleft()
+        if threshold is None or sustained_thr is None:
+            return Decision(False, False, None)
         breach = seconds > threshold
-        if not breach:
-            self._push_baseline(seconds)
         self._consecutive = self._consecutive + 1 if breach else 0
-        if self.policy.breach_window:
-            self._recent.append(breach)
-            while len(self._recent) > self.policy.breach_window:
-                self._recent.popleft()
         if step <= self._quiet_until_step:
-            self._consecutive = 0            # after the cooldown, K fresh breaches are needed
-            self._recent.clear()
+            self._consecutive = 0            # after the cooldown, fresh breaches are needed
             return Decision(breach, False, threshold)
-        fire = self._consecutive >= self.policy.consecutive_breaches
-        if self.policy.breach_window and sum(self._recent) >= self.policy.consecutive_breaches:
-            fire = True
-        return Decision(breach, fire, threshold)
-
-    def _push_baseline(self, seconds: float) -> None:
-        self._baseline.append(seconds)
-        while len(self._baseline) > self.policy.baseline_steps:
-            self._baseline.popleft()
-        if len(self._baseline) >= self.policy.baseline_steps:
-            self._median = median(self._baseline)
-            self._mad = median(abs(x - self._median) for x in self._baseline)
+        if self._consecutive >= self.policy.consecutive_breaches:
+            return Decision(breach, True, threshold, f"{self._consecutive} steps in a row above {threshold:.4f} s")
+        recent = self._recent()
+        if len(recent) >= self.policy.recent_steps and trimmed_mean(recent) > sustained_thr:
+            return Decision(breach, True, threshold,
+                            f"recent steps average {trimmed_mean(recent):.4f} s above {sustained_thr:.4f} s")
+        return Decision(breach, False, threshold)
 
     def window_scheduled(self, end_step: int) -> None:
         """A window is set to end at `end_step`: stay quiet until the cooldown after it."""
         self._quiet_until_step = end_step + self.policy.cooldown_steps
         self._consecutive = 0
-        self._recent.clear()

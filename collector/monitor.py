@@ -219,6 +219,8 @@ class Monitor:
             self.config["torch.version"] = torch.__version__
             self.config["torch.num_threads"] = str(torch.get_num_threads())
             self.config["torch.num_interop_threads"] = str(torch.get_num_interop_threads())
+            self.config["torch.autograd.detect_anomaly"] = str(torch.is_anomaly_enabled())
+            self.config["torch.grad_enabled"] = str(torch.is_grad_enabled())
         except Exception:
             self._gap("config", "torch not importable")
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NCCL_ALGO", "NCCL_PROTO", "CUDA_VISIBLE_DEVICES"):
@@ -290,6 +292,7 @@ class Monitor:
 
     def _open_window_inner(self, plan: WindowPlan) -> None:
         self._pending = None
+        self._collect_config()          # configuration can change while the job runs
         self._window = plan
         self._windows_opened = max(self._windows_opened, plan.index) + 1
         self._window_times.append(time.monotonic())

@@ -17,15 +17,17 @@ class TriggerPolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     warmup_steps: int = Field(5, ge=0, description="steps ignored at start (compilation, caches)")
-    baseline_steps: int = Field(10, ge=3, description="steps whose median/MAD form the baseline")
-    threshold_mad: float = Field(5.0, gt=0, description="breach when step > median + k * 1.4826 * MAD")
-    threshold_min_ratio: float = Field(
-        1.15, gt=1.0, description="and step > median * ratio (guards a tiny MAD)"
+    baseline_steps: int = Field(
+        20, ge=8, description="reference steps (median/MAD), taken before the recent steps"
     )
-    consecutive_breaches: int = Field(3, ge=1, description="breaches in a row before a window opens")
-    breach_window: int = Field(
-        0, ge=0, description="if > 0: open when this many of the last N steps breached (intermittent faults)"
+    recent_steps: int = Field(8, ge=3, description="recent steps judged together by the sustained test")
+    threshold_mad: float = Field(5.0, gt=0, description="fast test: step > median + k * 1.4826 * MAD ...")
+    threshold_min_ratio: float = Field(1.15, gt=1.0, description="... and step > median * ratio")
+    consecutive_breaches: int = Field(3, ge=1, description="fast test: breaches in a row before a window opens")
+    sustained_mad: float = Field(
+        4.0, gt=0, description="sustained test: recent trimmed mean > reference + k * sigma / sqrt(n) ..."
     )
+    sustained_min_ratio: float = Field(1.08, gt=1.0, description="... and > reference * ratio")
     lead_steps: int = Field(
         6, ge=1, description="steps between agreement and window start: >= poll_every_steps + 2 so every rank sees it"
     )
@@ -48,8 +50,6 @@ class TriggerPolicy(BaseModel):
                 f"lead_steps ({self.lead_steps}) must be >= poll_every_steps + 2 ({self.poll_every_steps + 2}): "
                 "ranks poll the store every poll_every_steps and may be up to 2 steps apart"
             )
-        if self.breach_window and self.breach_window < self.consecutive_breaches:
-            raise ValueError("breach_window must be >= consecutive_breaches (or 0 to disable)")
         return self
 
     @classmethod

@@ -37,6 +37,8 @@ class TaxonomyEntry:
     component: str
     question: str
     runbook: str
+    generic: bool = False     # a catch-all explanation, explained away by a specific one
+EXPLAINED_AWAY_FACTOR = 0.5
 
 
 def load_taxonomy(knowledge_dir: Path | None = None) -> dict[str, TaxonomyEntry]:
@@ -208,8 +210,26 @@ def build_findings(
                 excess_seconds_per_step=round(s.excess_seconds_per_step, 6) if s else 0.0,
             )
         )
+    findings = _explain_away(findings, taxonomy)
     findings.sort(key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
     return findings
+
+
+def _explain_away(findings: list[Finding], taxonomy: dict[str, TaxonomyEntry]) -> list[Finding]:
+    """A generic explanation (more work per step, unknown) of a rank that a specific cause also
+    explains at least as confidently is kept, but at half its confidence and saying why."""
+    out = []
+    for f in findings:
+        tax = taxonomy.get(f.root_cause)
+        better = [g for g in findings if g is not f and set(g.ranks) == set(f.ranks)
+                  and not getattr(taxonomy.get(g.root_cause), "generic", False) and g.confidence >= f.confidence]
+        if tax is not None and tax.generic and better:
+            f = f.model_copy(update={
+                "confidence": round(f.confidence * EXPLAINED_AWAY_FACTOR, 4),
+                "evidence": [f"explained away by {better[0].root_cause} on the same rank", *f.evidence],
+            })
+        out.append(f)
+    return out
 
 
 @dataclass

@@ -57,19 +57,19 @@ def test_monitor_never_raises_when_it_cannot_write(tmp_path, monkeypatch) -> Non
 
 
 def test_detector_opens_a_window_by_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    pol = TriggerPolicy(warmup_steps=2, baseline_steps=5, consecutive_breaches=3, lead_steps=3, poll_every_steps=1,
-                        window_steps=3)
+    pol = TriggerPolicy(warmup_steps=2, baseline_steps=8, recent_steps=4, consecutive_breaches=3, lead_steps=3,
+                        poll_every_steps=1, window_steps=3)
     mon = Monitor(out_dir=tmp_path, policy=pol)
     model = torch.nn.Linear(16, 16)
-    for step in range(30):
-        time.sleep(0.03 if step >= 12 else 0.01)
+    for step in range(36):
+        time.sleep(0.03 if step >= 16 else 0.01)
         model(torch.randn(4, 16)).sum().backward()
         mon.step()
     mon.close()
     assert mon.windows_completed, mon.gaps
     wid = mon.windows_completed[0]
     start = int(wid.split("-s")[1])
-    assert 14 <= start <= 18                       # 3 breaches after step 12, then the lead
+    assert 18 <= start <= 24                       # 3 breaches after step 16, then the lead
 
 
 def test_raw_trace_escape_hatch_is_bounded(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
