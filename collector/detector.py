@@ -36,6 +36,15 @@ class Decision:
     reason: str = ""
 
 
+def central_mean(values: list[float], cut: float = 0.2) -> float:
+    """Mean of the values between the `cut` and `1 - cut` quantiles (the reference's level: warm-up
+    leftovers and hiccups at either end do not move it)."""
+    v = sorted(values)
+    k = int(len(v) * cut)
+    mid = v[k : len(v) - k] or v
+    return sum(mid) / len(mid)
+
+
 def trimmed_mean(values: list[float]) -> float:
     """Mean without the single largest value (with fewer than 3 values: the plain mean)."""
     if len(values) < 3:
@@ -91,7 +100,7 @@ class StepTimeDetector:
             return None
         med, sigma = s
         n = self.policy.recent_steps - 1
-        ref_level = trimmed_mean(self._reference())
+        ref_level = central_mean(self._reference())
         return max(ref_level + self.policy.sustained_mad * sigma / sqrt(n), ref_level * self.policy.sustained_min_ratio)
 
     def observe(self, step: int, seconds: float, excluded: bool = False) -> Decision:

@@ -16,7 +16,7 @@ class TriggerPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    warmup_steps: int = Field(5, ge=0, description="steps ignored at start (compilation, caches)")
+    warmup_steps: int = Field(10, ge=0, description="steps ignored at start (compilation, caches)")
     baseline_steps: int = Field(
         20, ge=8, description="reference steps (median/MAD), taken before the recent steps"
     )

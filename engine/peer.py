@@ -30,6 +30,10 @@ MAX_DISPERSION = 0.35          # peers' busy-time MAD / median above this: heter
 SUSPECT_EXCESS_STEP_RATIO = 0.04   # a rank must cost the job at least this share of a step ...
 SUSPECT_Z = 3.0                    # ... and stand out from its peers by this robust z
 SMALL_GROUP_MIN_RATIO = 1.3        # below 3 members: busy at least this much more than the other
+CATEGORY_SUSPECT_STEP_RATIO = 0.08  # one category alone this far above the others' (share of a step) ...
+CATEGORY_SUSPECT_Z = 5.0            # ... and this many robust sigmas: a suspect even when busy time is noisy
+#: categories that are near zero on a healthy rank (compute is not: it is the step's bulk and its noise)
+SPARSE_CATEGORIES = {Category.data.value, Category.gc.value, Category.region.value, Category.memory.value}
 FUNCTION_MIN_EXPLAINS = 0.1
 HW_SIGNALS = (
     "cgroup_throttled_ratio",
@@ -94,6 +98,28 @@ def clean_members(busy: np.ndarray, med_step: float, floor: float) -> np.ndarray
             break
         clean[j] = False
     return clean
+
+
+def category_suspects(keys: list[tuple[str, str]], fmat: np.ndarray, med_step: float, floor: float) -> np.ndarray:
+    """Ranks on which one non-communication category alone stands far above the other ranks'.
+
+    Busy time sums many noisy parts; an intermittent or small fault (a stall every third step) can
+    hide in that noise while its own category (data loading, GC, a user region) is unmistakable."""
+    n = fmat.shape[0]
+    flag = np.zeros(n, dtype=bool)
+    if n < 2 or med_step <= 0:
+        return flag
+    for cat in sorted({k[0] for k in keys} & SPARSE_CATEGORIES):
+        idx = [j for j, k in enumerate(keys) if k[0] == cat]
+        sums = fmat[:, idx].sum(axis=1)
+        for i in range(n):
+            others = np.delete(sums, i)
+            med = float(np.median(others))
+            mad = float(np.median(np.abs(others - med))) * MAD_TO_SIGMA
+            ex = float(sums[i] - med)
+            if ex / med_step >= CATEGORY_SUSPECT_STEP_RATIO and ex / max(mad, floor) >= CATEGORY_SUSPECT_Z:
+                flag[i] = True
+    return flag
 
 
 def _cap_ratio(a: float, b: float) -> float:
@@ -184,6 +210,9 @@ def analyze(window: WindowData) -> PeerAnalysis:
         n = len(ranks)
         floor = max(0.01 * med_step, 1e-4)
         clean = clean_members(busy, med_step, floor)
+        cat_flag = category_suspects(keys, fmat, med_step, floor)
+        if n >= MIN_GROUP and (~cat_flag).sum() >= max(n // 2, 1):
+            clean &= ~cat_flag
         # dispersion of the clean members (suspects aside): is this a group of equals?
         if n >= 3:
             cb = busy[clean]
@@ -207,7 +236,7 @@ def analyze(window: WindowData) -> PeerAnalysis:
             ref_busy, z = _reference(busy, i, floor, ref_clean)
             excess = float(busy[i] - ref_busy)
             excess_ratio = excess / med_step if med_step > 0 else 0.0
-            if excess_ratio < SUSPECT_EXCESS_STEP_RATIO or z < SUSPECT_Z:
+            if excess_ratio < SUSPECT_EXCESS_STEP_RATIO or (z < SUSPECT_Z and not cat_flag[i]):
                 continue
             if n < MIN_GROUP and _cap_ratio(float(busy[i]), ref_busy) < SMALL_GROUP_MIN_RATIO:
                 continue
