@@ -17,6 +17,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eroica.cli.netns import RankNetworks
+from eroica.cli.netns import available as netns_available
+
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 
 
@@ -120,6 +123,7 @@ def launch(
     timeout_seconds: float = 240.0,
     throttle_cores: float = 0.12,
     progress: bool = True,
+    nic_rate_mbit: float = 300.0,
 ) -> JobResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = out_dir / "logs"
@@ -127,6 +131,21 @@ def launch(
     faults = fault.split(",")
     needs = next((f for f in faults if f in ("cpu_throttled", "cpu_contention")), None)
     cg = CpuCgroups.create(throttle_cores if "cpu_throttled" in faults else None, world_size, needs)
+    nets: RankNetworks | None = None
+    nic_ranks: set[int] = set()
+    if "nic_degraded" in faults:
+        ok, why = netns_available()
+        if not ok:
+            cg.cleanup()
+            raise RuntimeError(f"nic_degraded needs one network namespace per rank: {why} (run as root)")
+        rank_list = [int(r) for r in str(fault_rank).split(",")]
+        nic_ranks = {r for f, r in zip(faults, rank_list * (len(faults) if len(rank_list) == 1 else 1))
+                     if f == "nic_degraded"}
+        try:
+            nets = RankNetworks(world_size).create()
+        except Exception:
+            cg.cleanup()
+            raise
     port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     handles = []
@@ -146,8 +165,10 @@ def launch(
             )
             if cg.throttled is not None:
                 penv["EROICA_THROTTLE_CGROUP"] = str(cg.throttled)
+            if nets is not None:
+                penv.update(MASTER_ADDR=nets.ip(0), GLOO_SOCKET_IFNAME="eth0")
             penv.update(env or {})
-            cmd = [
+            cmd = ([] if nets is None else nets.prefix(rank)) + [
                 sys.executable, "-m", "eroica.cli.workload", "--out", str(out_dir),
                 "--steps", str(steps), "--fault", fault, "--fault-rank", str(fault_rank),
                 "--fault-step", str(fault_step), *(extra_args or []),
@@ -164,6 +185,11 @@ def launch(
                 break
             if progress:
                 seen = _echo_progress(log_dir / "rank-0.log", seen)
+            for r in sorted(nic_ranks):
+                text = (log_dir / f"rank-{r}.log").read_text(errors="replace")
+                if nets is not None and "injecting nic_degraded" in text:
+                    nets.limit(r, nic_rate_mbit)     # the rank reached the fault step: cap its link now
+                    nic_ranks.discard(r)
             if any(p.poll() not in (None, 0) for p in procs):
                 time.sleep(2.0)  # one rank died: give the rest a moment, then stop them
                 break
@@ -182,6 +208,8 @@ def launch(
         for fh in handles:
             fh.close()
         cg.cleanup()
+        if nets is not None:
+            cg.notes.extend(nets.cleanup())
     logs = {r: (log_dir / f"rank-{r}.log").read_text(errors="replace") for r in range(world_size)}
     return JobResult([p.returncode for p in procs], logs, time.monotonic() - t0, timed_out, cg.notes)
 

@@ -20,7 +20,10 @@ from eroica.cli.launch import launch
 from eroica.cli.workload import FAULTS
 
 HOW = {
-    "none": "no fault; one window forced at step 24",
+    "none": "no fault; one window forced (--force-step)",
+    "cpu_contention": "the rank starts --hogs busy processes that share its CPU cgroup (a co-located host service)",
+    "user_code": "the rank sleeps --stall-seconds inside the user region log_metrics (a synchronous call)",
+    "framework_config": "the rank turns on torch.autograd.set_detect_anomaly(True) (a debug flag left on)",
     "dataloader_stall": "the rank's collate_fn sleeps --stall-seconds per batch (a stalled input pipeline)",
     "cpu_throttled": "the rank moves itself into a cgroup v1 child with cpu.cfs_quota_us = 12% of a core",
     "workload_imbalance": "the rank's batch is repeated --imbalance-factor times (more samples than its peers)",
@@ -30,8 +33,9 @@ HOW = {
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("record", help="run a real faulty job and keep its window as an incident")
-    p.add_argument("--fault", choices=FAULTS, required=True)
-    p.add_argument("--rank", type=int, default=1)
+    p.add_argument("--fault", required=True, help=f"one of {', '.join(FAULTS)}, or several separated by commas")
+    p.add_argument("--rank", default="1", help="rank, or one rank per fault separated by commas")
+    p.add_argument("--force-step", type=int, default=24, help="healthy runs: the step of the forced window")
     p.add_argument("--id", required=True, help="incident id, e.g. INC-0001")
     p.add_argument("--dir", type=Path, default=Path("incidents"))
     p.add_argument("--fault-step", type=int, default=25)
@@ -44,7 +48,12 @@ def run(args: argparse.Namespace) -> int:
     if dest.exists():
         print(f"eroica record: {dest} exists; pick a new id (incident ids are never reused)")
         return 2
-    env = {"EROICA_FORCE_WINDOW_AT_STEP": "24"} if args.fault == "none" else {}
+    faults = [f.strip() for f in args.fault.split(",")]
+    ranks = [int(r) for r in str(args.rank).split(",")]
+    if len(ranks) != len(faults) or any(f not in FAULTS for f in faults):
+        print(f"eroica record: --fault takes names from {', '.join(FAULTS)} and --rank one rank per fault")
+        return 2
+    env = {"EROICA_FORCE_WINDOW_AT_STEP": str(args.force_step)} if faults == ["none"] else {}
     with tempfile.TemporaryDirectory(prefix="eroica-record-") as tmp:
         run_dir = Path(tmp)
         t0 = time.time()
@@ -64,15 +73,17 @@ def run(args: argparse.Namespace) -> int:
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
         "job": {"kind": "eroica demo workload (DDP MLP, gloo, CPU)", "world_size": 4, "host": platform.node()},
         "injected": {"fault": args.fault, "rank": args.rank, "from_step": args.fault_step,
-                     "how": HOW[args.fault], "extra_args": args.extra},
+                     "how": "; ".join(HOW[f] for f in faults), "extra_args": args.extra},
         "window": windows[0].name,
-        "rerun": f"eroica record --fault {args.fault} --rank {args.rank} --id <NEW-ID>",
+        "rerun": f"eroica record --fault {args.fault} --rank {args.rank} --id <NEW-ID>"
+                 + (f" --extra {' '.join(args.extra)}" if args.extra else ""),
     }
-    if args.fault == "none":
+    if faults == ["none"]:
         expected: dict[str, object] = {"expect": [], "min_confidence": 0.5}
     else:
-        expected = {"expect": [{"root_cause": args.fault, "ranks": [args.rank]}], "min_confidence": 0.5,
-                    "top": True, "must_not": [{"ranks_other_than": [args.rank]}]}
+        expected = {"expect": [{"root_cause": f, "ranks": [r]} for f, r in zip(faults, ranks)],
+                    "min_confidence": 0.5, "top": len(faults) == 1,
+                    "must_not": [{"ranks_other_than": sorted(set(ranks))}]}
     (dest / "context.yaml").write_text(yaml.safe_dump(context, sort_keys=False))
     (dest / "expected.yaml").write_text(yaml.safe_dump(expected, sort_keys=False))
     print(f"recorded {dest}")

@@ -10,7 +10,9 @@ MASTER_ADDR, MASTER_PORT in the environment, as torchrun sets them). Faults are 
 - workload_imbalance: the rank's batch holds more samples than its peers';
 - gc_pause: the rank fills a bounded cache with cyclic objects, so full GC collections pause it;
 - user_code: the rank makes a blocking call inside a user region (`log_metrics`) every step;
-- framework_config: the rank turns on autograd anomaly detection (a debug flag left on).
+- framework_config: the rank turns on autograd anomaly detection (a debug flag left on);
+- nic_degraded: the launcher caps the rank's link (each rank has its own network namespace) with
+  a token bucket when the rank announces the fault step.
 
 Several faults at once: `--fault a,b --fault-rank 1,3`.
 """
@@ -27,7 +29,7 @@ import warnings
 from collections import deque
 
 FAULTS = ("none", "dataloader_stall", "cpu_throttled", "cpu_contention", "workload_imbalance", "gc_pause",
-          "user_code", "framework_config")
+          "user_code", "framework_config", "nic_degraded")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

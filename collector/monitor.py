@@ -301,7 +301,7 @@ class Monitor:
         self._events_dropped = 0
         self._window_gaps: list[CollectorGap] = []
         if self._sampler is not None and not self._sampler.start(
-            self.policy.sample_interval_seconds, capacity=20_000
+            self.policy.sample_interval_seconds, capacity=20_000, nic_interval=self.policy.nic_sample_interval_seconds
         ):
             self._window_gaps.append(CollectorGap(source="sampler", reason="hardware sampler unavailable"))
         gap = self._ops.start()

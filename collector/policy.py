@@ -25,7 +25,7 @@ class TriggerPolicy(BaseModel):
     threshold_min_ratio: float = Field(1.15, gt=1.0, description="... and step > median * ratio")
     consecutive_breaches: int = Field(3, ge=1, description="fast test: breaches in a row before a window opens")
     sustained_mad: float = Field(
-        4.0, gt=0, description="sustained test: recent trimmed mean > reference + k * sigma / sqrt(n) ..."
+        3.0, gt=0, description="sustained test: recent trimmed mean > reference + k * sigma / sqrt(n) ..."
     )
     sustained_min_ratio: float = Field(1.08, gt=1.0, description="... and > reference * ratio")
     lead_steps: int = Field(
@@ -35,6 +35,9 @@ class TriggerPolicy(BaseModel):
     cooldown_steps: int = Field(20, ge=0, description="steps after a window before the detector re-arms")
     max_windows_per_hour: int = Field(6, ge=0)
     sample_interval_seconds: float = Field(0.01, gt=0, le=1.0, description="hardware sampler period")
+    nic_sample_interval_seconds: float = Field(
+        0.001, ge=0, le=1.0, description="fast NIC byte-counter sampling during the window (0 = off)"
+    )
     max_events: int = Field(200_000, ge=1000, description="cap on function executions kept per window")
     poll_every_steps: int = Field(
         4, ge=1, description="how often ranks check the store for a planned window (one store round trip)"

@@ -21,7 +21,14 @@ import sys
 import time
 
 from eroica.collector.facts import CollectorGap
-from eroica.collector.sampler import HardwareSampler, SampleSeries, SystemCpu, close_cached_files, default_sources
+from eroica.collector.sampler import (
+    HardwareSampler,
+    NetDev,
+    SampleSeries,
+    SystemCpu,
+    close_cached_files,
+    default_sources,
+)
 
 
 def _series_to_dict(s: SampleSeries) -> dict:
@@ -39,6 +46,7 @@ def _series_to_dict(s: SampleSeries) -> dict:
 def helper_main(pid: int, tid: int) -> None:
     out = sys.stdout.buffer
     sampler: HardwareSampler | None = None
+    fast: HardwareSampler | None = None
     setup_gaps: list[CollectorGap] = []
     quota: float | None = None
     for line in sys.stdin:
@@ -56,11 +64,28 @@ def helper_main(pid: int, tid: int) -> None:
                         setup_gaps.append(CollectorGap(source="cgroup_quota", reason=repr(exc)[:200]))
             sampler = HardwareSampler(sources, float(cmd[1]), int(cmd[2]))
             sampler.start()
+            fast = None
+            nic_interval = float(cmd[3]) if len(cmd) > 3 else 0.0
+            if nic_interval > 0:
+                try:
+                    # link signatures need ~1 kHz: NIC byte counters only, on their own thread
+                    fast = HardwareSampler([NetDev(pid)], nic_interval, int(cmd[2]) * 10)
+                    fast.start()
+                except Exception as exc:
+                    setup_gaps.append(CollectorGap(source="nic_fast", reason=repr(exc)[:200]))
             out.write(b"ok\n")
             out.flush()
         elif cmd[0] == "stop" and sampler is not None:
             series = sampler.stop()
             series.gaps = setup_gaps + series.gaps
+            if fast is not None:
+                fs = fast.stop()
+                cols = [c for c in fs.columns if c.startswith("nic:")]
+                series.extras["nic_fast_t_ns"] = fs.t_ns
+                series.extras["nic_fast_bytes"] = sum(fs.columns[c] for c in cols) if cols else None
+                series.extras["nic_fast_interval_seconds"] = fs.interval_seconds
+                series.sampler_cpu_seconds += fs.sampler_cpu_seconds
+                fast = None
             series.extras["cgroup_cpu_quota_cores"] = quota
             for src in sampler.sources:
                 if isinstance(src, SystemCpu):
@@ -115,12 +140,12 @@ class SamplerClient:
         self.gaps.append(CollectorGap(source="sampler", reason=f"{what}: {exc!r}"[:200]))
         self.close()
 
-    def start(self, interval: float, capacity: int) -> bool:
+    def start(self, interval: float, capacity: int, nic_interval: float = 0.0) -> bool:
         if not self.alive:
             return False
         assert self.proc is not None and self.proc.stdin is not None
         try:
-            self.proc.stdin.write(f"start {interval} {capacity}\n".encode())
+            self.proc.stdin.write(f"start {interval} {capacity} {nic_interval}\n".encode())
             self.proc.stdin.flush()
             line = self._read_exact(3, time.monotonic() + self.timeout)
             if line != b"ok\n":

@@ -172,6 +172,14 @@ def summarize(rec: WindowRecord, summarize_started: float, now: float) -> Patter
     for m, r in rates.items():
         if r is not None:
             metric_stats[m] = metric_by_key(seg, series.t_ns, r)  # type: ignore[union-attr]
+    fast_t = series.extras.get("nic_fast_t_ns") if series is not None else None
+    fast_b = series.extras.get("nic_fast_bytes") if series is not None else None
+    if isinstance(fast_t, np.ndarray) and isinstance(fast_b, np.ndarray) and len(fast_t) >= 3:
+        # ~1 kHz link signature: a capped link is steady (low sigma), a waiting one bursty
+        dt = np.diff(fast_t).astype(float) / 1e9
+        with np.errstate(invalid="ignore", divide="ignore"):
+            fr = np.where(dt > 0, np.diff(fast_b) / dt, np.nan)
+        metric_stats[MetricName.nic_bytes_per_second] = metric_by_key(seg, fast_t, fr)
 
     funcs: list[FunctionPattern] = []
     for i, (cat, name) in enumerate(seg.names):

@@ -78,6 +78,21 @@ class HardwareSignal(Fact):
     ratio_to_median: float                   # capped at 1000 when the median is 0
 
 
+class LinkSignature(Fact):
+    """A rank whose link runs steadier (lower rate spread / mean) than its peers' during communication."""
+
+    kind: Literal["link_signature"] = "link_signature"
+    function: str
+    mean_bytes_per_second: float
+    cv_ratio: float                          # sigma / mu of the link's byte rate while communicating
+    peer_median_cv_ratio: float
+    cv_ratio_to_median: float
+    rate_ratio_to_median: float
+    comm_share_ratio: float                  # the group's median share of the window in communication
+    excess_step_ratio: float                 # what the finding costs the job (here: the communication share)
+    steadiest: bool
+
+
 class ConfigDeviation(Fact):
     """A configuration value on one rank that differs from the majority of its peers."""
 
@@ -88,7 +103,8 @@ class ConfigDeviation(Fact):
 
 
 AnyFact = Annotated[
-    RankSlowness | FunctionOutlier | CategoryExcess | HardwareSignal | ConfigDeviation, Field(discriminator="kind")
+    RankSlowness | FunctionOutlier | CategoryExcess | HardwareSignal | ConfigDeviation | LinkSignature,
+    Field(discriminator="kind"),
 ]
 
 FACT_TYPES: dict[str, type[Fact]] = {
@@ -97,4 +113,5 @@ FACT_TYPES: dict[str, type[Fact]] = {
     "category_excess": CategoryExcess,
     "hw_signal": HardwareSignal,
     "config_deviation": ConfigDeviation,
+    "link_signature": LinkSignature,
 }

@@ -22,6 +22,7 @@ from eroica.engine.facts import (
     HardwareSignal,
     RankSlowness,
 )
+from eroica.engine.links import link_facts
 from eroica.engine.load import WindowData
 
 MAD_TO_SIGMA = 1.4826
@@ -229,6 +230,7 @@ def analyze(window: WindowData) -> PeerAnalysis:
         groups.append(PeerGroup(gname, ranks, valid, reason, round(disp, 4)))
         if n < 2:
             continue
+        suspects: set[int] = set()
         min_comm = float(comm.min())
         med_comm = float(np.median(comm[clean]))
         ref_clean = clean if n >= MIN_GROUP else None
@@ -262,9 +264,11 @@ def analyze(window: WindowData) -> PeerAnalysis:
             fz = np.array([x[1] for x in refs])
             facts.extend(_function_outliers(docs, r, keys, fmat[i], fmed, fz, excess, ranks))
             facts.extend(_category_excess(docs, r, keys, fmat, i, excess, ranks, floor, ref_clean))
+            suspects.add(r)
             peers = [p for j, p in enumerate(ranks) if p != r and clean[j]] or [p for p in ranks if p != r]
             facts.extend(_hw_signals(docs, r, [r, *peers]))
             facts.extend(_config_deviations(docs, r, [r, *peers]))
+        facts.extend(link_facts(docs, ranks, suspects))
     return PeerAnalysis(window.window_id, groups, facts, rows,
                         float(np.median(med_steps)) if med_steps else 0.0, sorted(all_keys))
 

@@ -69,3 +69,32 @@ def test_two_culprits_at_once_are_both_found_against_the_clean_peers() -> None:
     assert abs(slow[3].peer_median_busy_seconds_per_step - 0.051) < 1e-6   # not pulled up by rank 1
     cats = {(f.rank, f.category) for f in a.facts if isinstance(f, CategoryExcess)}
     assert {(1, "data"), (3, "gc")} <= cats
+
+
+def test_an_intermittent_stall_is_found_through_its_category() -> None:
+    # busy time alone is noisy across ranks; the data category on rank 1 is not
+    noise = [0.045, 0.0, 0.069, 0.058]
+    docs = [make_doc(r, step=0.11, busy={"compute:forward": noise[r], "data:DataLoader.__next__": 0.001})
+            for r in range(4)]
+    docs[1] = make_doc(1, step=0.11, busy={"compute:forward": 0.052, "data:DataLoader.__next__": 0.031})
+    a = analyze(window(docs))
+    assert [f.rank for f in a.facts if isinstance(f, RankSlowness)] == [1]
+    assert any(isinstance(f, CategoryExcess) and f.category == "data" and f.rank == 1 for f in a.facts)
+
+
+def test_a_steady_capped_link_is_named_in_a_communication_bound_group() -> None:
+    from patterns_factory import fn
+
+    from eroica.collector.facts import Category
+    from eroica.engine.facts import LinkSignature
+
+    docs = []
+    for r in range(4):
+        d = make_doc(r, step=0.3, busy={"compute:forward": 0.05})
+        comm = fn(Category.communication, "gloo:all_reduce", 0.25, metric=3.5e7 if r == 2 else 2.0e7)
+        comm = comm.model_copy(update={"metric_std": 0.2 * 3.5e7 if r == 2 else 1.6 * 2.0e7})
+        docs.append(d.model_copy(update={"functions": [f for f in d.functions if f.category != Category.communication]
+                                         + [comm]}))
+    links = [f for f in analyze(window(docs)).facts if isinstance(f, LinkSignature)]
+    assert [(f.rank, f.steadiest) for f in links] == [(2, True)]
+    assert links[0].cv_ratio_to_median < 0.2 and links[0].comm_share_ratio > 0.8

@@ -1,0 +1,91 @@
+"""One network namespace per rank, joined by veth pairs to a bridge: a real network for `nic_degraded`.
+
+Each rank runs inside its own namespace with one interface (`eth0`) on a private /24; a degraded
+link is a real token-bucket (`tc ... tbf`) rate limit on that rank's veth, in both directions.
+Everything is removed by `cleanup()`, which the launcher calls in `finally`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+
+SUBNET = "10.77.{net}.{host}"
+
+
+def available() -> tuple[bool, str]:
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return False, "iproute2 (ip, tc) is not installed"
+    probe = f"eroica-probe-{uuid.uuid4().hex[:6]}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return False, f"cannot create network namespaces: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return True, ""
+
+
+def _run(*cmd: str) -> None:
+    r = subprocess.run(list(cmd), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+
+
+@dataclass
+class RankNetworks:
+    world_size: int
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:5])
+    net: int = 0
+    namespaces: list[str] = field(default_factory=list)
+    host_ifaces: list[str] = field(default_factory=list)
+    bridge: str = ""
+
+    def ip(self, rank: int) -> str:
+        return SUBNET.format(net=self.net, host=rank + 1)
+
+    def create(self) -> RankNetworks:
+        self.net = int(self.tag, 16) % 200 + 20
+        self.bridge = f"erb{self.tag}"
+        try:
+            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            _run("ip", "link", "set", self.bridge, "up")
+            for r in range(self.world_size):
+                ns, host_if, ns_if = f"eroica-{self.tag}-r{r}", f"erv{self.tag}{r}", f"erp{self.tag}{r}"
+                _run("ip", "netns", "add", ns)
+                self.namespaces.append(ns)
+                _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+                self.host_ifaces.append(host_if)
+                _run("ip", "link", "set", ns_if, "netns", ns)
+                _run("ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "name", "eth0")
+                _run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{self.ip(r)}/24", "dev", "eth0")
+                _run("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
+                _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+                _run("ip", "link", "set", host_if, "master", self.bridge)
+                _run("ip", "link", "set", host_if, "up")
+        except Exception:
+            self.cleanup()
+            raise
+        return self
+
+    def limit(self, rank: int, rate_mbit: float) -> None:
+        """Cap rank's link in both directions with a token bucket (no netem here)."""
+        spec = ["tbf", "rate", f"{rate_mbit}mbit", "burst", "64kb", "latency", "100ms"]
+        _run("tc", "qdisc", "add", "dev", self.host_ifaces[rank], "root", *spec)
+        _run("ip", "netns", "exec", self.namespaces[rank], "tc", "qdisc", "add", "dev", "eth0", "root", *spec)
+
+    def prefix(self, rank: int) -> list[str]:
+        return ["ip", "netns", "exec", self.namespaces[rank]]
+
+    def cleanup(self) -> list[str]:
+        problems = []
+        for ns in self.namespaces:
+            r = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True)
+            if r.returncode != 0:
+                problems.append(f"could not delete netns {ns}: {r.stderr.strip()}")
+        for host_if in self.host_ifaces:
+            subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        if self.bridge:
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        self.namespaces, self.host_ifaces, self.bridge = [], [], ""
+        return problems

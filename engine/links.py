@@ -1,0 +1,77 @@
+"""Link signatures: which rank's network link holds back a communication-bound group.
+
+In a ring all-reduce every rank's step and collective time grow alike when one link is capped,
+so durations cannot name the culprit. The link's byte-rate signature during communication can:
+the capped link runs steady and low (small sigma relative to its mean), the other links of the
+ring are bursty (they idle, then catch up after every chunk). Needs the collector's ~1 kHz NIC
+sampling and ranks with their own interfaces (not one shared loopback).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from eroica.collector.facts import Category, MetricName, PatternsDoc
+from eroica.engine.facts import Fact, LinkSignature
+
+MIN_COMM_SHARE = 0.2         # the group must spend at least this share of a step in communication
+MAX_CV_RATIO = 0.7           # a rank is reported when its rate spread / mean is this far below its peers'
+
+
+def _signature(doc: PatternsDoc) -> tuple[float, float, float, str] | None:
+    """(mean bytes/s, coefficient of variation, communication share of the window, top function)."""
+    num = cv_num = w = crit = 0.0
+    top, top_crit = "", -1.0
+    for f in doc.functions:
+        if f.category != Category.communication:
+            continue
+        crit += f.critical_seconds
+        if f.critical_seconds > top_crit:
+            top, top_crit = f.name, f.critical_seconds
+        if f.metric != MetricName.nic_bytes_per_second or not f.metric_mean or f.metric_std is None:
+            continue
+        num += f.metric_mean * f.critical_seconds
+        cv_num += (f.metric_std / f.metric_mean) * f.critical_seconds
+        w += f.critical_seconds
+    if w <= 0 or doc.window.wall_seconds <= 0:
+        return None
+    return num / w, cv_num / w, crit / doc.window.wall_seconds, top
+
+
+def own_link(doc: PatternsDoc) -> bool:
+    """True when the rank's traffic goes over an interface of its own (not a loopback that every
+    local rank shares, where byte counters say nothing about one rank's link)."""
+    return any(rate > 0 for name, rate in doc.hardware.nic_bytes_per_second.items() if name != "lo")
+
+
+def link_facts(docs: dict[int, PatternsDoc], ranks: list[int], suspects: set[int]) -> list[Fact]:
+    """Only for a group where no rank is busier than the others: a late rank of any other cause
+    also communicates steadily (it arrives last and never waits), so busy-time suspects come first."""
+    if suspects or not all(own_link(docs[r]) for r in ranks):
+        return []
+    sigs = {r: s for r in ranks if (s := _signature(docs[r])) is not None}
+    if len(sigs) < 3:
+        return []
+    cvs = np.array([s[1] for s in sigs.values()])
+    means = np.array([s[0] for s in sigs.values()])
+    shares = np.array([s[2] for s in sigs.values()])
+    share = float(np.median(shares))
+    if share < MIN_COMM_SHARE:
+        return []
+    out: list[Fact] = []
+    for r, (mean, cv, _, top) in sigs.items():
+        others = [sigs[p][1] for p in sigs if p != r]
+        med_cv = float(np.median(others))
+        ratio = cv / med_cv if med_cv > 0 else 1.0
+        if ratio > MAX_CV_RATIO:
+            continue
+        out.append(
+            LinkSignature(
+                rank=r, function=top, mean_bytes_per_second=round(mean, 1), cv_ratio=round(cv, 4),
+                peer_median_cv_ratio=round(med_cv, 4), cv_ratio_to_median=round(ratio, 4),
+                rate_ratio_to_median=round(mean / float(np.median(means)), 4) if np.median(means) > 0 else 1.0,
+                comm_share_ratio=round(share, 4), excess_step_ratio=round(share, 4),
+                steadiest=bool(cv <= cvs.min() + 1e-12),
+            )
+        )
+    return out
