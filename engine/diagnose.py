@@ -91,6 +91,12 @@ def _evidence(facts: list[dict[str, Any]], analysis: PeerAnalysis, rank: int) ->
             )
         elif k == "hw_signal":
             out.append(f"{f['signal']} = {f['value']:.3g} (peer median {f['peer_median']:.3g})")
+        elif k == "link_signature":
+            out.append(
+                f"link byte rate during {f['function']}: mean {f['mean_bytes_per_second']:.3g} B/s, spread "
+                f"{f['cv_ratio']:.2f} of the mean vs {f['peer_median_cv_ratio']:.2f} on peers (steady = capped); "
+                f"it waits {f['comm_wait_ratio_to_median']:.2f}x the peers' communication time (not a late rank)"
+            )
     return out
 
 

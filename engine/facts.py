@@ -91,6 +91,7 @@ class LinkSignature(Fact):
     comm_share_ratio: float                  # the group's median share of the window in communication
     excess_step_ratio: float                 # what the finding costs the job (here: the communication share)
     steadiest: bool
+    comm_wait_ratio_to_median: float         # ~1 for a capped link (everyone waits), << 1 for a late rank
 
 
 class ConfigDeviation(Fact):

@@ -38,16 +38,22 @@ def _signature(doc: PatternsDoc) -> tuple[float, float, float, str] | None:
     return num / w, cv_num / w, crit / doc.window.wall_seconds, top
 
 
+def _ratio(x: float, others: list[float]) -> float:
+    med = float(np.median(others)) if others else 0.0
+    return x / med if med > 0 else 1.0
+
+
 def own_link(doc: PatternsDoc) -> bool:
     """True when the rank's traffic goes over an interface of its own (not a loopback that every
     local rank shares, where byte counters say nothing about one rank's link)."""
     return any(rate > 0 for name, rate in doc.hardware.nic_bytes_per_second.items() if name != "lo")
 
 
-def link_facts(docs: dict[int, PatternsDoc], ranks: list[int], suspects: set[int]) -> list[Fact]:
-    """Only for a group where no rank is busier than the others: a late rank of any other cause
-    also communicates steadily (it arrives last and never waits), so busy-time suspects come first."""
-    if suspects or not all(own_link(docs[r]) for r in ranks):
+def link_facts(docs: dict[int, PatternsDoc], ranks: list[int], comm_wait: dict[int, float]) -> list[Fact]:
+    """A late rank of any other cause also communicates steadily (it arrives last and never
+    waits), so each fact carries the rank's communication wait beside its peers': a capped link
+    waits as long as everyone, a late rank much less."""
+    if not all(own_link(docs[r]) for r in ranks):
         return []
     sigs = {r: s for r in ranks if (s := _signature(docs[r])) is not None}
     if len(sigs) < 3:
@@ -72,6 +78,8 @@ def link_facts(docs: dict[int, PatternsDoc], ranks: list[int], suspects: set[int
                 rate_ratio_to_median=round(mean / float(np.median(means)), 4) if np.median(means) > 0 else 1.0,
                 comm_share_ratio=round(share, 4), excess_step_ratio=round(share, 4),
                 steadiest=bool(cv <= cvs.min() + 1e-12),
+                comm_wait_ratio_to_median=round(_ratio(comm_wait.get(r, 0.0),
+                                                       [comm_wait.get(p, 0.0) for p in ranks if p != r]), 4),
             )
         )
     return out

@@ -230,7 +230,6 @@ def analyze(window: WindowData) -> PeerAnalysis:
         groups.append(PeerGroup(gname, ranks, valid, reason, round(disp, 4)))
         if n < 2:
             continue
-        suspects: set[int] = set()
         min_comm = float(comm.min())
         med_comm = float(np.median(comm[clean]))
         ref_clean = clean if n >= MIN_GROUP else None
@@ -264,11 +263,10 @@ def analyze(window: WindowData) -> PeerAnalysis:
             fz = np.array([x[1] for x in refs])
             facts.extend(_function_outliers(docs, r, keys, fmat[i], fmed, fz, excess, ranks))
             facts.extend(_category_excess(docs, r, keys, fmat, i, excess, ranks, floor, ref_clean))
-            suspects.add(r)
             peers = [p for j, p in enumerate(ranks) if p != r and clean[j]] or [p for p in ranks if p != r]
             facts.extend(_hw_signals(docs, r, [r, *peers]))
             facts.extend(_config_deviations(docs, r, [r, *peers]))
-        facts.extend(link_facts(docs, ranks, suspects))
+        facts.extend(link_facts(docs, ranks, {r: float(comm[i]) for i, r in enumerate(ranks)}))
     return PeerAnalysis(window.window_id, groups, facts, rows,
                         float(np.median(med_steps)) if med_steps else 0.0, sorted(all_keys))
 
