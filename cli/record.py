@@ -24,6 +24,8 @@ HOW = {
     "cpu_contention": "the rank starts --hogs busy processes that share its CPU cgroup (a co-located host service)",
     "user_code": "the rank sleeps --stall-seconds inside the user region log_metrics (a synchronous call)",
     "framework_config": "the rank turns on torch.autograd.set_detect_anomaly(True) (a debug flag left on)",
+    "nic_degraded": "each rank in its own network namespace on a bridge; the rank's veth capped with tc tbf "
+                    "(300 Mbit/s both ways) at the fault step",
     "dataloader_stall": "the rank's collate_fn sleeps --stall-seconds per batch (a stalled input pipeline)",
     "cpu_throttled": "the rank moves itself into a cgroup v1 child with cpu.cfs_quota_us = 12% of a core",
     "workload_imbalance": "the rank's batch is repeated --imbalance-factor times (more samples than its peers)",

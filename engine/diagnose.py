@@ -182,9 +182,11 @@ def build_findings(
         g = groups.get(gname)
         valid = bool(g and g.valid)
         n = len(g.ranks) if g else 1
-        # findings without a slow rank (a capped link slows everyone alike) carry their own cost
-        excess = s.excess_step_ratio if s else max((f.get("excess_step_ratio") or 0.0 for f in c["facts"]), default=0.0)
-        consistency = s.consistency_ratio if s else 1.0
+        # the cost and consistency of the facts the rule used; a capped link slows everyone alike,
+        # so its fact carries its own cost (the group's communication share)
+        own = [f for f in c["facts"] if f.get("excess_step_ratio") is not None]
+        excess = max((f["excess_step_ratio"] for f in own), default=s.excess_step_ratio if s else 0.0)
+        consistency = next((f["consistency_ratio"] for f in c["facts"] if f.get("kind") == "rank_slowness"), 1.0)
         factors = ConfidenceFactors(
             rule_ratio=c["confidence"],
             # 0.5 at a 5% excess of a step, 1.0 from 25%: small deviations are closer to the noise

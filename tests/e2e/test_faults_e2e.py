@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 
 from eroica.cli.launch import CPU_ROOT, launch
+from eroica.cli.netns import available as netns_available
 from eroica.engine.diagnose import diagnose
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e
 
 CGROUP_V1 = (CPU_ROOT / "cgroup.procs").exists() and os.access(CPU_ROOT, os.W_OK)
+NETNS, NETNS_WHY = netns_available()
 NEEDS_CGROUP = pytest.mark.skipif(
     not CGROUP_V1, reason="needs a writable cgroup v1 cpu controller at /sys/fs/cgroup/cpu (root)")
 
@@ -31,6 +33,9 @@ def run_job(tmp_path: Path, fault: str, rank: str, extra: list[str] | None = Non
         f"--- rank {r}\n{t[-2000:]}" for r, t in res.logs.items())
     if CGROUP_V1:
         assert not list(CPU_ROOT.glob("eroica-job-*")), "cgroups left behind"
+    import subprocess
+
+    assert "eroica-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return diagnose(tmp_path)
 
 
@@ -43,6 +48,8 @@ CASES = [
     pytest.param("cpu_contention", "2", [], "", marks=NEEDS_CGROUP),
     ("user_code", "3", [], "log_metrics"),
     ("framework_config", "1", [], "detect_anomaly"),
+    pytest.param("nic_degraded", "2", [], "all_reduce", marks=pytest.mark.skipif(
+        not NETNS, reason=f"needs network namespaces, veth and tc (root): {NETNS_WHY}")),
     # harder variants: intermittent, and a smaller slowdown
     ("dataloader_stall", "2", ["--every", "3"], "DataLoader"),
     ("gc_pause", "1", ["--gc-objects", "20000"], "gc.collect"),
