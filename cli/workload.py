@@ -43,7 +43,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stall-seconds", type=float, default=0.12)
     p.add_argument("--imbalance-factor", type=int, default=6)
     p.add_argument("--gc-objects", type=int, default=60_000)
-    p.add_argument("--hogs", type=int, default=2)
+    p.add_argument("--hogs", type=int, default=3)
     p.add_argument("--stop-after-windows", type=int, default=1)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--hidden", type=int, default=384)

@@ -59,7 +59,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("fault", "rank", "extra", "function_hint"), CASES,
-                         ids=[c[0] + "@" + c[1] + "".join(c[2]) if isinstance(c, tuple) else None for c in CASES])
+                         ids=[f"{v[0]}@{v[1]}{''.join(v[2])}" for v in (getattr(c, "values", c) for c in CASES)])
 def test_fault_is_found_named_and_explained(tmp_path: Path, fault: str, rank: str, extra: list[str],
                                             function_hint: str) -> None:
     d = run_job(tmp_path, fault, rank, extra)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -15,9 +16,20 @@ pytestmark = pytest.mark.skipif(not OK, reason=f"network namespaces unavailable 
 def test_ranks_reach_each_other_and_a_cap_is_applied_then_everything_is_removed() -> None:
     nets = RankNetworks(2).create()
     try:
-        ping = subprocess.run([*nets.prefix(0), "ping", "-c", "1", "-W", "2", nets.ip(1)], capture_output=True)
-        if ping.returncode != 0 and b"not found" not in ping.stderr:
-            pytest.fail(f"rank 0 cannot reach rank 1: {ping.stderr!r}")
+        server = subprocess.Popen([*nets.prefix(1), sys.executable, "-c", (
+            "import socket; s = socket.socket(); s.bind(('%s', 29999)); s.listen(); c, _ = s.accept(); "
+            "c.sendall(b'ok')" % nets.ip(1))])
+        try:
+            got = subprocess.run([*nets.prefix(0), sys.executable, "-c", (
+                "import socket, time\n"
+                "for _ in range(50):\n"
+                "    try:\n"
+                "        print(socket.create_connection(('%s', 29999), timeout=2).recv(2).decode()); break\n"
+                "    except OSError: time.sleep(0.1)\n" % nets.ip(1))], capture_output=True, text=True, timeout=20)
+            assert got.stdout.strip() == "ok", f"rank 0 cannot reach rank 1: {got.stderr}"
+        finally:
+            server.kill()
+            server.wait()
         nets.limit(1, 100)
         q = subprocess.run(["tc", "qdisc", "show", "dev", nets.host_ifaces[1]], capture_output=True, text=True)
         assert "tbf" in q.stdout and "100Mbit" in q.stdout

@@ -93,8 +93,16 @@ def test_a_steady_capped_link_is_named_in_a_communication_bound_group() -> None:
         d = make_doc(r, step=0.3, busy={"compute:forward": 0.05})
         comm = fn(Category.communication, "gloo:all_reduce", 0.25, metric=3.5e7 if r == 2 else 2.0e7)
         comm = comm.model_copy(update={"metric_std": 0.2 * 3.5e7 if r == 2 else 1.6 * 2.0e7})
-        docs.append(d.model_copy(update={"functions": [f for f in d.functions if f.category != Category.communication]
-                                         + [comm]}))
+        hw = d.hardware.model_copy(update={"nic_bytes_per_second": {"eth0": 5e7, "lo": 0.0}})
+        docs.append(d.model_copy(update={"hardware": hw, "functions": [
+            f for f in d.functions if f.category != Category.communication] + [comm]}))
     links = [f for f in analyze(window(docs)).facts if isinstance(f, LinkSignature)]
     assert [(f.rank, f.steadiest) for f in links] == [(2, True)]
     assert links[0].cv_ratio_to_median < 0.2 and links[0].comm_share_ratio > 0.8
+    assert 0.9 < links[0].comm_wait_ratio_to_median < 1.1          # it waits like everyone: not a late rank
+
+
+def test_no_link_verdict_over_a_shared_loopback(healthy_docs) -> None:  # type: ignore[no-untyped-def]
+    from eroica.engine.facts import LinkSignature
+
+    assert not [f for f in analyze(window(healthy_docs)).facts if isinstance(f, LinkSignature)]
