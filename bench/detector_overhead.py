@@ -34,7 +34,7 @@ def worker(args: argparse.Namespace) -> None:
     rank = dist.get_rank()
     model = DDP(nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    mon = Monitor(out_dir=args.out, policy=TriggerPolicy(threshold_min_ratio=1000.0))
+    mon = Monitor(out_dir=args.out, policy=TriggerPolicy(threshold_min_ratio=1000.0, sustained_min_ratio=1000.0))
     x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 
     def train_step() -> None:
