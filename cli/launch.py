@@ -99,6 +99,44 @@ class CpuCgroups:
 
 
 @dataclass
+class BlkioCgroup:
+    """A cgroup v1 blkio group that throttles writes to the device holding `directory`."""
+
+    path: Path
+
+    @classmethod
+    def create(cls, directory: str = "/var/tmp", write_bps: int = 1024 * 1024) -> BlkioCgroup:
+        root = Path("/sys/fs/cgroup/blkio")
+        if not (root / "blkio.throttle.write_bps_device").exists() or not os.access(root, os.W_OK):
+            raise RuntimeError("slow_storage needs a writable cgroup v1 blkio controller (root)")
+        dev = os.stat(directory).st_dev
+        path = root / f"eroica-io-{uuid.uuid4().hex[:8]}"
+        path.mkdir()
+        try:
+            (path / "blkio.throttle.write_bps_device").write_text(f"{os.major(dev)}:{os.minor(dev)} {write_bps}")
+        except OSError as exc:
+            path.rmdir()
+            raise RuntimeError(f"cannot throttle device {os.major(dev)}:{os.minor(dev)} of {directory}: {exc}") from exc
+        return cls(path)
+
+    def cleanup(self) -> list[str]:
+        try:
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                try:
+                    os.kill(int(pid), 9)
+                except OSError:
+                    pass
+            for _ in range(50):
+                if not (self.path / "cgroup.procs").read_text().split():
+                    break
+                time.sleep(0.05)
+            self.path.rmdir()
+        except OSError as exc:
+            return [f"could not remove {self.path}: {exc}"]
+        return []
+
+
+@dataclass
 class JobResult:
     returncodes: list[int | None]
     logs: dict[int, str]
@@ -124,6 +162,7 @@ def launch(
     throttle_cores: float = 0.12,
     progress: bool = True,
     nic_rate_mbit: float = 300.0,
+    storage_bps: int = 1024 * 1024,
 ) -> JobResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = out_dir / "logs"
@@ -131,6 +170,11 @@ def launch(
     faults = fault.split(",")
     needs = next((f for f in faults if f in ("cpu_throttled", "cpu_contention")), None)
     cg = CpuCgroups.create(throttle_cores if "cpu_throttled" in faults else None, world_size, needs)
+    try:
+        blkio = BlkioCgroup.create(write_bps=storage_bps) if "slow_storage" in faults else None
+    except Exception:
+        cg.cleanup()
+        raise
     nets: RankNetworks | None = None
     nic_ranks: set[int] = set()
     if "nic_degraded" in faults:
@@ -167,6 +211,8 @@ def launch(
                 penv["EROICA_THROTTLE_CGROUP"] = str(cg.throttled)
             if nets is not None:
                 penv.update(MASTER_ADDR=nets.ip(0), GLOO_SOCKET_IFNAME="eth0")
+            if blkio is not None:
+                penv["EROICA_BLKIO_CGROUP"] = str(blkio.path)
             penv.update(env or {})
             cmd = ([] if nets is None else nets.prefix(rank)) + [
                 sys.executable, "-m", "eroica.cli.workload", "--out", str(out_dir),
@@ -208,6 +254,8 @@ def launch(
         for fh in handles:
             fh.close()
         cg.cleanup()
+        if blkio is not None:
+            cg.notes.extend(blkio.cleanup())
         if nets is not None:
             cg.notes.extend(nets.cleanup())
     logs = {r: (log_dir / f"rank-{r}.log").read_text(errors="replace") for r in range(world_size)}

@@ -24,6 +24,8 @@ HOW = {
     "cpu_contention": "the rank starts --hogs busy processes that share its CPU cgroup (a co-located host service)",
     "user_code": "the rank sleeps --stall-seconds inside the user region log_metrics (a synchronous call)",
     "framework_config": "the rank turns on torch.autograd.set_detect_anomaly(True) (a debug flag left on)",
+    "slow_storage": "every rank writes a 128 KiB checkpoint shard per step with O_DIRECT; the rank joins a blkio "
+                    "cgroup throttling writes to that device to 1 MiB/s",
     "nic_degraded": "each rank in its own network namespace on a bridge; the rank's veth capped with tc tbf "
                     "(300 Mbit/s both ways) at the fault step",
     "dataloader_stall": "the rank's collate_fn sleeps --stall-seconds per batch (a stalled input pipeline)",

@@ -11,6 +11,8 @@ MASTER_ADDR, MASTER_PORT in the environment, as torchrun sets them). Faults are 
 - gc_pause: the rank fills a bounded cache with cyclic objects, so full GC collections pause it;
 - user_code: the rank makes a blocking call inside a user region (`log_metrics`) every step;
 - framework_config: the rank turns on autograd anomaly detection (a debug flag left on);
+- slow_storage: every rank writes a checkpoint shard each step (O_DIRECT, region `save_checkpoint`);
+  the rank moves into a blkio cgroup that throttles writes to that device;
 - nic_degraded: the launcher caps the rank's link (each rank has its own network namespace) with
   a token bucket when the rank announces the fault step.
 
@@ -29,7 +31,7 @@ import warnings
 from collections import deque
 
 FAULTS = ("none", "dataloader_stall", "cpu_throttled", "cpu_contention", "workload_imbalance", "gc_pause",
-          "user_code", "framework_config", "nic_degraded")
+          "user_code", "framework_config", "nic_degraded", "slow_storage")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +46,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--imbalance-factor", type=int, default=6)
     p.add_argument("--gc-objects", type=int, default=60_000)
     p.add_argument("--hogs", type=int, default=3)
+    p.add_argument("--ckpt-bytes", type=int, default=131072, help="slow_storage: bytes each rank writes per step")
+    p.add_argument("--ckpt-dir", default="/var/tmp", help="slow_storage: a disk-backed directory (O_DIRECT)")
     p.add_argument("--stop-after-windows", type=int, default=1)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--hidden", type=int, default=384)
@@ -66,6 +70,26 @@ class _Node:
     def __init__(self, payload: int) -> None:
         self.me = self          # a reference cycle: only the cyclic GC can free it
         self.payload = [payload]
+
+
+class CheckpointWriter:
+    """Writes one shard per step with O_DIRECT (no page cache: the device's speed is what counts)."""
+
+    def __init__(self, directory: str, rank: int, size: int) -> None:
+        import mmap
+
+        self.size = max(4096, size // 4096 * 4096)
+        self.buf = mmap.mmap(-1, self.size)          # page-aligned, as O_DIRECT requires
+        self.buf.write(b"\x5a" * self.size)
+        self.path = os.path.join(directory, f"eroica-ckpt-{os.getpid()}-rank{rank}.bin")
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o600)
+
+    def write(self) -> None:
+        os.pwrite(self.fd, self.buf, 0)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.unlink(self.path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     loader = mon.wrap_loader(loader)
     cache: deque[_Node] = deque(maxlen=10 * args.gc_objects)
     hogs: list[subprocess.Popen[bytes]] = []
+    ckpt = CheckpointWriter(args.ckpt_dir, rank, args.ckpt_bytes) if "slow_storage" in args.plan.values() else None
     t_last = time.monotonic()
     try:
         for step, (x, y) in enumerate(loader):
@@ -129,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                         hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
                 elif fault == "framework_config":
                     torch.autograd.set_detect_anomaly(True)
+                elif fault == "slow_storage":
+                    with open(os.path.join(os.environ["EROICA_BLKIO_CGROUP"], "cgroup.procs"), "w") as fh:
+                        fh.write(str(os.getpid()))
             if active(step):
                 if fault == "workload_imbalance":
                     x = x.repeat(args.imbalance_factor, 1)    # this rank's shard holds more samples
@@ -141,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
             opt.step()
+            if ckpt is not None:
+                with mon.region("save_checkpoint"):
+                    ckpt.write()
             with mon.region("log_metrics"):
                 if fault == "user_code" and active(step):
                     time.sleep(args.stall_seconds)     # a synchronous call to a slow metrics endpoint
@@ -152,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             if mon.windows_closed >= args.stop_after_windows or step + 1 >= args.steps:
                 break
     finally:
+        if ckpt is not None:
+            ckpt.close()
         for hog in hogs:
             hog.send_signal(signal.SIGKILL)
             hog.wait()

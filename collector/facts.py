@@ -81,6 +81,7 @@ class HardwareSummary(Frozen):
     process_cpu_cores: float | None = None            # all threads of the process, in cores
     runqueue_wait_ratio: float | None = None          # main thread runnable but not running
     involuntary_ctx_switches_per_second: float | None = None
+    io_wait_ratio: float | None = None               # share of samples with the training thread in D state
     cgroup_throttled_ratio: float | None = None       # throttled time / window time
     cgroup_nr_throttled_total: int | None = None
     cgroup_cpu_quota_cores: float | None = None       # quota / period; None when unlimited

@@ -94,6 +94,21 @@ class ProcStat:
 
 
 @dataclass
+class ThreadState:
+    """1.0 when the training thread is in uninterruptible sleep (D: waiting for block I/O), else 0."""
+
+    pid: int
+    tid: int
+    name: str = "thread_state"
+    columns: tuple[str, ...] = ("main_in_io",)
+    slow: bool = False
+
+    def read(self) -> tuple[float, ...]:
+        raw = _read(f"/proc/{self.pid}/task/{self.tid}/stat")
+        return (1.0 if raw[raw.rindex(")") + 2] == "D" else 0.0,)
+
+
+@dataclass
 class ThreadCtx:
     pid: int
     tid: int
@@ -346,6 +361,7 @@ def default_sources(pid: int, main_tid: int) -> tuple[list[Source], list[Collect
     factories = [
         ("schedstat", lambda: SchedStat(pid, main_tid)),
         ("proc_stat", lambda: ProcStat(pid)),
+        ("thread_state", lambda: ThreadState(pid, main_tid)),
         ("ctx_switches", lambda: ThreadCtx(pid, main_tid)),
         ("cgroup_cpu", lambda: CgroupCpu(pid)),
         ("memory", lambda: ProcMem(pid)),

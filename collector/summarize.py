@@ -115,6 +115,7 @@ def hardware_summary(series: SampleSeries | None, wall_s: float) -> HardwareSumm
         process_cpu_cores=_r(None if proc_cpu is None else proc_cpu / span),
         runqueue_wait_ratio=_r(None if wait is None else wait / 1e9 / span),
         involuntary_ctx_switches_per_second=_r(per_s("invol_ctx"), 2),
+        io_wait_ratio=_r(_mean(series, "main_in_io")),
         cgroup_throttled_ratio=_r(None if thr is None else min(thr / 1e9 / span, 1.0)),
         cgroup_nr_throttled_total=None if nr is None else int(nr),
         cgroup_cpu_quota_cores=_r(series.extras.get("cgroup_cpu_quota_cores")),  # type: ignore[arg-type]

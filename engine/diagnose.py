@@ -38,13 +38,15 @@ class TaxonomyEntry:
     question: str
     runbook: str
     generic: bool = False     # a catch-all explanation, explained away by a specific one
+    explained_by: tuple[str, ...] = ()   # causes that explain this one away on the same rank
 EXPLAINED_AWAY_FACTOR = 0.5
 
 
 def load_taxonomy(knowledge_dir: Path | None = None) -> dict[str, TaxonomyEntry]:
     path = (knowledge_dir or builtin_knowledge_dir()) / "taxonomy.yaml"
     data = yaml.safe_load(path.read_text())
-    return {k: TaxonomyEntry(**v) for k, v in data["root_causes"].items()}
+    return {k: TaxonomyEntry(**{**v, "explained_by": tuple(v.get("explained_by", ()))})
+            for k, v in data["root_causes"].items()}
 
 
 def _version() -> str:
@@ -230,9 +232,13 @@ def _explain_away(findings: list[Finding], taxonomy: dict[str, TaxonomyEntry]) -
     out = []
     for f in findings:
         tax = taxonomy.get(f.root_cause)
-        better = [g for g in findings if g is not f and set(g.ranks) == set(f.ranks)
-                  and not getattr(taxonomy.get(g.root_cause), "generic", False) and g.confidence >= f.confidence]
-        if tax is not None and tax.generic and better:
+        if tax is None:
+            out.append(f)
+            continue
+        better = [g for g in findings if g is not f and set(g.ranks) == set(f.ranks) and (
+            (tax.generic and not getattr(taxonomy.get(g.root_cause), "generic", False)
+             and g.confidence >= f.confidence) or g.root_cause in tax.explained_by)]
+        if better:
             f = f.model_copy(update={
                 "confidence": round(f.confidence * EXPLAINED_AWAY_FACTOR, 4),
                 "evidence": [f"explained away by {better[0].root_cause} on the same rank", *f.evidence],

@@ -40,6 +40,7 @@ HW_SIGNALS = (
     "cgroup_throttled_ratio",
     "cpu_util_ratio",
     "runqueue_wait_ratio",
+    "io_wait_ratio",
     "involuntary_ctx_switches_per_second",
     "major_faults_per_second",
     "minor_faults_per_second",

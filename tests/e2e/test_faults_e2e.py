@@ -21,6 +21,8 @@ pytestmark = pytest.mark.e2e
 
 CGROUP_V1 = (CPU_ROOT / "cgroup.procs").exists() and os.access(CPU_ROOT, os.W_OK)
 NETNS, NETNS_WHY = netns_available()
+BLKIO = os.access("/sys/fs/cgroup/blkio", os.W_OK) and os.path.exists(
+    "/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device")
 NEEDS_CGROUP = pytest.mark.skipif(
     not CGROUP_V1, reason="needs a writable cgroup v1 cpu controller at /sys/fs/cgroup/cpu (root)")
 
@@ -36,6 +38,7 @@ def run_job(tmp_path: Path, fault: str, rank: str, extra: list[str] | None = Non
     import subprocess
 
     assert "eroica-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not list(Path("/sys/fs/cgroup/blkio").glob("eroica-io-*")), "blkio cgroups left behind"
     return diagnose(tmp_path)
 
 
@@ -48,6 +51,8 @@ CASES = [
     pytest.param("cpu_contention", "2", [], "", marks=NEEDS_CGROUP),
     ("user_code", "3", [], "log_metrics"),
     ("framework_config", "1", [], "detect_anomaly"),
+    pytest.param("slow_storage", "1", [], "save_checkpoint", marks=pytest.mark.skipif(
+        not BLKIO, reason="needs a writable cgroup v1 blkio controller (root)")),
     pytest.param("nic_degraded", "2", [], "all_reduce", marks=pytest.mark.skipif(
         not NETNS, reason=f"needs network namespaces, veth and tc (root): {NETNS_WHY}")),
     # harder variants: intermittent, and a smaller slowdown
