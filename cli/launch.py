@@ -99,25 +99,10 @@ class CpuCgroups:
 
 
 @dataclass
-class BlkioCgroup:
-    """A cgroup v1 blkio group that throttles writes to the device holding `directory`."""
+class KilledCgroup:
+    """A cgroup we made: on cleanup, what is left inside is killed and the group removed."""
 
     path: Path
-
-    @classmethod
-    def create(cls, directory: str = "/var/tmp", write_bps: int = 1024 * 1024) -> BlkioCgroup:
-        root = Path("/sys/fs/cgroup/blkio")
-        if not (root / "blkio.throttle.write_bps_device").exists() or not os.access(root, os.W_OK):
-            raise RuntimeError("slow_storage needs a writable cgroup v1 blkio controller (root)")
-        dev = os.stat(directory).st_dev
-        path = root / f"eroica-io-{uuid.uuid4().hex[:8]}"
-        path.mkdir()
-        try:
-            (path / "blkio.throttle.write_bps_device").write_text(f"{os.major(dev)}:{os.minor(dev)} {write_bps}")
-        except OSError as exc:
-            path.rmdir()
-            raise RuntimeError(f"cannot throttle device {os.major(dev)}:{os.minor(dev)} of {directory}: {exc}") from exc
-        return cls(path)
 
     def cleanup(self) -> list[str]:
         try:
@@ -134,6 +119,42 @@ class BlkioCgroup:
         except OSError as exc:
             return [f"could not remove {self.path}: {exc}"]
         return []
+
+
+@dataclass
+class MemoryCgroup(KilledCgroup):
+    """A cgroup v1 memory group under ours (the faulty rank sets its limit when it joins)."""
+
+    @classmethod
+    def create(cls) -> MemoryCgroup:
+        try:
+            own = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                       if line.split(":", 2)[1] == "memory")
+            path = Path("/sys/fs/cgroup/memory") / own.lstrip("/") / f"eroica-mem-{uuid.uuid4().hex[:8]}"
+            path.mkdir()
+        except (StopIteration, OSError) as exc:
+            raise RuntimeError(f"host_memory_pressure needs a writable cgroup v1 memory controller: {exc}") from exc
+        return cls(path)
+
+
+@dataclass
+class BlkioCgroup(KilledCgroup):
+    """A cgroup v1 blkio group that throttles writes to the device holding `directory`."""
+
+    @classmethod
+    def create(cls, directory: str = "/var/tmp", write_bps: int = 1024 * 1024) -> BlkioCgroup:
+        root = Path("/sys/fs/cgroup/blkio")
+        if not (root / "blkio.throttle.write_bps_device").exists() or not os.access(root, os.W_OK):
+            raise RuntimeError("slow_storage needs a writable cgroup v1 blkio controller (root)")
+        dev = os.stat(directory).st_dev
+        path = root / f"eroica-io-{uuid.uuid4().hex[:8]}"
+        path.mkdir()
+        try:
+            (path / "blkio.throttle.write_bps_device").write_text(f"{os.major(dev)}:{os.minor(dev)} {write_bps}")
+        except OSError as exc:
+            path.rmdir()
+            raise RuntimeError(f"cannot throttle device {os.major(dev)}:{os.minor(dev)} of {directory}: {exc}") from exc
+        return cls(path)
 
 
 @dataclass
@@ -172,6 +193,7 @@ def launch(
     cg = CpuCgroups.create(throttle_cores if "cpu_throttled" in faults else None, world_size, needs)
     try:
         blkio = BlkioCgroup.create(write_bps=storage_bps) if "slow_storage" in faults else None
+        memcg = MemoryCgroup.create() if "host_memory_pressure" in faults else None
     except Exception:
         cg.cleanup()
         raise
@@ -213,6 +235,8 @@ def launch(
                 penv.update(MASTER_ADDR=nets.ip(0), GLOO_SOCKET_IFNAME="eth0")
             if blkio is not None:
                 penv["EROICA_BLKIO_CGROUP"] = str(blkio.path)
+            if memcg is not None:
+                penv["EROICA_MEMORY_CGROUP"] = str(memcg.path)
             penv.update(env or {})
             cmd = ([] if nets is None else nets.prefix(rank)) + [
                 sys.executable, "-m", "eroica.cli.workload", "--out", str(out_dir),
@@ -256,6 +280,8 @@ def launch(
         cg.cleanup()
         if blkio is not None:
             cg.notes.extend(blkio.cleanup())
+        if memcg is not None:
+            cg.notes.extend(memcg.cleanup())
         if nets is not None:
             cg.notes.extend(nets.cleanup())
     logs = {r: (log_dir / f"rank-{r}.log").read_text(errors="replace") for r in range(world_size)}

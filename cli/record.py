@@ -26,6 +26,8 @@ HOW = {
     "framework_config": "the rank turns on torch.autograd.set_detect_anomaly(True) (a debug flag left on)",
     "slow_storage": "every rank writes a 128 KiB checkpoint shard per step with O_DIRECT; the rank joins a blkio "
                     "cgroup throttling writes to that device to 1 MiB/s",
+    "host_memory_pressure": "every rank reads 24 MiB per step of its 192 MiB data shard through mmap; the rank "
+                            "drops its shard from the page cache and joins a 96 MiB memory cgroup",
     "nic_degraded": "each rank in its own network namespace on a bridge; the rank's veth capped with tc tbf "
                     "(300 Mbit/s both ways) at the fault step",
     "dataloader_stall": "the rank's collate_fn sleeps --stall-seconds per batch (a stalled input pipeline)",

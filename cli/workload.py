@@ -13,6 +13,9 @@ MASTER_ADDR, MASTER_PORT in the environment, as torchrun sets them). Faults are 
 - framework_config: the rank turns on autograd anomaly detection (a debug flag left on);
 - slow_storage: every rank writes a checkpoint shard each step (O_DIRECT, region `save_checkpoint`);
   the rank moves into a blkio cgroup that throttles writes to that device;
+- host_memory_pressure: every rank reads its data shard through the page cache (mmap); the rank
+  drops its shard from the cache and joins a memory cgroup too small to hold it, so every read
+  faults the pages back in from disk;
 - nic_degraded: the launcher caps the rank's link (each rank has its own network namespace) with
   a token bucket when the rank announces the fault step.
 
@@ -31,7 +34,7 @@ import warnings
 from collections import deque
 
 FAULTS = ("none", "dataloader_stall", "cpu_throttled", "cpu_contention", "workload_imbalance", "gc_pause",
-          "user_code", "framework_config", "nic_degraded", "slow_storage")
+          "user_code", "framework_config", "nic_degraded", "slow_storage", "host_memory_pressure")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,6 +51,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hogs", type=int, default=3)
     p.add_argument("--ckpt-bytes", type=int, default=131072, help="slow_storage: bytes each rank writes per step")
     p.add_argument("--ckpt-dir", default="/var/tmp", help="slow_storage: a disk-backed directory (O_DIRECT)")
+    p.add_argument("--shard-mb", type=int, default=192, help="host_memory_pressure: data shard per rank")
+    p.add_argument("--read-mb", type=int, default=24, help="host_memory_pressure: shard bytes read per step")
+    p.add_argument("--mem-limit-mb", type=int, default=96, help="host_memory_pressure: the rank's memory limit")
     p.add_argument("--stop-after-windows", type=int, default=1)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--hidden", type=int, default=384)
@@ -70,6 +76,45 @@ class _Node:
     def __init__(self, payload: int) -> None:
         self.me = self          # a reference cycle: only the cyclic GC can free it
         self.payload = [payload]
+
+
+class Shard:
+    """This rank's data shard on disk, read through the page cache with mmap, a window per step."""
+
+    def __init__(self, directory: str, rank: int, size_mb: int, read_mb: int) -> None:
+        import mmap
+
+        import numpy as np
+
+        self.path = os.path.join(directory, f"eroica-shard-{os.getpid()}-rank{rank}.bin")
+        chunk = np.random.default_rng(rank).integers(0, 255, 1 << 20, dtype=np.uint8).tobytes()
+        with open(self.path, "wb") as fh:
+            for _ in range(size_mb):
+                fh.write(chunk)
+        self.size, self.read_bytes, self.pos = size_mb << 20, read_mb << 20, 0
+        self.fd = os.open(self.path, os.O_RDONLY)
+        self.mm = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
+        self.np = np
+
+    def read(self) -> int:
+        view = self.np.frombuffer(self.mm, dtype=self.np.uint8, count=self.read_bytes, offset=self.pos)
+        total = int(view[::4096].sum())          # touch every page of the window
+        self.pos = (self.pos + self.read_bytes) % (self.size - self.read_bytes + 1)
+        return total
+
+    def squeeze(self, cgroup: str, limit_mb: int) -> None:
+        """Drop the shard from the page cache and join a memory cgroup too small to hold it."""
+        self.mm.madvise(__import__("mmap").MADV_DONTNEED)
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        with open(os.path.join(cgroup, "memory.limit_in_bytes"), "w") as fh:
+            fh.write(str(limit_mb << 20))
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as fh:
+            fh.write(str(os.getpid()))
+
+    def close(self) -> None:
+        self.mm.close()
+        os.close(self.fd)
+        os.unlink(self.path)
 
 
 class CheckpointWriter:
@@ -123,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     def collate(items):  # type: ignore[no-untyped-def]
         if fault == "dataloader_stall" and active(state["step"]):
             time.sleep(args.stall_seconds)      # a stalled input pipeline: waiting on storage
+        if shard is not None:
+            shard.read()                        # the samples' bytes come from this rank's shard
         xs = torch.stack([x for x, _ in items])
         ys = torch.tensor([y for _, y in items])
         return xs, ys
@@ -139,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     cache: deque[_Node] = deque(maxlen=10 * args.gc_objects)
     hogs: list[subprocess.Popen[bytes]] = []
     ckpt = CheckpointWriter(args.ckpt_dir, rank, args.ckpt_bytes) if "slow_storage" in args.plan.values() else None
+    shard = Shard(args.ckpt_dir, rank, args.shard_mb, args.read_mb) if "host_memory_pressure" in args.plan.values() \
+        else None
     t_last = time.monotonic()
     try:
         for step, (x, y) in enumerate(loader):
@@ -154,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                         hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
                 elif fault == "framework_config":
                     torch.autograd.set_detect_anomaly(True)
+                elif fault == "host_memory_pressure":
+                    assert shard is not None
+                    shard.squeeze(os.environ["EROICA_MEMORY_CGROUP"], args.mem_limit_mb)
                 elif fault == "slow_storage":
                     with open(os.path.join(os.environ["EROICA_BLKIO_CGROUP"], "cgroup.procs"), "w") as fh:
                         fh.write(str(os.getpid()))
@@ -185,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if ckpt is not None:
             ckpt.close()
+        if shard is not None:
+            shard.close()
         for hog in hogs:
             hog.send_signal(signal.SIGKILL)
             hog.wait()

@@ -89,6 +89,8 @@ class HardwareSummary(Frozen):
     per_core_util_ratio: list[float] = Field(default_factory=list)
     rss_bytes: float | None = None
     swap_used_bytes: float | None = None
+    cgroup_memory_usage_ratio: float | None = None     # memory cgroup usage / limit (mean over the window)
+    cgroup_memory_limit_hits_per_second: float | None = None
     major_faults_per_second: float | None = None
     minor_faults_per_second: float | None = None
     disk_read_bytes_per_second: float | None = None

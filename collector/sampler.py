@@ -172,6 +172,44 @@ class CgroupCpu:
 
 
 @dataclass
+class CgroupMemory:
+    """Usage against the limit of the process's memory cgroup, and how often the limit was hit."""
+
+    pid: int
+    name: str = "cgroup_memory"
+    columns: tuple[str, ...] = ("cg_mem_usage_ratio", "cg_mem_limit_hits")
+    slow: bool = True
+
+    def __post_init__(self) -> None:
+        path = None
+        for line in _read(f"/proc/{self.pid}/cgroup").splitlines():
+            hid, controllers, p = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                path = Path("/sys/fs/cgroup/memory") / p.lstrip("/")
+            elif hid == "0" and controllers == "" and path is None:
+                cand = Path("/sys/fs/cgroup") / p.lstrip("/")
+                if (cand / "memory.current").exists():
+                    path = cand
+        if path is None or not path.exists():
+            raise OSError("no memory cgroup found for this process")
+        self.v1 = (path / "memory.usage_in_bytes").exists()
+        self.path = path
+
+    def read(self) -> tuple[float, ...]:
+        if self.v1:
+            usage = float(_read(str(self.path / "memory.usage_in_bytes")))
+            limit = float(_read(str(self.path / "memory.limit_in_bytes")))
+            hits = float(_read(str(self.path / "memory.failcnt")))
+        else:
+            usage = float(_read(str(self.path / "memory.current")))
+            raw = _read(str(self.path / "memory.max")).strip()
+            limit = float("inf") if raw == "max" else float(raw)
+            events = dict(line.split() for line in _read(str(self.path / "memory.events")).splitlines())
+            hits = float(events.get("max", 0))
+        return (usage / limit if limit > 0 else 0.0), hits
+
+
+@dataclass
 class ProcMem:
     pid: int
     name: str = "memory"
@@ -365,6 +403,7 @@ def default_sources(pid: int, main_tid: int) -> tuple[list[Source], list[Collect
         ("ctx_switches", lambda: ThreadCtx(pid, main_tid)),
         ("cgroup_cpu", lambda: CgroupCpu(pid)),
         ("memory", lambda: ProcMem(pid)),
+        ("cgroup_memory", lambda: CgroupMemory(pid)),
         ("disk_io", lambda: ProcIO(pid)),
         ("system_cpu", SystemCpu),
         ("nic", lambda: NetDev(pid)),

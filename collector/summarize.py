@@ -123,6 +123,8 @@ def hardware_summary(series: SampleSeries | None, wall_s: float) -> HardwareSumm
         per_core_util_ratio=list(series.extras.get("per_core_util_ratio", [])),  # type: ignore[call-overload]
         rss_bytes=_r(_mean(series, "rss_bytes"), 0),
         swap_used_bytes=_r(_mean(series, "swap_bytes"), 0),
+        cgroup_memory_usage_ratio=_r(_mean(series, "cg_mem_usage_ratio")),
+        cgroup_memory_limit_hits_per_second=_r(per_s("cg_mem_limit_hits"), 2),
         major_faults_per_second=_r(per_s("majflt"), 2),
         minor_faults_per_second=_r(per_s("minflt"), 1),
         disk_read_bytes_per_second=_r(per_s("io_read_bytes"), 1),

@@ -45,6 +45,8 @@ HW_SIGNALS = (
     "major_faults_per_second",
     "minor_faults_per_second",
     "swap_used_bytes",
+    "cgroup_memory_usage_ratio",
+    "cgroup_memory_limit_hits_per_second",
     "disk_write_bytes_per_second",
     "disk_read_bytes_per_second",
     "process_cpu_cores",

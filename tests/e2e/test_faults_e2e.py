@@ -21,6 +21,8 @@ pytestmark = pytest.mark.e2e
 
 CGROUP_V1 = (CPU_ROOT / "cgroup.procs").exists() and os.access(CPU_ROOT, os.W_OK)
 NETNS, NETNS_WHY = netns_available()
+_MEM = [ln.split(":", 2)[2] for ln in open("/proc/self/cgroup").read().splitlines() if ln.split(":", 2)[1] == "memory"]
+MEMCG = bool(_MEM) and os.access(f"/sys/fs/cgroup/memory{_MEM[0]}", os.W_OK)
 BLKIO = os.access("/sys/fs/cgroup/blkio", os.W_OK) and os.path.exists(
     "/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device")
 NEEDS_CGROUP = pytest.mark.skipif(
@@ -39,6 +41,8 @@ def run_job(tmp_path: Path, fault: str, rank: str, extra: list[str] | None = Non
 
     assert "eroica-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not list(Path("/sys/fs/cgroup/blkio").glob("eroica-io-*")), "blkio cgroups left behind"
+    if MEMCG:
+        assert not list(Path(f"/sys/fs/cgroup/memory{_MEM[0]}").glob("eroica-mem-*")), "memory cgroups left behind"
     return diagnose(tmp_path)
 
 
@@ -53,6 +57,8 @@ CASES = [
     ("framework_config", "1", [], "detect_anomaly"),
     pytest.param("slow_storage", "1", [], "save_checkpoint", marks=pytest.mark.skipif(
         not BLKIO, reason="needs a writable cgroup v1 blkio controller (root)")),
+    pytest.param("host_memory_pressure", "3", [], "DataLoader", marks=pytest.mark.skipif(
+        not MEMCG, reason="needs a writable cgroup v1 memory controller (root)")),
     pytest.param("nic_degraded", "2", [], "all_reduce", marks=pytest.mark.skipif(
         not NETNS, reason=f"needs network namespaces, veth and tc (root): {NETNS_WHY}")),
     # harder variants: intermittent, and a smaller slowdown
