@@ -104,15 +104,19 @@ def clean_members(busy: np.ndarray, med_step: float, floor: float) -> np.ndarray
     return clean
 
 
-def category_suspects(keys: list[tuple[str, str]], fmat: np.ndarray, med_step: float, floor: float) -> np.ndarray:
-    """Ranks on which one non-communication category alone stands far above the other ranks'.
+def category_suspects(
+    keys: list[tuple[str, str]], fmat: np.ndarray, med_step: float, floor: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ranks on which one sparse category alone stands far above the other ranks', and by how much.
 
     Busy time sums many noisy parts; an intermittent or small fault (a stall every third step) can
-    hide in that noise while its own category (data loading, GC, a user region) is unmistakable."""
+    hide in that noise, and a rank that thrashes can slow its whole host so that it is not even the
+    latest, while its own category (data loading, GC, a user region) is unmistakable."""
     n = fmat.shape[0]
     flag = np.zeros(n, dtype=bool)
+    excess = np.zeros(n)
     if n < 2 or med_step <= 0:
-        return flag
+        return flag, excess
     for cat in sorted({k[0] for k in keys} & SPARSE_CATEGORIES):
         idx = [j for j, k in enumerate(keys) if k[0] == cat]
         sums = fmat[:, idx].sum(axis=1)
@@ -123,7 +127,8 @@ def category_suspects(keys: list[tuple[str, str]], fmat: np.ndarray, med_step: f
             ex = float(sums[i] - med)
             if ex / med_step >= CATEGORY_SUSPECT_STEP_RATIO and ex / max(mad, floor) >= CATEGORY_SUSPECT_Z:
                 flag[i] = True
-    return flag
+                excess[i] = max(excess[i], ex)
+    return flag, excess
 
 
 def _cap_ratio(a: float, b: float) -> float:
@@ -214,7 +219,7 @@ def analyze(window: WindowData) -> PeerAnalysis:
         n = len(ranks)
         floor = max(0.01 * med_step, 1e-4)
         clean = clean_members(busy, med_step, floor)
-        cat_flag = category_suspects(keys, fmat, med_step, floor)
+        cat_flag, cat_excess = category_suspects(keys, fmat, med_step, floor)
         if n >= MIN_GROUP and (~cat_flag).sum() >= max(n // 2, 1):
             clean &= ~cat_flag
         # dispersion of the clean members (suspects aside): is this a group of equals?
@@ -238,7 +243,9 @@ def analyze(window: WindowData) -> PeerAnalysis:
         ref_clean = clean if n >= MIN_GROUP else None
         for i, r in enumerate(ranks):
             ref_busy, z = _reference(busy, i, floor, ref_clean)
-            excess = float(busy[i] - ref_busy)
+            # a sparse category far above the peers is this rank's cost even if the rest of its step
+            # happened to run faster (its own slowdown spread over the host)
+            excess = max(float(busy[i] - ref_busy), float(cat_excess[i]))
             excess_ratio = excess / med_step if med_step > 0 else 0.0
             if excess_ratio < SUSPECT_EXCESS_STEP_RATIO or (z < SUSPECT_Z and not cat_flag[i]):
                 continue
