@@ -31,6 +31,7 @@ MAX_DISPERSION = 0.35          # peers' busy-time MAD / median above this: heter
 SUSPECT_EXCESS_STEP_RATIO = 0.04   # a rank must cost the job at least this share of a step ...
 SUSPECT_Z = 3.0                    # ... and stand out from its peers by this robust z
 SMALL_GROUP_MIN_RATIO = 1.3        # below 3 members: busy at least this much more than the other
+SUSPECT_T = 4.0                    # or: excess consistent across the window's steps (paired t statistic)
 CATEGORY_SUSPECT_STEP_RATIO = 0.08  # one category alone this far above the others' (share of a step) ...
 CATEGORY_SUSPECT_Z = 5.0            # ... and this many robust sigmas: a suspect even when busy time is noisy
 #: categories that are near zero on a healthy rank (compute is not: it is the step's bulk and its noise)
@@ -129,6 +130,19 @@ def category_suspects(
                 flag[i] = True
                 excess[i] = max(excess[i], ex)
     return flag, excess
+
+
+def paired_t(busy_steps: np.ndarray, i: int, clean: np.ndarray, floor: float) -> float:
+    """t statistic of rank i's per-step busy excess over the clean ranks' per-step median.
+
+    With a handful of peers the spread of their averages is a poor noise estimate; the rank's own
+    step-to-step excess is many more samples: a fault shows up step after step, noise does not."""
+    ref_rows = busy_steps[clean & (np.arange(len(busy_steps)) != i)]
+    if len(ref_rows) == 0 or busy_steps.shape[1] < 3:
+        return 0.0
+    d = busy_steps[i] - np.median(ref_rows, axis=0)
+    sd = max(float(np.std(d, ddof=1)), floor)
+    return float(np.mean(d) / (sd / np.sqrt(len(d))))
 
 
 def _cap_ratio(a: float, b: float) -> float:
@@ -247,7 +261,8 @@ def analyze(window: WindowData) -> PeerAnalysis:
             # happened to run faster (its own slowdown spread over the host)
             excess = max(float(busy[i] - ref_busy), float(cat_excess[i]))
             excess_ratio = excess / med_step if med_step > 0 else 0.0
-            if excess_ratio < SUSPECT_EXCESS_STEP_RATIO or (z < SUSPECT_Z and not cat_flag[i]):
+            t = paired_t(busy_steps, i, clean, floor)
+            if excess_ratio < SUSPECT_EXCESS_STEP_RATIO or (z < SUSPECT_Z and t < SUSPECT_T and not cat_flag[i]):
                 continue
             if n < MIN_GROUP and _cap_ratio(float(busy[i]), ref_busy) < SMALL_GROUP_MIN_RATIO:
                 continue

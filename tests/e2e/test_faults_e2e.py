@@ -21,7 +21,8 @@ pytestmark = pytest.mark.e2e
 
 CGROUP_V1 = (CPU_ROOT / "cgroup.procs").exists() and os.access(CPU_ROOT, os.W_OK)
 NETNS, NETNS_WHY = netns_available()
-_MEM = [ln.split(":", 2)[2] for ln in open("/proc/self/cgroup").read().splitlines() if ln.split(":", 2)[1] == "memory"]
+_MEM = [ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text().splitlines()
+        if ln.split(":", 2)[1] == "memory"]
 MEMCG = bool(_MEM) and os.access(f"/sys/fs/cgroup/memory{_MEM[0]}", os.W_OK)
 BLKIO = os.access("/sys/fs/cgroup/blkio", os.W_OK) and os.path.exists(
     "/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device")
