@@ -10,7 +10,9 @@ MASTER_ADDR, MASTER_PORT in the environment, as torchrun sets them). Faults are 
 - workload_imbalance: the rank's batch holds more samples than its peers';
 - gc_pause: the rank fills a bounded cache with cyclic objects, so full GC collections pause it;
 - user_code: the rank makes a blocking call inside a user region (`log_metrics`) every step;
-- framework_config: the rank turns on autograd anomaly detection (a debug flag left on);
+- framework_config: every rank fetches each batch with some latency, hidden by two data-loader
+  worker processes; the rank restarts its input pipeline with `num_workers=0`, so the fetch lands
+  on its critical path (`--config-fault anomaly` instead turns on autograd anomaly detection);
 - slow_storage: every rank writes a checkpoint shard each step (O_DIRECT, region `save_checkpoint`);
   the rank moves into a blkio cgroup that throttles writes to that device;
 - host_memory_pressure: every rank reads its data shard through the page cache (mmap); the rank
@@ -49,10 +51,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--imbalance-factor", type=int, default=6)
     p.add_argument("--gc-objects", type=int, default=60_000)
     p.add_argument("--hogs", type=int, default=3)
+    p.add_argument("--config-fault", choices=("workers", "anomaly"), default="workers")
+    p.add_argument("--fetch-seconds", type=float, default=0.06, help="framework_config: fetch latency per batch")
     p.add_argument("--ckpt-bytes", type=int, default=131072, help="slow_storage: bytes each rank writes per step")
     p.add_argument("--ckpt-dir", default="/var/tmp", help="slow_storage: a disk-backed directory (O_DIRECT)")
     p.add_argument("--shard-mb", type=int, default=192, help="host_memory_pressure: data shard per rank")
-    p.add_argument("--read-mb", type=int, default=24, help="host_memory_pressure: shard bytes read per step")
+    p.add_argument("--read-mb", type=int, default=40, help="host_memory_pressure: shard bytes read per step")
     p.add_argument("--mem-limit-mb", type=int, default=96, help="host_memory_pressure: the rank's memory limit")
     p.add_argument("--stop-after-windows", type=int, default=1)
     p.add_argument("--batch", type=int, default=64)
@@ -165,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
             return torch.randn(256), int(i % 10)
 
+    fetch = "framework_config" in args.plan.values() and args.config_fault == "workers"
+
     def collate(items):  # type: ignore[no-untyped-def]
+        if fetch:
+            time.sleep(args.fetch_seconds)      # every batch comes from remote storage with latency
         if fault == "dataloader_stall" and active(state["step"]):
             time.sleep(args.stall_seconds)      # a stalled input pipeline: waiting on storage
         if shard is not None:
@@ -174,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         ys = torch.tensor([y for _, y in items])
         return xs, ys
 
-    loader = DataLoader(Synthetic(), batch_size=args.batch, num_workers=0, collate_fn=collate)
+    def make_loader(workers: int) -> DataLoader:
+        return DataLoader(Synthetic(), batch_size=args.batch, num_workers=workers, collate_fn=collate,
+                          prefetch_factor=4 if workers else None, persistent_workers=bool(workers))
+
+    loader = make_loader(2 if fetch else 0)
     h = args.hidden
     layers: list[nn.Module] = [nn.Linear(256, h), nn.ReLU()]
     for _ in range(args.layers - 1):
@@ -182,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     model = DDP(nn.Sequential(*layers, nn.Linear(h, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = Monitor(out_dir=args.out)
-    loader = mon.wrap_loader(loader)
+    batches = iter(mon.wrap_loader(loader))
     cache: deque[_Node] = deque(maxlen=10 * args.gc_objects)
     hogs: list[subprocess.Popen[bytes]] = []
     ckpt = CheckpointWriter(args.ckpt_dir, rank, args.ckpt_bytes) if "slow_storage" in args.plan.values() else None
@@ -190,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         else None
     t_last = time.monotonic()
     try:
-        for step, (x, y) in enumerate(loader):
+        for step in range(args.steps):
+            if fault == "framework_config" and fetch and step == args.fault_step:
+                # the input pipeline is restarted with another configuration on this rank
+                batches = iter(mon.wrap_loader(make_loader(0)))
+            x, y = next(batches)
             state["step"] = step + 1
             if fault != "none" and step == args.fault_step:
                 print(f"[rank {rank}] step {step}: injecting {fault}", flush=True)
@@ -201,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                     # a host service started by this rank's container: it shares the rank's CPU cgroup
                     for _ in range(args.hogs):
                         hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
-                elif fault == "framework_config":
+                elif fault == "framework_config" and args.config_fault == "anomaly":
                     torch.autograd.set_detect_anomaly(True)
                 elif fault == "host_memory_pressure":
                     assert shard is not None

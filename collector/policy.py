@@ -31,7 +31,7 @@ class TriggerPolicy(BaseModel):
     lead_steps: int = Field(
         6, ge=1, description="steps between agreement and window start: >= poll_every_steps + 2 so every rank sees it"
     )
-    window_steps: int = Field(8, ge=2, description="steps profiled per window")
+    window_steps: int = Field(10, ge=2, description="steps profiled per window")
     cooldown_steps: int = Field(20, ge=0, description="steps after a window before the detector re-arms")
     max_windows_per_hour: int = Field(6, ge=0)
     sample_interval_seconds: float = Field(0.01, gt=0, le=1.0, description="hardware sampler period")

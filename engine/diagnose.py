@@ -156,7 +156,9 @@ def build_findings(
     groups = {g.name: g for g in analysis.groups}
     cov = _coverage(w).coverage_ratio
     merged: dict[tuple[str, int], dict[str, Any]] = {}
-    for c in conclusions:
+    also: dict[tuple[str, int], set[str]] = {}
+    for c in sorted(conclusions, key=lambda c: (-c["confidence"], str(c.get("function")))):
+        also.setdefault((c["root_cause"], int(c["rank"])), set()).add(str(c.get("function")))
         key = (c["root_cause"], int(c["rank"]))
         prev = merged.get(key)
         if prev is None or c["confidence"] > prev["confidence"]:
@@ -203,6 +205,9 @@ def build_findings(
                 * factors.peer_group_ratio * factors.coverage_ratio)
         tax = taxonomy.get(cause) or taxonomy["unknown"]
         ev = _evidence(c["facts"], analysis, r)
+        others = sorted(also.get((cause, r), set()) - {str(c.get("function"))})
+        if others:
+            ev.append(f"the same rule also matched: {', '.join(others)}")
         hw = [f for f in analysis.facts if isinstance(f, HardwareSignal) and f.rank == r
               and not 0.6 <= f.ratio_to_median <= 1.6 and abs(f.delta) > 1e-3]
         hw.sort(key=lambda f: -abs(np.log(max(f.ratio_to_median, 1e-3))))
