@@ -23,10 +23,12 @@ HOW = {
     "none": "no fault; one window forced (--force-step)",
     "cpu_contention": "the rank starts --hogs busy processes that share its CPU cgroup (a co-located host service)",
     "user_code": "the rank sleeps --stall-seconds inside the user region log_metrics (a synchronous call)",
-    "framework_config": "the rank turns on torch.autograd.set_detect_anomaly(True) (a debug flag left on)",
+    "framework_config": "every batch is fetched with 60 ms latency, hidden by 2 data-loader workers; the rank "
+                        "restarts its input pipeline with num_workers=0 (--config-fault anomaly: it turns on "
+                        "torch.autograd.set_detect_anomaly instead)",
     "slow_storage": "every rank writes a 128 KiB checkpoint shard per step with O_DIRECT; the rank joins a blkio "
                     "cgroup throttling writes to that device to 1 MiB/s",
-    "host_memory_pressure": "every rank reads 24 MiB per step of its 192 MiB data shard through mmap; the rank "
+    "host_memory_pressure": "every rank reads 40 MiB per step of its 192 MiB data shard through mmap; the rank "
                             "drops its shard from the page cache and joins a 96 MiB memory cgroup",
     "nic_degraded": "each rank in its own network namespace on a bridge; the rank's veth capped with tc tbf "
                     "(300 Mbit/s both ways) at the fault step",
