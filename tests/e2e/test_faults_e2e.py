@@ -55,7 +55,7 @@ CASES = [
     pytest.param("cpu_throttled", "0", [], "", marks=NEEDS_CGROUP),
     pytest.param("cpu_contention", "2", [], "", marks=NEEDS_CGROUP),
     ("user_code", "3", [], "log_metrics"),
-    ("framework_config", "1", [], "detect_anomaly"),
+    ("framework_config", "1", [], "num_workers"),
     pytest.param("slow_storage", "1", [], "save_checkpoint", marks=pytest.mark.skipif(
         not BLKIO, reason="needs a writable cgroup v1 blkio controller (root)")),
     pytest.param("host_memory_pressure", "3", [], "DataLoader", marks=pytest.mark.skipif(
