@@ -32,3 +32,16 @@ def test_every_rule_has_a_firing_and_a_quiet_test() -> None:
     for lr in RULES:
         assert any(t.expect for t in lr.rule.tests), lr.rule.id
         assert any(not t.expect for t in lr.rule.tests), lr.rule.id
+
+
+def test_every_incident_a_rule_names_exists_and_expects_its_root_cause() -> None:
+    from pathlib import Path
+
+    from eroica.engine.evaluate import load_expected
+
+    root = Path(__file__).parents[2] / "incidents"
+    for lr in RULES:
+        for inc in lr.rule.incidents:
+            exp = root / inc / "expected.yaml"
+            assert exp.exists(), f"{lr.rule.id}: incident {inc} not found under incidents/"
+            assert lr.rule.taxonomy in {e.root_cause for e in load_expected(exp).expect}, (lr.rule.id, inc)
