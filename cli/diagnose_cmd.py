@@ -21,10 +21,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="extra rule file or directory (a site's own rules); repeatable")
     p.add_argument("--overrides", type=Path, action="append", default=None,
                    help="site override file (knowledge/overrides/<site>.yaml); repeatable")
+    p.add_argument("--facts", action="store_true",
+                   help="print the typed facts the rules see (one JSON object per line), for rule authors")
     p.set_defaults(func=run)
 
 
+def print_facts(run_dir: Path, window: str | None) -> int:
+    import json
+
+    from eroica.engine.load import load_run
+    from eroica.engine.peer import analyze
+
+    for w in load_run(run_dir, window):
+        for f in analyze(w).facts:
+            print(json.dumps({"window": w.window_id, **f.model_dump(mode="json")}))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.facts:
+        try:
+            return print_facts(args.run_dir, args.window)
+        except EngineError as exc:
+            print(f"eroica diagnose: {exc}", file=sys.stderr)
+            return 2
     try:
         d = diagnose(args.run_dir, DiagnoseOptions(extra_rule_dirs=args.rules, override_files=args.overrides,
                                                    window=args.window))
