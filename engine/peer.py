@@ -52,6 +52,16 @@ HW_SIGNALS = (
     "disk_read_bytes_per_second",
     "process_cpu_cores",
 )
+#: NVML signals (HardwareSummary.gpu), compared like the others when the ranks have GPUs
+GPU_SIGNALS = (
+    "gpu_sm_clock_mhz",
+    "gpu_throttled_sample_ratio",
+    "gpu_power_w",
+    "gpu_temp_c",
+    "gpu_pcie_gen",
+    "gpu_pcie_width",
+    "gpu_util_ratio",
+)
 CONFIG_KEYS_IGNORED = ("torch.version",)
 
 
@@ -388,11 +398,17 @@ def _category_excess(docs, rank, keys, fmat, i, excess, ranks, floor, clean) -> 
     return out
 
 
+def _signal(doc: PatternsDoc, sig: str) -> float | None:
+    if sig in GPU_SIGNALS:
+        return doc.hardware.gpu.get(sig)
+    return getattr(doc.hardware, sig)
+
+
 def _hw_signals(docs: dict[int, PatternsDoc], rank: int, ranks: list[int]) -> list[Fact]:
     out: list[Fact] = []
-    for sig in HW_SIGNALS:
-        v = getattr(docs[rank].hardware, sig)
-        peers = [getattr(docs[p].hardware, sig) for p in ranks if p != rank]
+    for sig in (*HW_SIGNALS, *GPU_SIGNALS):
+        v = _signal(docs[rank], sig)
+        peers = [_signal(docs[p], sig) for p in ranks if p != rank]
         peers = [p for p in peers if p is not None]
         if v is None or not peers:
             continue

@@ -50,3 +50,17 @@ def test_console_script_is_installed() -> None:
     exe = Path(sys.executable).parent / "eroica"
     r = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True)
     assert "diagnose" in r.stdout and "demo" in r.stdout
+
+
+def test_a_site_knowledge_dir_adds_rules_and_overrides(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    (site / "overrides").mkdir(parents=True)
+    (site / "overrides" / "site.yaml").write_text("overrides:\n  runtime.gc-pause: {disabled: true}\n")
+    docs = [make_doc(r, step=0.16) for r in range(4)]
+    docs[3] = make_doc(3, step=0.16, busy={"gc:gc.collect(gen2)": 0.08, "compute:forward": 0.02})
+    run = write_run(tmp_path / "run", docs)
+    out = tmp_path / "d.json"
+    assert main(["diagnose", str(run), "--knowledge", str(site), "--format", "json", "-o", str(out)]) == 0
+    causes = [f["root_cause"] for f in json.loads(out.read_text())["windows"][0]["findings"]]
+    assert "gc_pause" not in causes          # the site disabled the shipped rule without editing it
+    assert main(["diagnose", str(run), "--knowledge", str(tmp_path / "nope")]) == 2

@@ -81,3 +81,17 @@ def test_every_format_renders(tmp_path: Path, fmt: str) -> None:
         data = json.loads(out)
         assert data["schema"] == "eroica.diagnosis/v1"
         assert data["windows"][0]["findings"][0]["ranks"] == [2]
+
+
+def test_a_throttled_gpu_is_named_from_replayed_nvml_signals(tmp_path: Path) -> None:
+    docs = []
+    for r in range(8):
+        slow = r == 5
+        d = make_doc(r, world=8, step=0.3, busy={"kernel:sm90_xmma_gemm": 0.2 if slow else 0.12,
+                                                 "compute:forward": 0.01})
+        gpu = {"gpu_sm_clock_mhz": 1410.0 if slow else 1980.0, "gpu_throttled_sample_ratio": 0.8 if slow else 0.0,
+               "gpu_pcie_width": 16.0}
+        docs.append(d.model_copy(update={"hardware": d.hardware.model_copy(update={"gpu": gpu})}))
+    top = diagnose(write_run(tmp_path, docs), DiagnoseOptions(in_process=True)).windows[0].findings[0]
+    assert (top.root_cause, top.ranks, top.category.value) == ("gpu_throttled", [5], "hardware")
+    assert top.function == "sm90_xmma_gemm"
