@@ -19,6 +19,7 @@ from pathlib import Path
 
 from eroica.cli.netns import RankNetworks
 from eroica.cli.netns import available as netns_available
+from eroica.cli.workload import fault_pairs
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 
@@ -27,6 +28,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@dataclass
+class KilledCgroup:
+    """A cgroup we made: on cleanup, what is left inside is killed and the group removed."""
+
+    path: Path
+
+    def cleanup(self) -> list[str]:
+        try:
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                try:
+                    os.kill(int(pid), 9)
+                except OSError:
+                    pass
+            for _ in range(50):
+                if not (self.path / "cgroup.procs").read_text().split():
+                    break
+                time.sleep(0.05)
+            self.path.rmdir()
+        except OSError as exc:
+            return [f"could not remove {self.path}: {exc}"]
+        return []
 
 
 @dataclass
@@ -79,46 +103,10 @@ class CpuCgroups:
     def cleanup(self) -> None:
         """Kill what the job left in its cgroups (e.g. injected host services), then remove them."""
         for path in [self.throttled, *self.ranks.values(), self.job]:
-            if path is None or not path.exists():
-                continue
-            try:
-                for pid in (path / "cgroup.procs").read_text().split():
-                    try:
-                        os.kill(int(pid), 9)
-                    except OSError:
-                        pass
-                for _ in range(50):
-                    if not (path / "cgroup.procs").read_text().split():
-                        break
-                    time.sleep(0.05)
-                path.rmdir()
-            except OSError as exc:
-                self.notes.append(f"could not remove {path}: {exc}")
+            if path is not None and path.exists():
+                self.notes.extend(KilledCgroup(path).cleanup())
         self.job = self.throttled = None
         self.ranks = {}
-
-
-@dataclass
-class KilledCgroup:
-    """A cgroup we made: on cleanup, what is left inside is killed and the group removed."""
-
-    path: Path
-
-    def cleanup(self) -> list[str]:
-        try:
-            for pid in (self.path / "cgroup.procs").read_text().split():
-                try:
-                    os.kill(int(pid), 9)
-                except OSError:
-                    pass
-            for _ in range(50):
-                if not (self.path / "cgroup.procs").read_text().split():
-                    break
-                time.sleep(0.05)
-            self.path.rmdir()
-        except OSError as exc:
-            return [f"could not remove {self.path}: {exc}"]
-        return []
 
 
 @dataclass
@@ -204,9 +192,7 @@ def launch(
         if not ok:
             cg.cleanup()
             raise RuntimeError(f"nic_degraded needs one network namespace per rank: {why} (run as root)")
-        rank_list = [int(r) for r in str(fault_rank).split(",")]
-        nic_ranks = {r for f, r in zip(faults, rank_list * (len(faults) if len(rank_list) == 1 else 1))
-                     if f == "nic_degraded"}
+        nic_ranks = {r for f, r in fault_pairs(fault, str(fault_rank)) if f == "nic_degraded"}
         try:
             nets = RankNetworks(world_size).create()
         except Exception:

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from eroica.cli.launch import launch
-from eroica.cli.workload import FAULTS
+from eroica.cli.workload import FAULTS, fault_pairs
 
 HOW = {
     "none": "no fault; one window forced (--force-step)",
@@ -56,11 +56,12 @@ def run(args: argparse.Namespace) -> int:
     if dest.exists():
         print(f"eroica record: {dest} exists; pick a new id (incident ids are never reused)")
         return 2
-    faults = [f.strip() for f in args.fault.split(",")]
-    ranks = [int(r) for r in str(args.rank).split(",")]
-    if len(ranks) != len(faults) or any(f not in FAULTS for f in faults):
-        print(f"eroica record: --fault takes names from {', '.join(FAULTS)} and --rank one rank per fault")
+    try:
+        pairs = fault_pairs(args.fault, str(args.rank))
+    except ValueError as exc:
+        print(f"eroica record: {exc}")
         return 2
+    faults, ranks = [f for f, _ in pairs], [r for _, r in pairs]
     env = {"EROICA_FORCE_WINDOW_AT_STEP": str(args.force_step)} if faults == ["none"] else {}
     with tempfile.TemporaryDirectory(prefix="eroica-record-") as tmp:
         run_dir = Path(tmp)

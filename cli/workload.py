@@ -63,15 +63,25 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=384)
     p.add_argument("--layers", type=int, default=10, help="hidden layers (autograd nodes matter for some faults)")
     args = p.parse_args(argv)
-    faults = [f.strip() for f in args.fault.split(",") if f.strip()]
-    ranks = [int(r) for r in str(args.fault_rank).split(",") if r.strip()]
+    try:
+        args.plan = {r: f for f, r in fault_pairs(args.fault, str(args.fault_rank)) if f != "none"}
+    except ValueError as exc:
+        p.error(str(exc))
+    return args
+
+
+def fault_pairs(fault: str, fault_rank: str) -> list[tuple[str, int]]:
+    """`"a,b"` and `"1,3"` (or one rank for all) -> [("a", 1), ("b", 3)]; ValueError when they do not pair."""
+    faults = [f.strip() for f in fault.split(",") if f.strip()]
+    try:
+        ranks = [int(r) for r in fault_rank.split(",") if r.strip()]
+    except ValueError as exc:
+        raise ValueError(f"--fault-rank {fault_rank!r}: ranks are integers separated by commas") from exc
     if len(ranks) == 1 and len(faults) > 1:
         ranks = ranks * len(faults)
-    bad = [f for f in faults if f not in FAULTS]
-    if bad or len(ranks) != len(faults):
-        p.error(f"--fault must name faults from {FAULTS} and --fault-rank one rank per fault")
-    args.plan = {r: f for f, r in zip(faults, ranks) if f != "none"}
-    return args
+    if not faults or len(ranks) != len(faults) or any(f not in FAULTS for f in faults):
+        raise ValueError(f"faults must come from {', '.join(FAULTS)}, with one rank per fault")
+    return list(zip(faults, ranks))
 
 
 class _Node:

@@ -63,6 +63,8 @@ class StepTimeDetector:
 
     policy: TriggerPolicy
     _hist: deque[float] = field(default_factory=deque)
+    # (median, sigma, central mean) of the reference; recomputed only when a judged step arrives
+    _ref_stats: tuple[float, float, float] | None = None
     _consecutive: int = 0
     _quiet_until_step: int = -1
     history: deque[float] = field(default_factory=lambda: deque(maxlen=64))
@@ -77,30 +79,27 @@ class StepTimeDetector:
 
     @property
     def baseline_median_seconds(self) -> float | None:
-        ref = self._reference()
-        return median(ref) if len(ref) >= MIN_REFERENCE else None
+        return None if self._ref_stats is None else self._ref_stats[0]
 
-    def _stats(self) -> tuple[float, float] | None:
+    def _update_stats(self) -> None:
         ref = self._reference()
         if len(ref) < MIN_REFERENCE:
-            return None
+            self._ref_stats = None
+            return
         med = median(ref)
-        return med, median(abs(x - med) for x in ref) * MAD_TO_SIGMA
+        self._ref_stats = (med, median(abs(x - med) for x in ref) * MAD_TO_SIGMA, central_mean(ref))
 
     def threshold_seconds(self) -> float | None:
-        s = self._stats()
-        if s is None:
+        if self._ref_stats is None:
             return None
-        med, sigma = s
+        med, sigma, _ = self._ref_stats
         return max(med + self.policy.threshold_mad * sigma, med * self.policy.threshold_min_ratio)
 
     def sustained_threshold_seconds(self) -> float | None:
-        s = self._stats()
-        if s is None:
+        if self._ref_stats is None:
             return None
-        med, sigma = s
+        _, sigma, ref_level = self._ref_stats
         n = self.policy.recent_steps - 1
-        ref_level = central_mean(self._reference())
         return max(ref_level + self.policy.sustained_mad * sigma / sqrt(n), ref_level * self.policy.sustained_min_ratio)
 
     def observe(self, step: int, seconds: float, excluded: bool = False) -> Decision:
@@ -112,6 +111,7 @@ class StepTimeDetector:
         self._hist.append(seconds)
         while len(self._hist) > self.policy.baseline_steps + self.policy.recent_steps:
             self._hist.popleft()
+        self._update_stats()                 # for the next step; this one is judged by the previous
         if threshold is None or sustained_thr is None:
             return Decision(False, False, None)
         breach = seconds > threshold
@@ -122,9 +122,9 @@ class StepTimeDetector:
         if self._consecutive >= self.policy.consecutive_breaches:
             return Decision(breach, True, threshold, f"{self._consecutive} steps in a row above {threshold:.4f} s")
         recent = self._recent()
-        if len(recent) >= self.policy.recent_steps and trimmed_mean(recent) > sustained_thr:
-            return Decision(breach, True, threshold,
-                            f"recent steps average {trimmed_mean(recent):.4f} s above {sustained_thr:.4f} s")
+        level = trimmed_mean(recent)
+        if len(recent) >= self.policy.recent_steps and level > sustained_thr:
+            return Decision(breach, True, threshold, f"recent steps average {level:.4f} s above {sustained_thr:.4f} s")
         return Decision(breach, False, threshold)
 
     def window_scheduled(self, end_step: int) -> None:

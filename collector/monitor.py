@@ -179,7 +179,7 @@ class Monitor:
         try:
             if self._window is not None:
                 self._gap("window", f"job ended inside window {self._window.index}; summarizing what was seen")
-                self._close_window(time.monotonic_ns())
+                self._close_window()
         except Exception as exc:
             self._warn("close", exc)
         finally:
@@ -241,7 +241,7 @@ class Monitor:
             self._bounds.append(now)
             assert self._window is not None
             if self._step >= self._window.start_step + self.policy.window_steps:
-                self._close_window(now)
+                self._close_window()
                 self._exclude_next = True               # the next step carries the summary cost
                 self._last_ns = time.monotonic_ns()
             else:
@@ -259,7 +259,7 @@ class Monitor:
             if self._step > self._pending.start_step:
                 self._gap("window", f"window {self._pending.index} planned at step {self._pending.start_step} "
                                     f"seen at step {self._step}: started late")
-            self._open_window(self._pending, now)
+            self._open_window(self._pending)
 
     def _may_open(self) -> bool:
         cutoff = time.monotonic() - 3600
@@ -283,7 +283,7 @@ class Monitor:
         if plan is not None:
             self._pending = plan
 
-    def _open_window(self, plan: WindowPlan, now: int) -> None:
+    def _open_window(self, plan: WindowPlan) -> None:
         t_in = time.perf_counter()
         try:
             self._open_window_inner(plan)
@@ -315,7 +315,7 @@ class Monitor:
     def _window_id(self, plan: WindowPlan) -> str:
         return f"w{plan.index:03d}-s{plan.start_step}"
 
-    def _close_window(self, now: int) -> None:
+    def _close_window(self) -> None:
         t_in = time.perf_counter()
         try:
             self._close_window_inner()

@@ -20,7 +20,7 @@ from eroica.engine.diagnosis import (
     StepSummary,
     WindowDiagnosis,
 )
-from eroica.engine.facts import CategoryExcess, Fact, FunctionOutlier, HardwareSignal, RankSlowness
+from eroica.engine.facts import CategoryExcess, FunctionOutlier, HardwareSignal, RankSlowness
 from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
 from eroica.engine.rules.compiler import RuleIR, compile_rules
@@ -296,6 +296,3 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
         )
     return Diagnosis(run_dir=str(run_dir), eroica_version=_version(), rules_loaded=len(rules), windows=out)
 
-
-def facts_of(analysis: PeerAnalysis) -> list[Fact]:
-    return list(analysis.facts)

@@ -9,7 +9,7 @@ attribute the excess to the functions that hold the critical path longer than on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -178,7 +178,6 @@ class RankRow:
     step_seconds: float
     busy_seconds: float
     comm_wait_seconds: float
-    functions: dict[tuple[str, str], float]
 
 
 @dataclass
@@ -187,8 +186,6 @@ class PeerAnalysis:
     groups: list[PeerGroup]
     facts: list[Fact]
     rows: dict[int, RankRow]
-    median_step_seconds: float
-    function_keys: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _per_step(doc: PatternsDoc) -> tuple[dict[tuple[str, str], np.ndarray], np.ndarray]:
@@ -216,12 +213,9 @@ def analyze(window: WindowData) -> PeerAnalysis:
     facts: list[Fact] = []
     groups: list[PeerGroup] = []
     rows: dict[int, RankRow] = {}
-    all_keys: set[tuple[str, str]] = set()
-    med_steps: list[float] = []
     for gname, ranks in _groups(docs).items():
         per = {r: _per_step(docs[r]) for r in ranks}
         keys = sorted({k for r in ranks for k in per[r][0]})
-        all_keys.update(keys)
         n_steps = min(len(per[r][1]) for r in ranks) or 1
         # matrix [rank, key] of mean critical seconds per step; [rank, step] busy per step
         fmat = np.array([[per[r][0].get(k, np.zeros(n_steps))[:n_steps].mean() for k in keys] for r in ranks])
@@ -236,10 +230,8 @@ def analyze(window: WindowData) -> PeerAnalysis:
         comm = comm_steps.mean(axis=1)
         step_mean = step.mean(axis=1)
         med_step = float(np.median(step_mean))
-        med_steps.append(med_step)
         for i, r in enumerate(ranks):
-            rows[r] = RankRow(r, float(step_mean[i]), float(busy[i]), float(comm[i]),
-                              {k: float(fmat[i, j]) for j, k in enumerate(keys)})
+            rows[r] = RankRow(r, float(step_mean[i]), float(busy[i]), float(comm[i]))
         n = len(ranks)
         floor = max(0.01 * med_step, 1e-4)
         clean = clean_members(busy, med_step, floor)
@@ -297,13 +289,12 @@ def analyze(window: WindowData) -> PeerAnalysis:
             fmed = np.array([x[0] for x in refs])
             fz = np.array([x[1] for x in refs])
             facts.extend(_function_outliers(docs, r, keys, fmat[i], fmed, fz, excess, ranks))
-            facts.extend(_category_excess(docs, r, keys, fmat, i, excess, ranks, floor, ref_clean))
+            facts.extend(_category_excess(docs, r, keys, fmat, fmed, i, excess, ranks, floor, ref_clean))
             peers = [p for j, p in enumerate(ranks) if p != r and clean[j]] or [p for p in ranks if p != r]
             facts.extend(_hw_signals(docs, r, [r, *peers]))
             facts.extend(_config_deviations(docs, r, [r, *peers]))
         facts.extend(link_facts(docs, ranks, {r: float(comm[i]) for i, r in enumerate(ranks)}))
-    return PeerAnalysis(window.window_id, groups, facts, rows,
-                        float(np.median(med_steps)) if med_steps else 0.0, sorted(all_keys))
+    return PeerAnalysis(window.window_id, groups, facts, rows)
 
 
 def _metric(doc: PatternsDoc, key: tuple[str, str]) -> tuple[str | None, float | None, int]:
@@ -332,8 +323,9 @@ def _function_outliers(docs, rank, keys, row, fmed, fz, excess, ranks) -> list[F
         if explains < FUNCTION_MIN_EXPLAINS or fz[j] < SUSPECT_Z:
             continue
         metric, mean, occ = _metric(docs[rank], k)
-        peer_vals = [m for m in (_metric(docs[p], k)[1] for p in ranks if p != rank) if m is not None]
-        peer_occ = [_metric(docs[p], k)[2] for p in ranks if p != rank]
+        peer_metrics = [_metric(docs[p], k) for p in ranks if p != rank]
+        peer_vals = [m for _, m, _ in peer_metrics if m is not None]
+        peer_occ = [o for _, _, o in peer_metrics]
         pmed = float(np.median(peer_vals)) if peer_vals else None
         mratio = None
         if mean is not None and pmed is not None and pmed > 0:
@@ -367,13 +359,13 @@ def _category_metric(doc: PatternsDoc, cat: str) -> float | None:
     return tot / w if w else None
 
 
-def _category_excess(docs, rank, keys, fmat, i, excess, ranks, floor, clean) -> list[Fact]:  # type: ignore[no-untyped-def]
-    """Per category: this rank's summed critical time vs the peers' reference of the sums."""
+def _category_excess(docs, rank, keys, fmat, fmed, i, excess, ranks, floor, clean) -> list[Fact]:  # type: ignore[no-untyped-def]
+    """Per category: this rank's summed critical time vs the peers' reference of the sums
+    (`fmed`: the per-function references already computed for this rank)."""
     out: list[Fact] = []
     if excess <= 0:
         return out
     row = fmat[i]
-    fmed = np.array([_reference(fmat[:, j], i, floor, clean)[0] for j in range(fmat.shape[1])])
     for cat in sorted({k[0] for k in keys} - {Category.communication.value}):
         idx = [j for j, k in enumerate(keys) if k[0] == cat]
         sums = fmat[:, idx].sum(axis=1)
