@@ -11,7 +11,7 @@ from eroica.cli.workload import FAULTS
 from eroica.engine.diagnose import diagnose
 from eroica.engine.render import render
 
-HEALTHY_FORCED_WINDOW_STEP = 24
+HEALTHY_FORCED_WINDOW_STEP = 40   # after warm-up and a full detector reference
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
