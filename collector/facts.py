@@ -97,6 +97,17 @@ class HardwareSummary(Frozen):
     disk_write_bytes_per_second: float | None = None
     nic_bytes_per_second: dict[str, float] = Field(default_factory=dict)
     gpu: dict[str, float] = Field(default_factory=dict)
+    # the scalar signals of PER_STEP_SIGNALS again, one value per step of the window (None where a
+    # step had too few samples), so the engine can leave a one-off spike step out of the comparison
+    per_step: dict[str, list[float | None]] = Field(default_factory=dict)
+
+
+PER_STEP_SIGNALS = (
+    "cgroup_throttled_ratio", "cpu_util_ratio", "runqueue_wait_ratio", "io_wait_ratio",
+    "involuntary_ctx_switches_per_second", "major_faults_per_second", "minor_faults_per_second",
+    "swap_used_bytes", "cgroup_memory_usage_ratio", "cgroup_memory_limit_hits_per_second",
+    "disk_write_bytes_per_second", "disk_read_bytes_per_second", "process_cpu_cores", "system_cpu_util_ratio",
+)
 
 
 class CollectorGap(Frozen):

@@ -8,6 +8,7 @@ import numpy as np
 
 from eroica.collector.critical import Execution, attribute, metric_by_key, per_step_critical
 from eroica.collector.facts import (
+    PER_STEP_SIGNALS,
     Category,
     CollectorGap,
     CollectorOverhead,
@@ -134,6 +135,25 @@ def hardware_summary(series: SampleSeries | None, wall_s: float) -> HardwareSumm
     )
 
 
+def _step_slice(series: SampleSeries, a_ns: int, b_ns: int) -> SampleSeries:
+    """The samples of one step, with the last sample before it (counters are differenced)."""
+    t = series.t_ns
+    lo = max(int(np.searchsorted(t, a_ns, side="right")) - 1, 0)
+    hi = int(np.searchsorted(t, b_ns, side="left")) + 1
+    return SampleSeries(t_ns=t[lo:hi], columns={c: v[lo:hi] for c, v in series.columns.items()
+                                                if not c.startswith(("nic:", "gpu_"))},
+                        gaps=[], interval_seconds=series.interval_seconds, sampler_cpu_seconds=0.0, dropped_total=0)
+
+
+def per_step_hardware(series: SampleSeries | None, bounds: list[int]) -> dict[str, list[float | None]]:
+    """PER_STEP_SIGNALS for each step of the window (None where the step had under two samples)."""
+    if series is None or len(series.t_ns) < 2 or len(bounds) < 2:
+        return {}
+    steps = [hardware_summary(_step_slice(series, a, b), (b - a) / 1e9) for a, b in zip(bounds[:-1], bounds[1:])]
+    out = {sig: [getattr(h, sig) if h.samples_total >= 2 else None for h in steps] for sig in PER_STEP_SIGNALS}
+    return {k: v for k, v in out.items() if any(x is not None for x in v)}
+
+
 def _metric_for(cat: Category) -> MetricName:
     if cat == Category.communication:
         return MetricName.nic_bytes_per_second
@@ -237,7 +257,8 @@ def summarize(rec: WindowRecord, summarize_started: float, now: float) -> Patter
             baseline_median_seconds=_r(rec.baseline_median_seconds, 6),
         ),
         functions=funcs,
-        hardware=hardware_summary(series, wall_s),
+        hardware=hardware_summary(series, wall_s).model_copy(
+            update={"per_step": per_step_hardware(series, bounds)}),
         config=[ConfigFact(key=k, value=v) for k, v in sorted(rec.config.items())],
         gaps=gaps,
         overhead=CollectorOverhead(

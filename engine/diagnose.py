@@ -91,6 +91,25 @@ def _evidence(facts: list[dict[str, Any]], analysis: PeerAnalysis, rank: int) ->
                 f"{f['function']}: {_ms(f['seconds_per_step'])}/step vs {_ms(f['peer_median_seconds_per_step'])} "
                 f"(x{f['ratio_to_median']:.1f}), explains {f['explains_ratio']:.0%}"
             )
+        elif k == "step_spike":
+            sig = [f"{n.split('_ratio')[0].replace('_', ' ')} {f[n]:.0%}" for n in
+                   ("io_wait_ratio", "runqueue_wait_ratio", "cpu_util_ratio") if f.get(n) is not None]
+            out.append(
+                f"step {f['step_number']}: {f['step_seconds']:.2f} s against a median of "
+                f"{_ms(f['median_step_seconds'])}; rank {rank} busy {f['busy_seconds']:.2f} s of it (peers "
+                f"{_ms(f['peer_median_busy_seconds'])}), {f['function_seconds']:.2f} s in {f['function']}"
+                + (f"; its thread in that step: {', '.join(sig)}" if sig else "")
+            )
+        elif k == "host_cpu":
+            out.append(
+                f"host {f['host']}: {f['busy_cores']:.2f} of {f['cores_total']} cores busy, the job's "
+                f"{f['ranks_on_host']} rank(s) use {f['job_cores']:.2f}, other processes {f['other_cores']:.2f}"
+            )
+        elif k == "job_slowdown":
+            out.append(
+                f"the job's step: {_ms(f['step_seconds'])} against {_ms(f['baseline_step_seconds'])} before the "
+                f"window (x{f['step_ratio_to_baseline']:.2f}); {f['ranks_standing_out']} rank(s) stand out in busy time"
+            )
         elif k == "hw_signal":
             out.append(f"{f['signal']} = {f['value']:.3g} (peer median {f['peer_median']:.3g})")
         elif k == "link_signature":
@@ -190,7 +209,7 @@ def build_findings(
         # so its fact carries its own cost (the group's communication share)
         own = [f for f in c["facts"] if f.get("excess_step_ratio") is not None]
         excess = max((f["excess_step_ratio"] for f in own), default=s.excess_step_ratio if s else 0.0)
-        consistency = next((f["consistency_ratio"] for f in c["facts"] if f.get("kind") == "rank_slowness"), 1.0)
+        consistency = next((f["consistency_ratio"] for f in c["facts"] if f.get("consistency_ratio") is not None), 1.0)
         factors = ConfidenceFactors(
             rule_ratio=c["confidence"],
             # 0.5 at a 5% excess of a step, 1.0 from 25%: small deviations are closer to the noise

@@ -5,6 +5,7 @@ An incident is `incidents/<ID>/` with `patterns/<window>/rank-<R>.json`, `contex
 
     expect:                     # each must be matched by a finding at >= min_confidence
       - {root_cause: dataloader_stall, ranks: [1], function_contains: DataLoader}
+      - {root_cause: transient_stall, ranks: [3], min_confidence: 0.3, max_confidence: 0.5}
     min_confidence: 0.5
     top: true                   # the first expectation must be the top finding
     must_not:                   # no finding at >= min_confidence may match one of these
@@ -32,6 +33,8 @@ class Expectation(BaseModel):
     root_cause: str
     ranks: list[int]
     function_contains: str | None = None
+    min_confidence: float | None = Field(None, ge=0, le=1)   # this one only; default: the incident's
+    max_confidence: float | None = Field(None, ge=0, le=1)   # e.g. a one-off must stay below 0.5
 
 
 class MustNot(BaseModel):
@@ -102,11 +105,13 @@ def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None) -> Inciden
     confident = [f for f in w.findings if f.confidence >= exp.min_confidence]
     ok = True
     for i, e in enumerate(exp.expect):
-        hit = any(_matches(f, e) for f in confident)
+        lo = exp.min_confidence if e.min_confidence is None else e.min_confidence
+        hi = 1.0 if e.max_confidence is None else e.max_confidence
+        hit = any(_matches(f, e) and lo <= f.confidence <= hi for f in w.findings)
         if not hit:
             ok = False
             got = [(f.root_cause, f.ranks, round(f.confidence, 2)) for f in w.findings[:3]]
-            res.reasons.append(f"missing {e.root_cause} on ranks {e.ranks}; got {got}")
+            res.reasons.append(f"missing {e.root_cause} on ranks {e.ranks} at confidence {lo}-{hi}; got {got}")
         elif i == 0 and exp.top and not _matches(w.findings[0], e):
             ok = False
             res.reasons.append(f"{e.root_cause} found but not the top finding ({w.findings[0].root_cause})")

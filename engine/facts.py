@@ -103,8 +103,65 @@ class ConfigDeviation(Fact):
     peer_value: str
 
 
+class StepSpike(Fact):
+    """One step of the window that took many times the usual step time, and the rank that held it up.
+
+    Such a step is left out of the peer comparison (one 9 s stall would otherwise swamp ten steps of a
+    sustained fault and make the rank it hit look like the culprit of the whole window); it is
+    reported on its own."""
+
+    kind: Literal["step_spike"] = "step_spike"
+    step_number: NonNegativeInt
+    step_seconds: float                      # the job's step time in that step (median over ranks)
+    median_step_seconds: float               # the job's median step time over the window's other steps
+    ratio_to_median: float
+    busy_seconds: float                      # this rank's busy (non-waiting) time in that step
+    peer_median_busy_seconds: float
+    busy_share_ratio: float = Field(ge=0, le=1)   # busy_seconds / step_seconds: 1 = it held the step up alone
+    category: str | None = None              # what held this rank's critical path in that step
+    function: str | None = None
+    function_seconds: float = 0.0
+    excess_step_ratio: float                 # the spike's extra time / the window's total step time
+    consistency_ratio: float = Field(ge=0, le=1)  # share of the window's steps it hit (1 of n)
+    # this rank's thread during that step, when the collector kept signals per step
+    io_wait_ratio: float | None = None       # in uninterruptible (D) sleep: storage, page cache, reclaim
+    runqueue_wait_ratio: float | None = None  # runnable, waiting for a CPU
+    cpu_util_ratio: float | None = None      # on a CPU
+
+
+class HostCpuLoad(Fact):
+    """The CPU load of a suspect rank's host, split into the job's own processes and everything else.
+
+    The training processes' CPU (all their threads) is subtracted from the host's busy cores: what
+    is left is other processes (data-loader workers, the collector's sampler, and any co-located
+    service). Only the ranks that reported are counted as the job's."""
+
+    kind: Literal["host_cpu"] = "host_cpu"
+    host: str
+    cores_total: NonNegativeInt
+    busy_cores: float
+    job_cores: float                         # the reporting ranks on this host, all their threads
+    other_cores: float                       # busy_cores - job_cores (not below 0)
+    busy_ratio: float                        # busy_cores / cores_total
+    ranks_on_host: NonNegativeInt
+
+
+class JobSlowdown(Fact):
+    """The whole job's step time in the window against its baseline, stated on the rank that waits
+    for a CPU most (a host-wide cause slows every rank; the busy-time comparison then finds no
+    straggler, and this fact carries the cost)."""
+
+    kind: Literal["job_slowdown"] = "job_slowdown"
+    step_seconds: float                      # median step over the window's kept steps and ranks
+    baseline_step_seconds: float             # the detector's reference before the window
+    step_ratio_to_baseline: float
+    excess_step_ratio: float                 # (step - baseline) / step: the share of each step lost
+    ranks_standing_out: NonNegativeInt       # ranks with a rank_slowness fact in the group
+
+
 AnyFact = Annotated[
-    RankSlowness | FunctionOutlier | CategoryExcess | HardwareSignal | ConfigDeviation | LinkSignature,
+    RankSlowness | FunctionOutlier | CategoryExcess | HardwareSignal | ConfigDeviation | LinkSignature | StepSpike
+    | HostCpuLoad | JobSlowdown,
     Field(discriminator="kind"),
 ]
 
@@ -115,4 +172,7 @@ FACT_TYPES: dict[str, type[Fact]] = {
     "hw_signal": HardwareSignal,
     "config_deviation": ConfigDeviation,
     "link_signature": LinkSignature,
+    "step_spike": StepSpike,
+    "host_cpu": HostCpuLoad,
+    "job_slowdown": JobSlowdown,
 }

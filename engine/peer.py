@@ -19,11 +19,12 @@ from eroica.engine.facts import (
     ConfigDeviation,
     Fact,
     FunctionOutlier,
-    HardwareSignal,
     RankSlowness,
 )
 from eroica.engine.links import link_facts
 from eroica.engine.load import WindowData
+from eroica.engine.signals import cap_ratio, cpu_wait_outlier, host_cpu_facts, hw_signals
+from eroica.engine.spikes import kept_steps, spike_facts
 
 MAD_TO_SIGMA = 1.4826
 MIN_GROUP = 3                  # fewer peers than this: no valid peer group
@@ -37,31 +38,6 @@ CATEGORY_SUSPECT_Z = 5.0            # ... and this many robust sigmas: a suspect
 #: categories that are near zero on a healthy rank (compute is not: it is the step's bulk and its noise)
 SPARSE_CATEGORIES = {Category.data.value, Category.gc.value, Category.region.value, Category.memory.value}
 FUNCTION_MIN_EXPLAINS = 0.1
-HW_SIGNALS = (
-    "cgroup_throttled_ratio",
-    "cpu_util_ratio",
-    "runqueue_wait_ratio",
-    "io_wait_ratio",
-    "involuntary_ctx_switches_per_second",
-    "major_faults_per_second",
-    "minor_faults_per_second",
-    "swap_used_bytes",
-    "cgroup_memory_usage_ratio",
-    "cgroup_memory_limit_hits_per_second",
-    "disk_write_bytes_per_second",
-    "disk_read_bytes_per_second",
-    "process_cpu_cores",
-)
-#: NVML signals (HardwareSummary.gpu), compared like the others when the ranks have GPUs
-GPU_SIGNALS = (
-    "gpu_sm_clock_mhz",
-    "gpu_throttled_sample_ratio",
-    "gpu_power_w",
-    "gpu_temp_c",
-    "gpu_pcie_gen",
-    "gpu_pcie_width",
-    "gpu_util_ratio",
-)
 CONFIG_KEYS_IGNORED = ("torch.version",)
 
 
@@ -155,12 +131,6 @@ def paired_t(busy_steps: np.ndarray, i: int, clean: np.ndarray, floor: float) ->
     return float(np.mean(d) / (sd / np.sqrt(len(d))))
 
 
-def _cap_ratio(a: float, b: float) -> float:
-    if b <= 0:
-        return 1000.0 if a > 0 else 1.0
-    return float(min(a / b, 1000.0))
-
-
 @dataclass
 class PeerGroup:
     name: str
@@ -217,8 +187,6 @@ def analyze(window: WindowData) -> PeerAnalysis:
         per = {r: _per_step(docs[r]) for r in ranks}
         keys = sorted({k for r in ranks for k in per[r][0]})
         n_steps = min(len(per[r][1]) for r in ranks) or 1
-        # matrix [rank, key] of mean critical seconds per step; [rank, step] busy per step
-        fmat = np.array([[per[r][0].get(k, np.zeros(n_steps))[:n_steps].mean() for k in keys] for r in ranks])
         step = np.array([per[r][1][:n_steps] for r in ranks])
         comm_idx = [i for i, k in enumerate(keys) if k[0] == Category.communication.value]
         comm_steps = np.array(
@@ -226,6 +194,15 @@ def analyze(window: WindowData) -> PeerAnalysis:
              for r in ranks]
         )
         busy_steps = np.maximum(step - comm_steps, 0.0)
+        # a rare one-off spike step is reported on its own and left out of the comparison
+        keep = kept_steps(step)
+        fkeep = keep if len(keep) == n_steps else np.ones(n_steps, dtype=bool)   # no step times at all
+        start = min(docs[r].window.start_step for r in ranks)
+        facts.extend(spike_facts(ranks, start, step, busy_steps, [per[r][0] for r in ranks], keep,
+                                 [docs[r].hardware.per_step for r in ranks]))
+        step, comm_steps, busy_steps = step[:, keep], comm_steps[:, keep], busy_steps[:, keep]
+        # matrix [rank, key] of mean critical seconds per kept step; [rank, step] busy per step
+        fmat = np.array([[per[r][0].get(k, np.zeros(n_steps))[:n_steps][fkeep].mean() for k in keys] for r in ranks])
         busy = busy_steps.mean(axis=1)
         comm = comm_steps.mean(axis=1)
         step_mean = step.mean(axis=1)
@@ -266,7 +243,7 @@ def analyze(window: WindowData) -> PeerAnalysis:
             t = paired_t(busy_steps, i, clean, floor)
             if excess_ratio < SUSPECT_EXCESS_STEP_RATIO or (z < SUSPECT_Z and t < SUSPECT_T and not cat_flag[i]):
                 continue
-            if n < MIN_GROUP and _cap_ratio(float(busy[i]), ref_busy) < SMALL_GROUP_MIN_RATIO:
+            if n < MIN_GROUP and cap_ratio(float(busy[i]), ref_busy) < SMALL_GROUP_MIN_RATIO:
                 continue
             med_busy_steps = np.median(busy_steps[clean] if clean.any() else busy_steps, axis=0)
             consistency = float(np.mean(busy_steps[i] > med_busy_steps + 0.5 * excess))
@@ -277,8 +254,8 @@ def analyze(window: WindowData) -> PeerAnalysis:
                     peer_median_busy_seconds_per_step=round(ref_busy, 6),
                     excess_seconds_per_step=round(excess, 6),
                     excess_step_ratio=round(excess_ratio, 4),
-                    busy_ratio_to_median=round(_cap_ratio(float(busy[i]), ref_busy), 4),
-                    comm_wait_ratio_to_median=round(_cap_ratio(float(comm[i]), med_comm), 4),
+                    busy_ratio_to_median=round(cap_ratio(float(busy[i]), ref_busy), 4),
+                    comm_wait_ratio_to_median=round(cap_ratio(float(comm[i]), med_comm), 4),
                     least_waiting=bool(comm[i] <= min_comm + 1e-9),
                     robust_z=round(float(min(z, 1e6)), 3),
                     consistency_ratio=round(consistency, 4),
@@ -291,8 +268,11 @@ def analyze(window: WindowData) -> PeerAnalysis:
             facts.extend(_function_outliers(docs, r, keys, fmat[i], fmed, fz, excess, ranks))
             facts.extend(_category_excess(docs, r, keys, fmat, fmed, i, excess, ranks, floor, ref_clean))
             peers = [p for j, p in enumerate(ranks) if p != r and clean[j]] or [p for p in ranks if p != r]
-            facts.extend(_hw_signals(docs, r, [r, *peers]))
+            facts.extend(hw_signals(docs, r, [r, *peers], keep))
+            facts.extend(host_cpu_facts(docs, r, keep))
             facts.extend(_config_deviations(docs, r, [r, *peers]))
+        suspects = {f.rank for f in facts if isinstance(f, RankSlowness) and f.group == gname}
+        facts.extend(cpu_wait_outlier(docs, ranks, keep, suspects, float(np.median(step))))
         facts.extend(link_facts(docs, ranks, {r: float(comm[i]) for i, r in enumerate(ranks)}))
     return PeerAnalysis(window.window_id, groups, facts, rows)
 
@@ -336,7 +316,7 @@ def _function_outliers(docs, rank, keys, row, fmed, fz, excess, ranks) -> list[F
                 seconds_per_step=round(float(row[j]), 6),
                 peer_median_seconds_per_step=round(float(fmed[j]), 6),
                 excess_seconds_per_step=round(fx, 6),
-                ratio_to_median=round(_cap_ratio(float(row[j]), float(fmed[j])), 4),
+                ratio_to_median=round(cap_ratio(float(row[j]), float(fmed[j])), 4),
                 explains_ratio=round(min(explains, 1.0), 4),
                 robust_z=round(float(min(fz[j], 1e6)), 3),
                 metric=metric,
@@ -385,30 +365,6 @@ def _category_excess(docs, rank, keys, fmat, fmed, i, excess, ranks, floor, clea
                 excess_seconds_per_step=round(cx, 6), explains_ratio=round(min(cx / excess, 1.0), 4),
                 top_function=keys[top][1],
                 metric_ratio_to_median=None if (m is None or not pm) else round(min(m / pm, 1000.0), 4),
-            )
-        )
-    return out
-
-
-def _signal(doc: PatternsDoc, sig: str) -> float | None:
-    if sig in GPU_SIGNALS:
-        return doc.hardware.gpu.get(sig)
-    return getattr(doc.hardware, sig)
-
-
-def _hw_signals(docs: dict[int, PatternsDoc], rank: int, ranks: list[int]) -> list[Fact]:
-    out: list[Fact] = []
-    for sig in (*HW_SIGNALS, *GPU_SIGNALS):
-        v = _signal(docs[rank], sig)
-        peers = [_signal(docs[p], sig) for p in ranks if p != rank]
-        peers = [p for p in peers if p is not None]
-        if v is None or not peers:
-            continue
-        med = float(np.median(peers))
-        out.append(
-            HardwareSignal(
-                rank=rank, signal=sig, value=round(float(v), 4), peer_median=round(med, 4),
-                delta=round(float(v) - med, 4), ratio_to_median=round(_cap_ratio(float(v), med), 4),
             )
         )
     return out

@@ -36,3 +36,21 @@ def test_eval_exits_non_zero_when_an_incident_regresses(tmp_path: Path, capsys) 
     out = capsys.readouterr().out
     assert "FAIL INC-9999" in out and "missing gc_pause" in out
     assert main(["eval", str(ROOT)]) == 0
+
+
+def test_an_expectation_can_bound_its_own_confidence(tmp_path: Path) -> None:
+    import shutil
+
+    inc = tmp_path / "INC-9998"
+    shutil.copytree(ROOT / "INC-0032", inc)
+    opts = DiagnoseOptions(in_process=True)
+    assert evaluate_incident(inc, opts).correct
+    # the one-off stall is reported below 0.5: demanding it confidently fails, and says why
+    (inc / "expected.yaml").write_text(
+        "expect: [{root_cause: cpu_contention, ranks: [2]}, {root_cause: transient_stall, ranks: [3]}]\n")
+    r = evaluate_incident(inc, opts)
+    assert not r.correct and any("missing transient_stall on ranks [3] at confidence 0.5-1.0" in x for x in r.reasons)
+    (inc / "expected.yaml").write_text("expect: [{root_cause: cpu_contention, ranks: [2]}, "
+                                       "{root_cause: transient_stall, ranks: [3], max_confidence: 0.2, "
+                                       "min_confidence: 0.0}]\n")
+    assert not evaluate_incident(inc, opts).correct

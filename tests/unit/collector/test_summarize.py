@@ -57,3 +57,20 @@ def test_the_document_is_small_and_round_trips() -> None:
     text = json.dumps(doc.model_dump(mode="json", by_alias=True))
     assert len(text) < 16_000
     assert PatternsDoc.model_validate(json.loads(text)) == doc
+
+
+def test_hardware_signals_are_kept_per_step_too() -> None:
+    # step 1 (0-100 ms): the thread sits in D state; step 2 (100-200 ms): it computes
+    t = np.arange(0, 201, 10) * MS
+    in_io = np.where(t < 100 * MS, 1.0, 0.0)
+    cpu_ns = np.concatenate([np.zeros(11), np.cumsum(np.full(10, 10 * MS))])
+    series = SampleSeries(t_ns=t, columns={"main_in_io": in_io, "main_cpu_ns": cpu_ns}, gaps=[],
+                          interval_seconds=0.01, sampler_cpu_seconds=0.001, dropped_total=0)
+    doc = summarize(record([Execution(0, 200 * MS, C.compute, "fwd")], series), 0.0, 0.01)
+    per = doc.hardware.per_step
+    assert set(per) == {"io_wait_ratio", "cpu_util_ratio"}           # only signals that were sampled
+    io, cpu = per["io_wait_ratio"], per["cpu_util_ratio"]
+    assert len(io) == len(cpu) == 2
+    assert io[0] > 0.9 and io[1] < 0.2 and cpu[0] < 0.1 and cpu[1] > 0.8
+    assert 0.4 < doc.hardware.io_wait_ratio < 0.6                   # the whole window mixes both
+    assert summarize(record([Execution(0, 200 * MS, C.compute, "fwd")]), 0.0, 0.01).hardware.per_step == {}

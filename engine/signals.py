@@ -1,0 +1,121 @@
+"""Whole-window hardware signals of a rank beside its peers, and the CPU load of its host.
+
+When a one-off spike step was left out of the comparison (engine/spikes.py), a signal is taken over
+the kept steps only, from the per-step values the collector keeps, so a 9 s stall in one step does
+not dilute (or fake) the signals of the other nine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from eroica.collector.facts import PatternsDoc
+from eroica.engine.facts import Fact, HardwareSignal, HostCpuLoad, JobSlowdown
+
+HW_SIGNALS = (
+    "cgroup_throttled_ratio",
+    "cpu_util_ratio",
+    "runqueue_wait_ratio",
+    "io_wait_ratio",
+    "involuntary_ctx_switches_per_second",
+    "major_faults_per_second",
+    "minor_faults_per_second",
+    "swap_used_bytes",
+    "cgroup_memory_usage_ratio",
+    "cgroup_memory_limit_hits_per_second",
+    "disk_write_bytes_per_second",
+    "disk_read_bytes_per_second",
+    "process_cpu_cores",
+)
+#: NVML signals (HardwareSummary.gpu), compared like the others when the ranks have GPUs
+GPU_SIGNALS = (
+    "gpu_sm_clock_mhz",
+    "gpu_throttled_sample_ratio",
+    "gpu_power_w",
+    "gpu_temp_c",
+    "gpu_pcie_gen",
+    "gpu_pcie_width",
+    "gpu_util_ratio",
+)
+
+def signal_value(doc: PatternsDoc, sig: str, keep: np.ndarray | None = None) -> float | None:
+    """A whole-window signal; over the kept steps only (time-weighted) when a spike step was left
+    out and the document has the signal per step."""
+    if sig in GPU_SIGNALS:
+        return doc.hardware.gpu.get(sig)
+    steps = doc.hardware.per_step.get(sig)
+    dur = doc.step_times.during_seconds
+    if keep is not None and not keep.all() and steps is not None and len(steps) == len(keep) == len(dur):
+        pairs = [(v, d) for v, d, k in zip(steps, dur, keep) if k and v is not None]
+        w = sum(d for _, d in pairs)
+        if pairs and w > 0:
+            return sum(v * d for v, d in pairs) / w
+    return getattr(doc.hardware, sig)
+
+
+def hw_signals(docs: dict[int, PatternsDoc], rank: int, ranks: list[int],
+                keep: np.ndarray | None = None) -> list[Fact]:
+    out: list[Fact] = []
+    for sig in (*HW_SIGNALS, *GPU_SIGNALS):
+        v = signal_value(docs[rank], sig, keep)
+        peers = [signal_value(docs[p], sig, keep) for p in ranks if p != rank]
+        peers = [p for p in peers if p is not None]
+        if v is None or not peers:
+            continue
+        med = float(np.median(peers))
+        out.append(
+            HardwareSignal(
+                rank=rank, signal=sig, value=round(float(v), 4), peer_median=round(med, 4),
+                delta=round(float(v) - med, 4), ratio_to_median=round(cap_ratio(float(v), med), 4),
+            )
+        )
+    return out
+
+
+def cap_ratio(a: float, b: float) -> float:
+    if b <= 0:
+        return 1000.0 if a > 0 else 1.0
+    return float(min(a / b, 1000.0))
+
+
+def host_cpu_facts(docs: dict[int, PatternsDoc], rank: int, keep: np.ndarray | None = None) -> list[Fact]:
+    """The busy cores of `rank`'s host, less what the job's reporting ranks on it use themselves."""
+    host = docs[rank].job.hostname
+    on_host = [d for d in docs.values() if d.job.hostname == host]
+    cores = len(docs[rank].hardware.per_core_util_ratio)
+    utils = [u for u in (signal_value(d, "system_cpu_util_ratio", keep) for d in on_host) if u is not None]
+    jobs = [signal_value(d, "process_cpu_cores", keep) for d in on_host]
+    if not cores or not utils or any(j is None for j in jobs):
+        return []
+    busy = float(np.median(utils)) * cores
+    job = float(sum(jobs))  # type: ignore[arg-type]
+    return [HostCpuLoad(rank=rank, host=host, cores_total=cores, busy_cores=round(busy, 4), job_cores=round(job, 4),
+                        other_cores=round(max(busy - job, 0.0), 4), busy_ratio=round(busy / cores, 4),
+                        ranks_on_host=len(on_host))]
+
+
+CPU_WAIT_OUTLIER_DELTA = 0.15   # a rank waiting for a CPU this much more of the window than its peers
+
+
+def cpu_wait_outlier(docs: dict[int, PatternsDoc], ranks: list[int], keep: np.ndarray, suspects: set[int],
+                     step_seconds: float) -> list[Fact]:
+    """The rank that waits for a CPU most, when it stands out, with the job's slowdown and its host's
+    load: a co-located process can slow every rank of a host alike, so that no rank stands out in
+    busy time while one of them still waits for a CPU far more than the others."""
+    rq = {r: signal_value(docs[r], "runqueue_wait_ratio", keep) for r in ranks}
+    known = {r: v for r, v in rq.items() if v is not None}
+    base = [d.step_times.baseline_median_seconds for r in ranks if (d := docs[r]).step_times.baseline_median_seconds]
+    if len(known) < 3 or not base or step_seconds <= 0:
+        return []
+    r = max(known, key=lambda k: known[k])
+    delta = known[r] - float(np.median([v for k, v in known.items() if k != r]))
+    if delta < CPU_WAIT_OUTLIER_DELTA:
+        return []
+    b = float(np.median(base))
+    out: list[Fact] = [JobSlowdown(
+        rank=r, step_seconds=round(step_seconds, 6), baseline_step_seconds=round(b, 6),
+        step_ratio_to_baseline=round(step_seconds / b, 4) if b > 0 else 1.0,
+        excess_step_ratio=round(max(step_seconds - b, 0.0) / step_seconds, 4), ranks_standing_out=len(suspects))]
+    if r not in suspects:
+        out += hw_signals(docs, r, ranks, keep) + host_cpu_facts(docs, r, keep)
+    return out

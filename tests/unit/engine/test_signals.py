@@ -1,0 +1,49 @@
+import numpy as np
+from patterns_factory import make_doc
+
+from eroica.engine.facts import HardwareSignal, HostCpuLoad, JobSlowdown
+from eroica.engine.signals import cpu_wait_outlier, host_cpu_facts, signal_value
+
+
+def loaded(rank: int, proc: float, rq: float, sys_util: float = 0.99, step: float = 0.15):  # type: ignore[no-untyped-def]
+    d = make_doc(rank, step=step)
+    hw = d.hardware.model_copy(update={"process_cpu_cores": proc, "system_cpu_util_ratio": sys_util,
+                                       "per_core_util_ratio": [sys_util, sys_util], "runqueue_wait_ratio": rq})
+    return d.model_copy(update={"hardware": hw})
+
+
+def test_host_load_splits_the_job_from_other_processes() -> None:
+    docs = {r: loaded(r, 0.25, 0.2) for r in range(4)}
+    (f,) = host_cpu_facts(docs, 2)
+    assert isinstance(f, HostCpuLoad) and f.cores_total == 2 and f.ranks_on_host == 2   # make_doc: 2 ranks/host
+    assert abs(f.busy_cores - 1.98) < 1e-6 and abs(f.job_cores - 0.5) < 1e-6 and abs(f.other_cores - 1.48) < 1e-6
+    # without the process CPU of every rank on the host the split is unknown: no fact
+    docs[3] = docs[3].model_copy(update={"hardware": docs[3].hardware.model_copy(update={"process_cpu_cores": None})})
+    assert host_cpu_facts(docs, 2) == []
+
+
+def test_the_rank_waiting_for_a_cpu_most_carries_the_jobs_slowdown() -> None:
+    docs = {r: loaded(r, 0.25, 0.6 if r == 2 else 0.2 + 0.02 * r) for r in range(4)}
+    keep = np.ones(6, dtype=bool)
+    facts = cpu_wait_outlier(docs, [0, 1, 2, 3], keep, set(), 0.15)
+    job = next(f for f in facts if isinstance(f, JobSlowdown))
+    assert job.rank == 2 and abs(job.step_ratio_to_baseline - 2.5) < 1e-6 and job.ranks_standing_out == 0
+    rq = next(f for f in facts if isinstance(f, HardwareSignal) and f.signal == "runqueue_wait_ratio")
+    assert rq.rank == 2 and abs(rq.delta - 0.38) < 1e-6
+    assert any(isinstance(f, HostCpuLoad) for f in facts)
+    # a suspect rank already has its signals: only the slowdown is added
+    assert [type(f) for f in cpu_wait_outlier(docs, [0, 1, 2, 3], keep, {2}, 0.15)] == [JobSlowdown]
+    # nobody waits much more than the others: nothing
+    even = {r: loaded(r, 0.25, 0.3 + 0.01 * r) for r in range(4)}
+    assert cpu_wait_outlier(even, [0, 1, 2, 3], keep, set(), 0.15) == []
+
+
+def test_a_left_out_step_is_left_out_of_the_signals() -> None:
+    d = loaded(0, 0.25, 0.1)
+    hw = d.hardware.model_copy(update={"per_step": {"runqueue_wait_ratio": [0.4, 0.4, 0.0, 0.4, 0.4, 0.4]}})
+    d = d.model_copy(update={"hardware": hw, "step_times": d.step_times.model_copy(
+        update={"during_seconds": [0.1, 0.1, 5.0, 0.1, 0.1, 0.1]})})
+    keep = np.array([True, True, False, True, True, True])
+    assert abs(signal_value(d, "runqueue_wait_ratio", keep) - 0.4) < 1e-9
+    assert signal_value(d, "runqueue_wait_ratio") == 0.1                      # the whole window
+    assert signal_value(d, "io_wait_ratio", keep) is None                     # not sampled at all
