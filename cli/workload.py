@@ -18,6 +18,8 @@ MASTER_ADDR, MASTER_PORT in the environment, as torchrun sets them). Faults are 
 - host_memory_pressure: every rank reads its data shard through the page cache (mmap); the rank
   drops its shard from the cache and joins a memory cgroup too small to hold it, so every read
   faults the pages back in from disk;
+- untracked_work: the rank spins the CPU between its regions, in code no region or op names (a
+  fault eroica has no rule for: it must say `unknown`, name the rank, and point at untracked time);
 - nic_degraded: the launcher caps the rank's link (each rank has its own network namespace) with
   a token bucket when the rank announces the fault step.
 
@@ -36,7 +38,8 @@ import warnings
 from collections import deque
 
 FAULTS = ("none", "dataloader_stall", "cpu_throttled", "cpu_contention", "workload_imbalance", "gc_pause",
-          "user_code", "framework_config", "nic_degraded", "slow_storage", "host_memory_pressure")
+          "user_code", "framework_config", "nic_degraded", "slow_storage", "host_memory_pressure",
+          "untracked_work")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -253,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
             with mon.region("log_metrics"):
                 if fault == "user_code" and active(step):
                     time.sleep(args.stall_seconds)     # a synchronous call to a slow metrics endpoint
+            if fault == "untracked_work" and active(step):
+                spin_until = time.perf_counter() + args.stall_seconds
+                while time.perf_counter() < spin_until:   # CPU work outside every region and op
+                    pass
             mon.step()
             if rank == 0 and (step + 1) % 10 == 0:
                 now = time.monotonic()

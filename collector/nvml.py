@@ -84,6 +84,57 @@ class NvmlSource:
         return tuple(float(fn()) for fn in self._probes.values())
 
 
+@dataclass
+class NvlinkSource:
+    """NVLink state of one GPU: links up out of the links present, and their error counters summed
+    (replays, recoveries, CRC errors: a link that errs retrains and runs slower before it fails).
+    Read every few samples (`slow`): it is one NVML call per link and counter."""
+
+    nvml: Any
+    index: int
+    name: str = "nvlink"
+    slow: bool = True
+    columns: tuple[str, ...] = ("gpu_nvlink_links_active", "gpu_nvlink_links_total", "gpu_nvlink_errors_total")
+    unavailable: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = self.nvml
+        n.nvmlInit()
+        self.handle = n.nvmlDeviceGetHandleByIndex(self.index)
+        self.links: list[int] = []
+        for link in range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                n.nvmlDeviceGetNvLinkState(self.handle, link)
+                self.links.append(link)
+            except Exception:  # not present on this GPU
+                continue
+        if not self.links:
+            raise RuntimeError("this GPU has no NVLink links (PCIe only)")
+        self.counters: list[tuple[int, int]] = []
+        for link in self.links:
+            for counter in range(4):   # NVML_NVLINK_ERROR_DL_REPLAY, _RECOVERY, _CRC_FLIT, _CRC_DATA
+                try:
+                    n.nvmlDeviceGetNvLinkErrorCounter(self.handle, link, counter)
+                    self.counters.append((link, counter))
+                except Exception as exc:
+                    if len(self.unavailable) < 1:
+                        self.unavailable.append(f"gpu_nvlink_errors_total: counter {counter}: {exc!r}"[:120])
+
+    def read(self) -> tuple[float, ...]:
+        n = self.nvml
+        up = sum(1 for link in self.links if n.nvmlDeviceGetNvLinkState(self.handle, link) == 1)
+        errors = sum(n.nvmlDeviceGetNvLinkErrorCounter(self.handle, link, c) for link, c in self.counters)
+        return float(up), float(len(self.links)), float(errors)
+
+
+def open_nvlink_source(index: int | None = None) -> NvlinkSource:
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise RuntimeError("nvidia-ml-py is not installed (pip install 'eroica[gpu]')") from exc
+    return NvlinkSource(pynvml, gpu_index_for_rank() if index is None else index)
+
+
 def open_nvml_source(index: int | None = None) -> NvmlSource:
     """The real thing: raises with a clear reason when there is no pynvml, driver or GPU."""
     try:
@@ -117,13 +168,13 @@ class ReplayNvml:
     NVML_CLOCK_MEM = 2
     NVML_TEMPERATURE_GPU = 0
 
-    def __init__(self, samples: Sequence[dict[str, float]]) -> None:
+    def __init__(self, samples: Sequence[dict[str, Any]]) -> None:
         if not samples:
             raise ValueError("a replay needs at least one recorded sample")
         self.samples = list(samples)
         self.i = -1
 
-    def _cur(self, key: str) -> float:
+    def _cur(self, key: str) -> Any:
         s = self.samples[max(self.i, 0) % len(self.samples)]
         if key not in s:
             raise KeyError(f"recorded sample has no {key}")
@@ -164,3 +215,17 @@ class ReplayNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> _Mem:  # noqa: N802
         return _Mem(self._cur("gpu_mem_used_bytes"))
+
+    NVML_NVLINK_MAX_LINKS = 18
+
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:  # noqa: N802
+        """Recorded `nvlink_states`: one 0/1 per link present (links past it are absent)."""
+        states = self._cur("nvlink_states")
+        if link >= len(states):  # type: ignore[arg-type]
+            raise ValueError(f"NVLink {link} not present in the recording")
+        return int(states[link])  # type: ignore[index]
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:  # noqa: N802
+        """Recorded `nvlink_errors`: the summed error count of each link (counter 0 carries it)."""
+        errs = self._cur("nvlink_errors")
+        return int(errs[link]) if counter == 0 else 0  # type: ignore[index]

@@ -391,6 +391,12 @@ def _nvml() -> Source:
     return open_nvml_source()
 
 
+def _nvlink() -> Source:
+    from eroica.collector.nvml import open_nvlink_source
+
+    return open_nvlink_source()
+
+
 def default_sources(pid: int, main_tid: int) -> tuple[list[Source], list[CollectorGap]]:
     """Every source this machine offers for process `pid` (training thread `main_tid`);
     the ones that cannot even be set up become gaps."""
@@ -408,6 +414,7 @@ def default_sources(pid: int, main_tid: int) -> tuple[list[Source], list[Collect
         ("system_cpu", SystemCpu),
         ("nic", lambda: NetDev(pid)),
         ("nvml", _nvml),
+        ("nvlink", _nvlink),
     ]
     for name, make in factories:
         try:

@@ -100,7 +100,11 @@ def hardware_summary(series: SampleSeries | None, wall_s: float) -> HardwareSumm
         ok = v[np.isfinite(v)]
         if not c.startswith("gpu_") or not len(ok):
             continue
-        if c == "gpu_throttle_mask":
+        if c == "gpu_nvlink_errors_total":
+            gpu["gpu_nvlink_errors_per_second"] = round(float(ok[-1] - ok[0]) / span, 3)
+        elif c == "gpu_nvlink_links_active":
+            gpu[c] = float(ok.min())     # the fewest links up at any sample
+        elif c == "gpu_throttle_mask":
             mask = 0
             for x in ok:
                 mask |= int(x)

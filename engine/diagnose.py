@@ -27,8 +27,7 @@ from eroica.engine.rules.compiler import RuleIR, compile_rules
 from eroica.engine.rules.loader import builtin_knowledge_dir, load_overrides, load_rules, rule_files
 from eroica.engine.rules.runner import evaluate
 
-UNKNOWN_MIN_EXCESS = 0.1      # an unexplained slow rank below this share of a step is not reported
-UNKNOWN_CONFIDENCE = 0.35
+FALLBACK = "unknown"          # the root cause of a slow rank that no other rule explains
 
 
 @dataclass(frozen=True)
@@ -185,19 +184,18 @@ def build_findings(
             merged[key] = dict(c, rule_ids=rules)
         else:
             prev["rule_ids"] = sorted(set(prev["rule_ids"]) | {c["rule_id"]})
-    # a slow rank no rule explains is still reported, as `unknown`, with low confidence
-    for r, s in slow.items():
-        if any(k[1] == r for k in merged) or s.excess_step_ratio < UNKNOWN_MIN_EXCESS:
-            continue
-        outs = [f for f in analysis.facts if isinstance(f, (FunctionOutlier, CategoryExcess)) and f.rank == r]
-        top = max(outs, key=lambda f: f.excess_seconds_per_step, default=None)
-        fn = None if top is None else (top.function if isinstance(top, FunctionOutlier) else top.top_function)
-        merged[("unknown", r)] = {
-            "root_cause": "unknown", "rank": r, "function": fn, "confidence": UNKNOWN_CONFIDENCE,
-            "summary": f"Rank {r} is slow (+{s.excess_step_ratio:.0%} of a step) and no rule explains why.",
-            "fix_template": None, "rule_ids": [],
-            "facts": [s.model_dump(mode="json")] + ([top.model_dump(mode="json")] if top else []),
-        }
+    # `unknown` (rule straggler.unexplained) is the fallback: it names a slow rank that no other rule
+    # explains, so it is dropped wherever another finding names the same rank
+    for cause, r in list(merged):
+        if cause == FALLBACK and any(k[1] == r and k[0] != FALLBACK for k in merged):
+            del merged[(cause, r)]
+        elif cause == FALLBACK and not merged[(cause, r)].get("function"):
+            outs = [f for f in analysis.facts if isinstance(f, (FunctionOutlier, CategoryExcess)) and f.rank == r]
+            top = max(outs, key=lambda f: f.excess_seconds_per_step, default=None)
+            if top is not None:
+                fn = top.function if isinstance(top, FunctionOutlier) else top.top_function
+                merged[(cause, r)] = dict(merged[(cause, r)], function=fn,
+                                          facts=[*merged[(cause, r)]["facts"], top.model_dump(mode="json")])
     findings = []
     for (cause, r), c in merged.items():
         s = slow.get(r)
@@ -222,7 +220,7 @@ def build_findings(
         )
         conf = (factors.rule_ratio * factors.deviation_strength_ratio * factors.step_consistency_ratio
                 * factors.peer_group_ratio * factors.coverage_ratio)
-        tax = taxonomy.get(cause) or taxonomy["unknown"]
+        tax = taxonomy.get(cause) or taxonomy[FALLBACK]
         ev = _evidence(c["facts"], analysis, r)
         others = sorted(also.get((cause, r), set()) - {str(c.get("function"))})
         if others:
@@ -310,7 +308,8 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
                 findings=findings, coverage=_coverage(w), steps=_steps(w, a),
                 peer_groups=[PeerGroupInfo(name=g.name, ranks=g.ranks, valid=g.valid, reason=g.reason)
                              for g in a.groups],
-                healthy=not any(f.confidence >= 0.5 for f in findings),
+                # a slow rank nothing explains is not healthy, whatever the confidence of its cause
+                healthy=not any(f.confidence >= 0.5 or f.root_cause == FALLBACK for f in findings),
             )
         )
     return Diagnosis(run_dir=str(run_dir), eroica_version=_version(), rules_loaded=len(rules), windows=out)

@@ -9,6 +9,7 @@ attribute the excess to the functions that hold the critical path longer than on
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ from eroica.engine.facts import (
 )
 from eroica.engine.links import link_facts
 from eroica.engine.load import WindowData
-from eroica.engine.signals import cap_ratio, cpu_wait_outlier, host_cpu_facts, hw_signals
+from eroica.engine.signals import cap_ratio, cpu_wait_outlier, host_cpu_facts, hw_signals, state_outliers
 from eroica.engine.spikes import kept_steps, spike_facts
 
 MAD_TO_SIGMA = 1.4826
@@ -273,8 +274,11 @@ def analyze(window: WindowData) -> PeerAnalysis:
             facts.extend(_config_deviations(docs, r, [r, *peers]))
         suspects = {f.rank for f in facts if isinstance(f, RankSlowness) and f.group == gname}
         facts.extend(cpu_wait_outlier(docs, ranks, keep, suspects, float(np.median(step))))
+        facts.extend(state_outliers(docs, ranks, suspects, float(np.median(step))))
         facts.extend(link_facts(docs, ranks, {r: float(comm[i]) for i, r in enumerate(ranks)}))
-    return PeerAnalysis(window.window_id, groups, facts, rows)
+    # the same fact stated twice (a rank that is both the CPU-wait and a link-state outlier) once
+    unique = list({json.dumps(f.model_dump(mode="json"), sort_keys=True): f for f in facts}.values())
+    return PeerAnalysis(window.window_id, groups, unique, rows)
 
 
 def _metric(doc: PatternsDoc, key: tuple[str, str]) -> tuple[str | None, float | None, int]:

@@ -36,7 +36,12 @@ GPU_SIGNALS = (
     "gpu_pcie_gen",
     "gpu_pcie_width",
     "gpu_util_ratio",
+    "gpu_nvlink_links_active",
+    "gpu_nvlink_errors_per_second",
 )
+#: discrete hardware states: a rank whose link runs below its peers' is stated even when it is not late
+#: (a degraded link slows every rank of a collective alike, so no rank stands out in busy time)
+STATE_SIGNALS = ("gpu_nvlink_links_active", "gpu_pcie_width", "gpu_pcie_gen")
 
 def signal_value(doc: PatternsDoc, sig: str, keep: np.ndarray | None = None) -> float | None:
     """A whole-window signal; over the kept steps only (time-weighted) when a spike step was left
@@ -94,6 +99,40 @@ def host_cpu_facts(docs: dict[int, PatternsDoc], rank: int, keep: np.ndarray | N
                         ranks_on_host=len(on_host))]
 
 
+def job_slowdown(docs: dict[int, PatternsDoc], ranks: list[int], rank: int, suspects: set[int],
+                 step_seconds: float) -> JobSlowdown | None:
+    """The job's step over the window against the detector's baseline, stated on `rank`."""
+    base = [b for r in ranks if (b := docs[r].step_times.baseline_median_seconds)]
+    if not base or step_seconds <= 0:
+        return None
+    b = float(np.median(base))
+    return JobSlowdown(
+        rank=rank, step_seconds=round(step_seconds, 6), baseline_step_seconds=round(b, 6),
+        step_ratio_to_baseline=round(step_seconds / b, 4) if b > 0 else 1.0,
+        excess_step_ratio=round(max(step_seconds - b, 0.0) / step_seconds, 4), ranks_standing_out=len(suspects))
+
+
+def state_outliers(docs: dict[int, PatternsDoc], ranks: list[int], suspects: set[int],
+                   step_seconds: float) -> list[Fact]:
+    """Ranks with a GPU link state below their peers' median: the job's slowdown to weigh it by, and
+    (for ranks that are not suspects already) the signal beside the peers."""
+    out: list[Fact] = []
+    for r in ranks:
+        low = []
+        for sig in STATE_SIGNALS:
+            v = signal_value(docs[r], sig)
+            peers = [x for p in ranks if p != r and (x := signal_value(docs[p], sig)) is not None]
+            if v is not None and peers and v < float(np.median(peers)):
+                low.append(sig)
+        if low:
+            job = job_slowdown(docs, ranks, r, suspects, step_seconds)
+            out += [job] if job is not None else []
+            if r not in suspects:   # a suspect has all its signals already
+                out += [f for f in hw_signals(docs, r, ranks)
+                        if isinstance(f, HardwareSignal) and f.signal in (*low, "gpu_nvlink_errors_per_second")]
+    return out
+
+
 CPU_WAIT_OUTLIER_DELTA = 0.15   # a rank waiting for a CPU this much more of the window than its peers
 
 
@@ -104,18 +143,14 @@ def cpu_wait_outlier(docs: dict[int, PatternsDoc], ranks: list[int], keep: np.nd
     busy time while one of them still waits for a CPU far more than the others."""
     rq = {r: signal_value(docs[r], "runqueue_wait_ratio", keep) for r in ranks}
     known = {r: v for r, v in rq.items() if v is not None}
-    base = [d.step_times.baseline_median_seconds for r in ranks if (d := docs[r]).step_times.baseline_median_seconds]
-    if len(known) < 3 or not base or step_seconds <= 0:
+    if len(known) < 3:
         return []
     r = max(known, key=lambda k: known[k])
     delta = known[r] - float(np.median([v for k, v in known.items() if k != r]))
-    if delta < CPU_WAIT_OUTLIER_DELTA:
+    job = job_slowdown(docs, ranks, r, suspects, step_seconds)
+    if delta < CPU_WAIT_OUTLIER_DELTA or job is None:
         return []
-    b = float(np.median(base))
-    out: list[Fact] = [JobSlowdown(
-        rank=r, step_seconds=round(step_seconds, 6), baseline_step_seconds=round(b, 6),
-        step_ratio_to_baseline=round(step_seconds / b, 4) if b > 0 else 1.0,
-        excess_step_ratio=round(max(step_seconds - b, 0.0) / step_seconds, 4), ranks_standing_out=len(suspects))]
+    out: list[Fact] = [job]
     if r not in suspects:
         out += hw_signals(docs, r, ranks, keep) + host_cpu_facts(docs, r, keep)
     return out

@@ -45,3 +45,14 @@ def test_every_incident_a_rule_names_exists_and_expects_its_root_cause() -> None
             exp = root / inc / "expected.yaml"
             assert exp.exists(), f"{lr.rule.id}: incident {inc} not found under incidents/"
             assert lr.rule.taxonomy in {e.root_cause for e in load_expected(exp).expect}, (lr.rule.id, inc)
+
+
+def test_every_taxonomy_id_has_a_rule_with_a_firing_and_a_quiet_test() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    tax = yaml.safe_load((Path(__file__).parents[2] / "knowledge" / "taxonomy.yaml").read_text())["root_causes"]
+    covered = {lr.rule.taxonomy for lr in RULES
+               if any(t.expect for t in lr.rule.tests) and any(not t.expect for t in lr.rule.tests)}
+    assert set(tax) - covered == set(), "taxonomy ids without a tested rule"

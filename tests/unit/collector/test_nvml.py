@@ -65,3 +65,29 @@ def test_real_nvml_reads_sm_clock() -> None:
     src = open_nvml_source(0)
     vals = dict(zip(src.columns, src.read()))
     assert vals["gpu_sm_clock_mhz"] > 0
+
+
+def test_nvlink_state_and_errors_are_replayed_into_the_summary() -> None:
+    from eroica.collector.nvml import NvlinkSource
+
+    links_up = {**RECORDED[0], "nvlink_states": [1, 1, 1, 1], "nvlink_errors": [0, 0, 0, 0]}
+    one_down = {**RECORDED[1], "nvlink_states": [1, 0, 1, 1], "nvlink_errors": [0, 40, 0, 0]}
+    replay = ReplayNvml([links_up, one_down])
+    gpu, link = NvmlSource(replay, 0), NvlinkSource(replay, 0)
+    assert link.links == [0, 1, 2, 3] and link.slow      # links past the recording are absent
+    s = HardwareSampler([gpu, link], 0.002, capacity=200)
+    s.start()
+    import time
+
+    time.sleep(0.08)
+    hw = hardware_summary(s.stop(), 0.08)
+    assert hw.gpu["gpu_nvlink_links_active"] == 3.0       # the fewest links up at any sample
+    assert hw.gpu["gpu_nvlink_links_total"] == 4.0
+    assert "gpu_nvlink_errors_per_second" in hw.gpu
+
+
+def test_a_gpu_without_nvlink_is_a_clear_setup_failure() -> None:
+    from eroica.collector.nvml import NvlinkSource
+
+    with pytest.raises(RuntimeError, match="no NVLink"):
+        NvlinkSource(ReplayNvml([{**RECORDED[0], "nvlink_states": [], "nvlink_errors": []}]), 0)

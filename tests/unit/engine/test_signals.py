@@ -47,3 +47,20 @@ def test_a_left_out_step_is_left_out_of_the_signals() -> None:
     assert abs(signal_value(d, "runqueue_wait_ratio", keep) - 0.4) < 1e-9
     assert signal_value(d, "runqueue_wait_ratio") == 0.1                      # the whole window
     assert signal_value(d, "io_wait_ratio", keep) is None                     # not sampled at all
+
+
+def test_a_gpu_with_links_down_is_named_though_no_rank_is_late(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from patterns_factory import write_run
+
+    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+
+    docs = []
+    for r in range(4):
+        d = make_doc(r, step=0.1)            # every rank alike, 1.67x its 60 ms baseline
+        gpu = {"gpu_nvlink_links_active": 12.0 if r == 1 else 18.0, "gpu_nvlink_errors_per_second": 0.0}
+        docs.append(d.model_copy(update={"hardware": d.hardware.model_copy(update={"gpu": gpu})}))
+    w = diagnose(write_run(tmp_path, docs), DiagnoseOptions(in_process=True)).windows[0]
+    top = w.findings[0]
+    assert (top.root_cause, top.ranks, top.confidence >= 0.5) == ("nvlink_degraded", [1], True)
+    assert "12 NVLink links up against 18" in top.summary
+    assert [f.ranks for f in w.findings] == [[1]]
