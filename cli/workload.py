@@ -52,6 +52,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--every", type=int, default=1, help="apply the fault every N-th step (intermittent)")
     p.add_argument("--stall-seconds", type=float, default=0.12)
     p.add_argument("--imbalance-factor", type=int, default=6)
+    p.add_argument("--uneven-by-design", type=int, default=1, metavar="FACTOR",
+                   help="the upper half of the ranks processes FACTOR times the samples of the lower half, "
+                        "by design and from the first step (ranks that do different work: no valid peer group)")
     p.add_argument("--gc-objects", type=int, default=60_000)
     p.add_argument("--hogs", type=int, default=3)
     p.add_argument("--config-fault", choices=("workers", "anomaly"), default="workers")
@@ -238,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                 elif fault == "slow_storage":
                     with open(os.path.join(os.environ["EROICA_BLKIO_CGROUP"], "cgroup.procs"), "w") as fh:
                         fh.write(str(os.getpid()))
+            if args.uneven_by_design > 1 and rank >= dist.get_world_size() // 2:
+                x, y = x.repeat(args.uneven_by_design, 1), y.repeat(args.uneven_by_design)
             if active(step):
                 if fault == "workload_imbalance":
                     x = x.repeat(args.imbalance_factor, 1)    # this rank's shard holds more samples

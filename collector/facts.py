@@ -131,6 +131,15 @@ class CollectorOverhead(Frozen):
     pattern_bytes: NonNegativeInt = 0              # size of this document (filled at write time)
 
 
+class ProcessGroupInfo(Frozen):
+    """One process group this rank belongs to (not the world): its description, size, and this
+    rank's position in it. A pipeline stage or an expert shard is a position in such a group."""
+
+    desc: str
+    size: int = Field(ge=1)
+    index: NonNegativeInt
+
+
 class JobInfo(Frozen):
     rank: NonNegativeInt
     world_size: int = Field(ge=1)
@@ -140,6 +149,7 @@ class JobInfo(Frozen):
     role: str = "worker"
     backend: str = "unknown"
     device: str = "cpu"
+    process_groups: list[ProcessGroupInfo] = Field(default_factory=list)  # read when the window closes
 
 
 class WindowInfo(Frozen):

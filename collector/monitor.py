@@ -18,6 +18,7 @@ from eroica.collector.critical import Execution
 from eroica.collector.detector import StepTimeDetector
 from eroica.collector.facts import Category, CollectorGap, JobInfo
 from eroica.collector.hooks.gc_hook import GcHook
+from eroica.collector.layout import process_group_layout
 from eroica.collector.policy import TriggerPolicy
 from eroica.collector.sampler_proc import SamplerClient
 from eroica.collector.summarize import WindowRecord, summarize
@@ -345,6 +346,9 @@ class Monitor:
         history = list(self._detector.history)
         n_window = len(self._bounds) - 1
         before = history[: max(len(history) - n_window, 0)][-20:]
+        layout = process_group_layout()
+        if layout:
+            self.job = self.job.model_copy(update={"process_groups": layout})
         rec = WindowRecord(
             job=self.job,
             window_id=wid,

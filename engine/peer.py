@@ -22,6 +22,7 @@ from eroica.engine.facts import (
     FunctionOutlier,
     RankSlowness,
 )
+from eroica.engine.groups import bimodal_split, peer_groups
 from eroica.engine.links import link_facts
 from eroica.engine.load import WindowData
 from eroica.engine.signals import cap_ratio, cpu_wait_outlier, host_cpu_facts, hw_signals, state_outliers
@@ -39,6 +40,7 @@ CATEGORY_SUSPECT_Z = 5.0            # ... and this many robust sigmas: a suspect
 #: categories that are near zero on a healthy rank (compute is not: it is the step's bulk and its noise)
 SPARSE_CATEGORIES = {Category.data.value, Category.gc.value, Category.region.value, Category.memory.value}
 FUNCTION_MIN_EXPLAINS = 0.1
+COMPUTE_KINDS = {Category.compute.value, Category.kernel.value}
 CONFIG_KEYS_IGNORED = ("torch.version",)
 
 
@@ -172,19 +174,13 @@ def _per_step(doc: PatternsDoc) -> tuple[dict[tuple[str, str], np.ndarray], np.n
     return out, steps
 
 
-def _groups(docs: dict[int, PatternsDoc]) -> dict[str, list[int]]:
-    by_role: dict[str, list[int]] = {}
-    for r, d in sorted(docs.items()):
-        by_role.setdefault(d.job.role, []).append(r)
-    return by_role
-
-
 def analyze(window: WindowData) -> PeerAnalysis:
     docs = window.docs
     facts: list[Fact] = []
     groups: list[PeerGroup] = []
     rows: dict[int, RankRow] = {}
-    for gname, ranks in _groups(docs).items():
+    for grouping in peer_groups(docs):
+        gname, ranks = grouping.name, grouping.ranks
         per = {r: _per_step(docs[r]) for r in ranks}
         keys = sorted({k for r in ranks for k in per[r][0]})
         n_steps = min(len(per[r][1]) for r in ranks) or 1
@@ -223,12 +219,25 @@ def analyze(window: WindowData) -> PeerAnalysis:
             disp = float(np.median(np.abs(cb - tmed)) * MAD_TO_SIGMA / tmed) if tmed > 0 else 0.0
         else:
             disp = 0.0
+        # the work each rank's compute does per step (CPU-seconds: contention stretches the wall time of
+        # the same work, and by-design heterogeneity is more work); two tight modes = different work
+        work = [_compute_work(docs[r], keys, fmat[i]) for i, r in enumerate(ranks)]
+        modes = bimodal_split(work, floor) if n >= 4 and any(work) else None
         if n < MIN_GROUP:
-            valid, reason = False, f"only {n} rank(s) in role {gname!r}: too few peers to compare"
+            valid, reason = False, f"only {n} rank(s) in group {gname!r} ({grouping.how}): too few peers to compare"
+        elif modes is not None:
+            lo, hi = modes
+            cl, ch = (float(np.median([work[j] for j in idx])) for idx in (lo, hi))
+            his, los = (", ".join(str(ranks[j]) for j in idx) for idx in (hi, lo))
+            valid, reason = False, (
+                f"peers in group {gname!r} ({grouping.how}) disagree: ranks {his} do {ch / cl:.1f}x the compute "
+                f"work (CPU-seconds) of ranks {los} (two modes): different work by design, or half the group "
+                f"affected; declare roles to compare like with like")
         elif disp > MAX_DISPERSION:
-            valid, reason = False, f"peers disagree (busy-time dispersion {disp:.0%}): heterogeneous work"
+            valid, reason = False, (f"peers in group {gname!r} ({grouping.how}) disagree (busy-time dispersion "
+                                    f"{disp:.0%}): they do different work; declare roles to compare like with like")
         else:
-            valid, reason = True, f"{n} ranks in role {gname!r} doing the same work"
+            valid, reason = True, f"{n} ranks in group {gname!r} ({grouping.how}) doing the same work"
         groups.append(PeerGroup(gname, ranks, valid, reason, round(disp, 4)))
         if n < 2:
             continue
@@ -279,6 +288,18 @@ def analyze(window: WindowData) -> PeerAnalysis:
     # the same fact stated twice (a rank that is both the CPU-wait and a link-state outlier) once
     unique = list({json.dumps(f.model_dump(mode="json"), sort_keys=True): f for f in facts}.values())
     return PeerAnalysis(window.window_id, groups, unique, rows)
+
+
+def _compute_work(doc: PatternsDoc, keys: list[tuple[str, str]], row: np.ndarray) -> float:
+    """Compute work per step: critical seconds of compute ops times their CPU rate (on-CPU share)
+    where the metric is the CPU rate; GPU kernels count their time."""
+    total = 0.0
+    for j, k in enumerate(keys):
+        if k[0] not in COMPUTE_KINDS or row[j] <= 0:
+            continue
+        name, mean, _ = _metric(doc, k)
+        total += float(row[j]) * (mean if name == "cpu_util_ratio" and mean is not None else 1.0)
+    return total
 
 
 def _metric(doc: PatternsDoc, key: tuple[str, str]) -> tuple[str | None, float | None, int]:

@@ -48,7 +48,7 @@ def test_two_ranks_are_not_a_valid_peer_group() -> None:
 def test_heterogeneous_peers_make_the_group_invalid() -> None:
     docs = [make_doc(r, busy={"compute:forward": v}) for r, v in enumerate([0.01, 0.03, 0.06, 0.09, 0.02])]
     a = analyze(window(docs))
-    assert not a.groups[0].valid and "heterogeneous" in a.groups[0].reason
+    assert not a.groups[0].valid and "different work" in a.groups[0].reason
 
 
 def test_roles_form_separate_peer_groups() -> None:

@@ -1,0 +1,40 @@
+"""The same real fault in a job of equals and in a job whose ranks do different work by design:
+the second must report the culprit with a lower confidence and say why (insufficient peer evidence)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eroica.cli.launch import launch
+from eroica.engine.diagnose import diagnose
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.e2e
+
+
+def finding(tmp: Path, extra: list[str]):  # type: ignore[no-untyped-def]
+    res = launch(tmp, fault="dataloader_stall", fault_rank="3", fault_step=25, steps=100, extra_args=extra,
+                 progress=False)
+    assert res.ok, res.returncodes
+    (w,) = diagnose(tmp).windows
+    hit = [f for f in w.findings if f.root_cause == "dataloader_stall" and f.ranks == [3]]
+    assert hit, [(f.root_cause, f.ranks, f.confidence) for f in w.findings]
+    return w, hit[0]
+
+
+def test_a_job_of_unequal_ranks_lowers_the_confidence_and_says_why(tmp_path: Path) -> None:
+    w_eq, same = finding(tmp_path / "equals", [])
+    assert same.confidence >= 0.5 and not same.insufficient_peer_evidence
+    assert all(g.valid for g in w_eq.peer_groups)
+    # ranks 2 and 3 process 3x the samples of ranks 0 and 1, from the first step: different work by design
+    w_un, uneven = finding(tmp_path / "unequal", ["--uneven-by-design", "3"])
+    assert uneven.insufficient_peer_evidence and uneven.confidence < same.confidence
+    assert uneven.confidence_factors.peer_group_ratio < 1.0 and not uneven.confidence_factors.peer_group_valid
+    why = uneven.evidence[0]
+    assert why.startswith("insufficient peer evidence") and "different work by design" in why, why
+    assert "ranks 2, 3" in why and "ranks 0, 1" in why
+    assert not any(g.valid for g in w_un.peer_groups)
+    # nothing is asserted confidently about ranks that only do more work by design
+    assert not any(f.confidence >= 0.5 for f in w_un.findings if f.ranks != [3])
