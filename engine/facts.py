@@ -159,9 +159,21 @@ class JobSlowdown(Fact):
     ranks_standing_out: NonNegativeInt       # ranks with a rank_slowness fact in the group
 
 
+class StepShare(Fact):
+    """The share of a rank's step one category holds on the critical path, stated only where no valid
+    peer group exists: expected-range rules judge it against what a healthy step looks like."""
+
+    kind: Literal["step_share"] = "step_share"
+    category: str
+    share_ratio: float = Field(ge=0, le=1)   # critical seconds of the category / step seconds
+    seconds_per_step: float
+    top_function: str
+    group_valid: bool
+
+
 AnyFact = Annotated[
     RankSlowness | FunctionOutlier | CategoryExcess | HardwareSignal | ConfigDeviation | LinkSignature | StepSpike
-    | HostCpuLoad | JobSlowdown,
+    | HostCpuLoad | JobSlowdown | StepShare,
     Field(discriminator="kind"),
 ]
 
@@ -175,4 +187,5 @@ FACT_TYPES: dict[str, type[Fact]] = {
     "step_spike": StepSpike,
     "host_cpu": HostCpuLoad,
     "job_slowdown": JobSlowdown,
+    "step_share": StepShare,
 }

@@ -21,6 +21,7 @@ from eroica.engine.facts import (
     Fact,
     FunctionOutlier,
     RankSlowness,
+    StepShare,
 )
 from eroica.engine.groups import bimodal_split, peer_groups
 from eroica.engine.links import link_facts
@@ -239,6 +240,8 @@ def analyze(window: WindowData) -> PeerAnalysis:
         else:
             valid, reason = True, f"{n} ranks in group {gname!r} ({grouping.how}) doing the same work"
         groups.append(PeerGroup(gname, ranks, valid, reason, round(disp, 4)))
+        if not valid:   # no peers to compare with: state the step's make-up for expected-range rules
+            facts.extend(step_shares(ranks, keys, fmat, step.mean(axis=1) if step.size else np.zeros(n)))
         if n < 2:
             continue
         min_comm = float(comm.min())
@@ -288,6 +291,24 @@ def analyze(window: WindowData) -> PeerAnalysis:
     # the same fact stated twice (a rank that is both the CPU-wait and a link-state outlier) once
     unique = list({json.dumps(f.model_dump(mode="json"), sort_keys=True): f for f in facts}.values())
     return PeerAnalysis(window.window_id, groups, unique, rows)
+
+
+SHARE_CATEGORIES = (Category.data.value, Category.gc.value, Category.region.value, Category.memory.value)
+MIN_SHARE = 0.05
+
+
+def step_shares(ranks: list[int], keys: list[tuple[str, str]], fmat: np.ndarray, step: np.ndarray) -> list[Fact]:
+    out: list[Fact] = []
+    for i, r in enumerate(ranks):
+        for cat in SHARE_CATEGORIES:
+            idx = [j for j, k in enumerate(keys) if k[0] == cat]
+            sec = float(fmat[i, idx].sum()) if idx else 0.0
+            if step[i] <= 0 or sec / step[i] < MIN_SHARE:
+                continue
+            top = keys[max(idx, key=lambda j: fmat[i, j])][1]
+            out.append(StepShare(rank=r, category=cat, share_ratio=round(min(sec / step[i], 1.0), 4),
+                                 seconds_per_step=round(sec, 6), top_function=top, group_valid=False))
+    return out
 
 
 def _compute_work(doc: PatternsDoc, keys: list[tuple[str, str]], row: np.ndarray) -> float:

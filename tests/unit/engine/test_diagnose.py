@@ -95,3 +95,17 @@ def test_a_throttled_gpu_is_named_from_replayed_nvml_signals(tmp_path: Path) -> 
     top = diagnose(write_run(tmp_path, docs), DiagnoseOptions(in_process=True)).windows[0].findings[0]
     assert (top.root_cause, top.ranks, top.category.value) == ("gpu_throttled", [5], "hardware")
     assert top.function == "sm90_xmma_gemm"
+
+
+def test_without_peers_the_expected_range_rules_judge_the_step_and_say_so(tmp_path: Path) -> None:
+    # a one-rank job: nobody to compare with; its step is 60% data loading
+    doc = make_doc(0, world=1, step=0.16, busy={"compute:forward": 0.03, "data:DataLoader.__next__": 0.1})
+    [w] = diagnose(write_run(tmp_path, [doc]), DiagnoseOptions(in_process=True)).windows
+    top = w.findings[0]
+    assert (top.root_cause, top.ranks, top.rule_ids) == ("dataloader_stall", [0], ["range.data-share"])
+    assert top.insufficient_peer_evidence and top.confidence < 0.5
+    assert "judged against the expected range only" in top.summary
+    assert top.evidence[0].startswith("insufficient peer evidence: only 1 rank")
+    # a healthy one-rank step states nothing
+    ok = make_doc(0, world=1, step=0.16)
+    assert diagnose(write_run(tmp_path / "ok", [ok]), DiagnoseOptions(in_process=True)).windows[0].findings == []
