@@ -312,5 +312,31 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
                 healthy=not any(f.confidence >= 0.5 or f.root_cause == FALLBACK for f in findings),
             )
         )
-    return Diagnosis(run_dir=str(run_dir), eroica_version=_version(), rules_loaded=len(rules), windows=out)
+    return Diagnosis(run_dir=str(run_dir), eroica_version=_version(), rules_loaded=len(rules),
+                     windows=_across_windows(out))
+
+
+def _across_windows(windows: list[WindowDiagnosis]) -> list[WindowDiagnosis]:
+    """A cause that recurs on the same ranks window after window is surer than a one-off."""
+    n = len(windows)
+    if n <= 1:
+        return windows
+    seen: dict[tuple[str, tuple[int, ...]], int] = {}
+    for w in windows:
+        for key in {(f.root_cause, tuple(f.ranks)) for f in w.findings}:
+            seen[key] = seen.get(key, 0) + 1
+    out = []
+    for w in windows:
+        findings = []
+        for f in w.findings:
+            k = seen[(f.root_cause, tuple(f.ranks))]
+            factor = round(0.8 + 0.2 * k / n, 4)
+            cf = f.confidence_factors.model_copy(update={
+                "window_consistency_ratio": factor, "windows_seen_total": k, "windows_total": n})
+            findings.append(f.model_copy(update={"confidence": round(f.confidence * factor, 4),
+                                                 "confidence_factors": cf}))
+        findings.sort(key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
+        healthy = not any(f.confidence >= 0.5 or f.root_cause == FALLBACK for f in findings)
+        out.append(w.model_copy(update={"findings": findings, "healthy": healthy}))
+    return out
 

@@ -27,6 +27,11 @@ class ConfidenceFactors(Frozen):
     step_consistency_ratio: float = Field(ge=0, le=1)    # share of window steps it was slow in
     peer_group_ratio: float = Field(ge=0, le=1)          # size and homogeneity of the peer group
     coverage_ratio: float = Field(ge=0, le=1)            # ranks that reported / world size
+    # across the run's windows: 0.8 + 0.2 x the share of windows with the same cause on the same
+    # ranks (1.0 with a single window: one window cannot say whether it recurs)
+    window_consistency_ratio: float = Field(1.0, ge=0, le=1)
+    windows_seen_total: NonNegativeInt = 1
+    windows_total: NonNegativeInt = 1
     peer_group: str
     peer_group_valid: bool
 

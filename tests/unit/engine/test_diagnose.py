@@ -109,3 +109,21 @@ def test_without_peers_the_expected_range_rules_judge_the_step_and_say_so(tmp_pa
     # a healthy one-rank step states nothing
     ok = make_doc(0, world=1, step=0.16)
     assert diagnose(write_run(tmp_path / "ok", [ok]), DiagnoseOptions(in_process=True)).windows[0].findings == []
+
+
+def test_a_cause_that_recurs_across_windows_keeps_its_confidence_and_a_one_off_loses_some(tmp_path: Path) -> None:
+    from patterns_factory import make_doc as mk
+
+    for wid in ("w000-s30", "w001-s60", "w002-s90"):
+        docs = [mk(r, step=0.16, window=wid) for r in range(4)]
+        docs[2] = mk(2, step=0.16, window=wid, busy={"compute:forward": 0.02, "data:DataLoader.__next__": 0.1})
+        if wid == "w001-s60":   # a GC pause on rank 0 in one window only
+            docs[0] = mk(0, step=0.16, window=wid, busy={"compute:forward": 0.02, "gc:gc.collect(gen2)": 0.1})
+        write_run(tmp_path, docs)
+    d = diagnose(tmp_path, DiagnoseOptions(in_process=True))
+    stall = [f for w in d.windows for f in w.findings if f.root_cause == "dataloader_stall"]
+    assert len(stall) == 3 and all(f.confidence_factors.windows_seen_total == 3 for f in stall)
+    assert all(f.confidence_factors.window_consistency_ratio == 1.0 for f in stall)
+    (gc,) = [f for w in d.windows for f in w.findings if f.root_cause == "gc_pause"]
+    assert (gc.confidence_factors.windows_seen_total, gc.confidence_factors.windows_total) == (1, 3)
+    assert gc.confidence_factors.window_consistency_ratio == round(0.8 + 0.2 / 3, 4)
