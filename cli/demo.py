@@ -60,11 +60,13 @@ def run(args: argparse.Namespace) -> int:
         print("eroica demo: the detector saw no slowdown, so no window opened and there is nothing to diagnose")
         return 0 if args.fault == "none" else 1
     d = diagnose(out)
-    for fmt, name in (("json", "diagnosis.json"), ("md", "diagnosis.md"), ("text", "diagnosis.txt")):
+    for fmt, name in (("json", "diagnosis.json"), ("md", "diagnosis.md"), ("text", "diagnosis.txt"),
+                      ("html", "report.html")):
         (out / name).write_text(render(d, fmt))
     print()
     print(render(d, "text").rstrip())
     print()
-    print(f"full reports: {out / 'diagnosis.json'}, {out / 'diagnosis.md'}")
+    print(f"full reports: {out / 'report.html'} (open in a browser), {out / 'diagnosis.md'}, "
+          f"{out / 'diagnosis.json'}")
     print(f"pattern files: {out}/<window>/rank-<R>.json; re-run with: eroica diagnose {out}")
     return 0

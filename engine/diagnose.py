@@ -23,11 +23,13 @@ from eroica.engine.diagnosis import (
 from eroica.engine.facts import CategoryExcess, FunctionOutlier, HardwareSignal, RankSlowness
 from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
+from eroica.engine.report_data import enrich, heatmap, step_series
 from eroica.engine.rules.compiler import RuleIR, compile_rules
 from eroica.engine.rules.loader import builtin_knowledge_dir, load_overrides, load_rules, rule_files
 from eroica.engine.rules.runner import evaluate
 
 FALLBACK = "unknown"          # the root cause of a slow rank that no other rule explains
+UNEXPLAINED_UNHEALTHY = 0.3   # an unexplained slow rank at this confidence makes a window not healthy
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,7 @@ def build_findings(
                 * factors.peer_group_ratio * factors.coverage_ratio)
         tax = taxonomy.get(cause) or taxonomy[FALLBACK]
         ev = _evidence(c["facts"], analysis, r)
-        others = sorted(also.get((cause, r), set()) - {str(c.get("function"))})
+        others = sorted(also.get((cause, r), set()) - {str(c.get("function")), "None"})
         if others:
             ev.append(f"the same rule also matched: {', '.join(others)}")
         hw = [f for f in analysis.facts if isinstance(f, HardwareSignal) and f.rank == r
@@ -297,7 +299,9 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
     out: list[WindowDiagnosis] = []
     for w in windows:
         a = analyses[w.window_id]
-        findings = build_findings(w, a, conclusions.get(w.window_id, []), taxonomy)
+        steps = _steps(w, a)
+        findings = enrich(build_findings(w, a, conclusions.get(w.window_id, []), taxonomy), w,
+                          steps.during_median_seconds)
         any_doc = next(iter(w.docs.values()), None)
         out.append(
             WindowDiagnosis(
@@ -305,15 +309,23 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
                 start_step=any_doc.window.start_step if any_doc else 0,
                 end_step=any_doc.window.end_step if any_doc else 0,
                 trigger=any_doc.window.trigger if any_doc else "unknown",
-                findings=findings, coverage=_coverage(w), steps=_steps(w, a),
+                findings=findings, coverage=_coverage(w), steps=steps,
+                heatmap=heatmap(w, a), step_series=step_series(w),
+                raw_traces={str(r): p for r, p in sorted(w.raw_traces.items())},
                 peer_groups=[PeerGroupInfo(name=g.name, ranks=g.ranks, valid=g.valid, reason=g.reason)
                              for g in a.groups],
                 # a slow rank nothing explains is not healthy, whatever the confidence of its cause
-                healthy=not any(f.confidence >= 0.5 or f.root_cause == FALLBACK for f in findings),
+                healthy=_healthy(findings),
             )
         )
     return Diagnosis(run_dir=str(run_dir), eroica_version=_version(), rules_loaded=len(rules),
                      windows=_across_windows(out))
+
+
+def _healthy(findings: list[Finding]) -> bool:
+    """No confident finding, and no clearly slow rank that nothing explains."""
+    return not any(f.confidence >= 0.5 or (f.root_cause == FALLBACK and f.confidence >= UNEXPLAINED_UNHEALTHY)
+                   for f in findings)
 
 
 def _across_windows(windows: list[WindowDiagnosis]) -> list[WindowDiagnosis]:
@@ -336,7 +348,6 @@ def _across_windows(windows: list[WindowDiagnosis]) -> list[WindowDiagnosis]:
             findings.append(f.model_copy(update={"confidence": round(f.confidence * factor, 4),
                                                  "confidence_factors": cf}))
         findings.sort(key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
-        healthy = not any(f.confidence >= 0.5 or f.root_cause == FALLBACK for f in findings)
-        out.append(w.model_copy(update={"findings": findings, "healthy": healthy}))
+        out.append(w.model_copy(update={"findings": findings, "healthy": _healthy(findings)}))
     return out
 

@@ -36,6 +36,27 @@ class ConfidenceFactors(Frozen):
     peer_group_valid: bool
 
 
+class SignalComparison(Frozen):
+    """One hardware signal of a culprit rank beside its peers' median and spread (10th-90th pct)."""
+
+    signal: str
+    value: float
+    peer_median: float
+    peer_p10: float
+    peer_p90: float
+
+
+class FindingCost(Frozen):
+    """What the finding costs the job, and what fixing it would recover."""
+
+    excess_seconds_per_step: float           # the culprit's extra busy time: every rank waits for it
+    step_seconds: float                      # the job's median step in the window
+    step_seconds_if_fixed: float             # the step if the culprit ran like its peers
+    ranks_waiting_total: NonNegativeInt      # the ranks that wait (the world size)
+    accelerator_hours_lost_per_hour: float   # ranks x excess / step
+    recovered_ratio: float = Field(ge=0, le=1)  # share of the step time a fix recovers
+
+
 class Finding(Frozen):
     root_cause: str
     category: FindingCategory
@@ -52,6 +73,8 @@ class Finding(Frozen):
     runbook: str | None = None
     insufficient_peer_evidence: bool = False
     excess_seconds_per_step: float = 0.0
+    signals: list[SignalComparison] = Field(default_factory=list)   # the culprit's hardware signature
+    cost: FindingCost | None = None
 
 
 class Coverage(Frozen):
@@ -75,6 +98,31 @@ class StepSummary(Frozen):
     per_rank_comm_wait_seconds: dict[str, float]
 
 
+class HeatmapRow(Frozen):
+    label: str
+    rank: NonNegativeInt | None                     # None for an aggregate of many ranks
+    busy_excess_seconds: float                      # busy time per step beyond the group median
+    values_seconds: list[float]                     # per function: s/step beyond the group median
+
+
+class Heatmap(Frozen):
+    """Rank x function deviation from the peer median (s/step), culprits first; beyond the first
+    ranks the rest is aggregated into percentile rows."""
+
+    functions: list[str]                            # "category:name"
+    peer_median_seconds: list[float]                # per function, s/step
+    rows: list[HeatmapRow]
+    aggregated_ranks_total: NonNegativeInt = 0
+
+
+class StepSeries(Frozen):
+    """The job's step times (median over ranks): the steps before the window, then the window's."""
+
+    before_seconds: list[float]
+    during_seconds: list[float]
+    per_rank_before_seconds: dict[str, float]       # each rank's baseline median
+
+
 class PeerGroupInfo(Frozen):
     name: str
     ranks: list[NonNegativeInt]
@@ -92,6 +140,9 @@ class WindowDiagnosis(Frozen):
     steps: StepSummary
     peer_groups: list[PeerGroupInfo]
     healthy: bool
+    heatmap: Heatmap | None = None
+    step_series: StepSeries | None = None
+    raw_traces: dict[str, str] = Field(default_factory=dict)   # rank -> bounded Chrome-trace file
 
 
 class Diagnosis(Frozen):

@@ -17,6 +17,7 @@ from eroica.collector.facts import PATTERNS_SCHEMA, PatternsDoc
 from eroica.engine.errors import RunDirError
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
+TRACE_FILE = re.compile(r"^rank-(\d+)\.trace\.json$")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class WindowData:
     window_id: str
     docs: dict[int, PatternsDoc]
     problems: list[LoadProblem] = field(default_factory=list)
+    raw_traces: dict[int, str] = field(default_factory=dict)    # rank -> bounded raw trace, when kept
 
     @property
     def world_size(self) -> int:
@@ -59,6 +61,9 @@ def load_doc(path: Path) -> PatternsDoc:
 def load_window(wdir: Path) -> WindowData:
     w = WindowData(window_id=wdir.name, docs={})
     for f in sorted(wdir.iterdir()):
+        t = TRACE_FILE.match(f.name)
+        if t:
+            w.raw_traces[int(t.group(1))] = str(f.resolve())
         m = RANK_FILE.match(f.name)
         if not m:
             continue

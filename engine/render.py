@@ -1,4 +1,4 @@
-"""Render a Diagnosis as text, Markdown or JSON (jinja2 templates shipped in the package)."""
+"""Render a Diagnosis as text, Markdown, HTML or JSON (jinja2 templates shipped in the package)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from importlib import resources
 import jinja2
 
 from eroica.engine.diagnosis import Diagnosis
+from eroica.engine.render_html import window_pictures
 
-FORMATS = ("text", "json", "md")
+FORMATS = ("text", "json", "md", "html")
 
 
 def _ms(x: float | None) -> str:
@@ -26,12 +27,12 @@ def _gap_sources(gaps: list[str]) -> str:
     return ", ".join(f"{src} ({len(r)} rank{'s' if len(r) > 1 else ''})" for src, r in sorted(by.items()))
 
 
-def _env() -> jinja2.Environment:
+def _env(autoescape: bool = False) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FunctionLoader(
             lambda name: (resources.files("eroica.engine") / "templates" / name).read_text()
         ),
-        autoescape=False,
+        autoescape=autoescape,
         trim_blocks=False,
         keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined,
@@ -46,5 +47,10 @@ def render(d: Diagnosis, fmt: str) -> str:
         return json.dumps(d.model_dump(mode="json", by_alias=True), indent=2) + "\n"
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if fmt == "html":
+        env = _env(autoescape=True)
+        title = ", ".join(f"{f.root_cause} on rank {','.join(map(str, f.ranks))}" for w in d.windows
+                          for f in w.findings[:1] if f.confidence >= 0.5) or "healthy"
+        return env.get_template("report.html.j2").render(d=d, pictures=window_pictures, title=title)
     name = {"text": "report.txt.j2", "md": "report.md.j2"}[fmt]
     return _env().get_template(name).render(d=d)

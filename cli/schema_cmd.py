@@ -1,0 +1,32 @@
+"""`eroica schema {diagnosis,patterns}`: the JSON Schema of a document, generated from the models.
+
+The committed copies under docs/schema/ are checked against these by the tests; regenerate with
+`eroica schema diagnosis > docs/schema/eroica.diagnosis.v1.schema.json` (and `patterns`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from eroica.collector.facts import PatternsDoc
+from eroica.engine.diagnosis import Diagnosis
+
+MODELS = {"diagnosis": (Diagnosis, "eroica.diagnosis/v1"), "patterns": (PatternsDoc, "eroica.patterns/v1")}
+
+
+def schema(kind: str) -> dict[str, object]:
+    model, sid = MODELS[kind]
+    s = model.model_json_schema(by_alias=True, mode="serialization")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": sid, **s}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("schema", help="print the JSON Schema of a document eroica writes")
+    p.add_argument("kind", choices=sorted(MODELS))
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    print(json.dumps(schema(args.kind), indent=2, sort_keys=True))
+    return 0
