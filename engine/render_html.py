@@ -151,7 +151,7 @@ def signals_svg(signals: list[SignalComparison]) -> str:
     the culprit's value (red dot)."""
     if not signals:
         return ""
-    row_h, left, w, label_w = 26, 250, 760, 170
+    row_h, left, w, label_w = 26, 290, 800, 170
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {row_h * len(signals) + 10}" class="fluid" '
            f'role="img" aria-label="hardware signature beside the peers">']
     for i, s in enumerate(signals):
@@ -164,8 +164,12 @@ def signals_svg(signals: list[SignalComparison]) -> str:
         def x(v: float, lo: float = lo, span: float = span) -> float:
             return left + (w - left - label_w - 10) * (v - lo) / span
 
+        label = s.signal
+        for p in _NOISE:
+            label = label.replace(p, "")
+        label = label if len(label) <= 44 else label[:43] + "…"
         out.append(f'<text x="{left - 8}" y="{y + 12}" text-anchor="end" font-size="11" fill="{INK}">'
-                   f'{escape(s.signal)}</text>')
+                   f'{escape(label)}<title>{escape(s.signal)}</title></text>')
         out.append(f'<line x1="{left}" x2="{w - label_w - 10}" y1="{y + 8}" y2="{y + 8}" stroke="{FAINT}" '
                    f'stroke-width="6"/>')
         out.append(f'<line x1="{x(s.peer_p10):.1f}" x2="{x(s.peer_p90):.1f}" y1="{y + 8}" y2="{y + 8}" '

@@ -115,6 +115,43 @@ def signature(w: WindowData, rank: int) -> list[SignalComparison]:
     return [s for _, s in out[:MAX_SIGNALS]]
 
 
+def function_signal(w: WindowData, rank: int, function: str | None) -> list[SignalComparison]:
+    """The metric that matters for the finding's function (CPU rate, link bytes/s, SM clock) on
+    the culprit beside the same function on its peers, and its duration per step."""
+    if not function or rank not in w.docs:
+        return []
+
+    def find(doc: PatternsDoc):  # type: ignore[no-untyped-def]
+        return next((f for f in doc.functions if f.name == function), None)
+
+    mine = find(w.docs[rank])
+    if mine is None:
+        return []
+    out = []
+    peers = [p for r, d in w.docs.items() if r != rank and (p := find(d)) is not None]
+    n = max(len(w.docs[rank].step_times.during_seconds), 1)
+    durs = [p.critical_seconds / max(len(w.docs[r].step_times.during_seconds), 1)
+            for r, d in w.docs.items() if r != rank and (p := find(d)) is not None]
+    if durs:
+        p10, med, p90 = (float(np.percentile(durs, q)) for q in (10, 50, 90))
+        out.append(SignalComparison(signal=f"{function}: s/step", value=round(mine.critical_seconds / n, 6),
+                                    peer_median=round(med, 6), peer_p10=round(p10, 6), peer_p90=round(p90, 6)))
+    vals = [p.metric_mean for p in peers if p.metric_mean is not None and p.metric == mine.metric]
+    if mine.metric is not None and mine.metric_mean is not None and vals:
+        p10, med, p90 = (float(np.percentile(vals, q)) for q in (10, 50, 90))
+        out.append(SignalComparison(signal=f"{function}: {mine.metric.value}", value=mine.metric_mean,
+                                    peer_median=round(med, 4), peer_p10=round(p10, 4), peer_p90=round(p90, 4)))
+        # steady or bursty: the spread of the metric while the function runs (a capped link is steady)
+        cvs = [p.metric_std / p.metric_mean for p in peers
+               if p.metric == mine.metric and p.metric_std is not None and p.metric_mean]
+        if mine.metric_std is not None and mine.metric_mean and cvs:
+            p10, med, p90 = (float(np.percentile(cvs, q)) for q in (10, 50, 90))
+            out.append(SignalComparison(signal=f"{function}: {mine.metric.value} spread (std/mean)",
+                                        value=round(mine.metric_std / mine.metric_mean, 4), peer_median=round(med, 4),
+                                        peer_p10=round(p10, 4), peer_p90=round(p90, 4)))
+    return out
+
+
 def cost(f: Finding, step_seconds: float | None, world: int) -> FindingCost | None:
     if not step_seconds or step_seconds <= 0 or f.excess_seconds_per_step <= 0:
         return None
@@ -129,5 +166,6 @@ def cost(f: Finding, step_seconds: float | None, world: int) -> FindingCost | No
 
 def enrich(findings: list[Finding], w: WindowData, step_seconds: float | None) -> list[Finding]:
     world = w.world_size or len(w.docs)
-    return [f.model_copy(update={"signals": signature(w, f.ranks[0]) if f.ranks else [],
+    return [f.model_copy(update={"signals": (function_signal(w, f.ranks[0], f.function) + signature(w, f.ranks[0]))
+                                 if f.ranks else [],
                                  "cost": cost(f, step_seconds, world)}) for f in findings]
