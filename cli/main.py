@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eroica.cli import demo, diagnose_cmd, eval_cmd, record, rules_cmd, schema_cmd
+from eroica.cli import demo, diagnose_cmd, draft_cmd, eval_cmd, record, rules_cmd, schema_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_parser(sub)
     eval_cmd.add_parser(sub)
     schema_cmd.add_parser(sub)
+    draft_cmd.add_parser(sub)
     return p
 
 

@@ -17,6 +17,7 @@ from eroica.engine.diagnosis import (
     Finding,
     FindingCategory,
     PeerGroupInfo,
+    SettingDeviation,
     StepSummary,
     WindowDiagnosis,
 )
@@ -243,6 +244,8 @@ def build_findings(
                 evidence=ev, rule_ids=c["rule_ids"], fix_template=c.get("fix_template"), runbook=tax.runbook,
                 insufficient_peer_evidence=not valid,
                 excess_seconds_per_step=round(s.excess_seconds_per_step, 6) if s else 0.0,
+                settings=[SettingDeviation(key=f["key"], value=f["value"], peer_value=f["peer_value"])
+                          for f in c["facts"] if f.get("kind") == "config_deviation"],
             )
         )
     findings = _explain_away(findings, taxonomy)

@@ -57,6 +57,14 @@ class FindingCost(Frozen):
     recovered_ratio: float = Field(ge=0, le=1)  # share of the step time a fix recovers
 
 
+class SettingDeviation(Frozen):
+    """A setting of the culprit rank that differs from its peers' (what a config change would align)."""
+
+    key: str
+    value: str
+    peer_value: str
+
+
 class Finding(Frozen):
     root_cause: str
     category: FindingCategory
@@ -75,6 +83,7 @@ class Finding(Frozen):
     excess_seconds_per_step: float = 0.0
     signals: list[SignalComparison] = Field(default_factory=list)   # the culprit's hardware signature
     cost: FindingCost | None = None
+    settings: list[SettingDeviation] = Field(default_factory=list)
 
 
 class Coverage(Frozen):

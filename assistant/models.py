@@ -1,0 +1,64 @@
+"""What the assistant drafts: a proposal (a diff or a config change), a remediation template, and
+the record of a draft that was refused. Frozen and typed like every other eroica document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ConfigEdit(Frozen):
+    key: str
+    before: str
+    after: str
+    where: str = ""                     # the rank(s) or file the key is set on
+
+
+class Proposal(Frozen):
+    """A backend's answer: a unified diff, a config change, or nothing (a human must write it)."""
+
+    kind: Literal["diff", "config", "none"]
+    diff: str = ""
+    config: list[ConfigEdit] = Field(default_factory=list)
+    rationale: str = ""
+
+
+class Remediation(Frozen):
+    """A remediation template from knowledge/remediations/<id>.yaml (SRE-authored data)."""
+
+    id: str
+    root_causes: list[str]
+    title: str
+    action: Literal["dataloader_kwargs", "gc_freeze", "align_settings", "guidance"]
+    params: dict[str, Any] = Field(default_factory=dict)
+    risk: str
+    guidance: str
+    rollback: str
+
+
+def load_remediations(directory: Path) -> dict[str, Remediation]:
+    out = {}
+    for f in sorted(directory.glob("*.yaml")):
+        r = Remediation.model_validate(yaml.safe_load(f.read_text()))
+        if r.id != f.stem:
+            raise ValueError(f"{f}: id {r.id!r} must be the file name ({f.stem})")
+        out[r.id] = r
+    return out
+
+
+class DraftOutcome(Frozen):
+    """One finding's outcome: what was written, or why nothing could be drafted."""
+
+    finding: str                         # "<root_cause> on rank <r>"
+    kind: Literal["code", "config", "ticket", "human"]
+    directory: str
+    backend: str
+    refusal: str | None = None           # why the draft was discarded (then a human writes the fix)
+    sent_to_model: bool = False

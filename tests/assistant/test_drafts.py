@@ -1,0 +1,206 @@
+"""The assistant on the recorded incidents (offline) and against a real OpenAI-compatible HTTP
+server on 127.0.0.1 that replays recorded model replies (good, malformed, unsafe, slow, failing)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from eroica.assistant.backends import ModelSettings
+from eroica.assistant.draft import draft_all
+from eroica.assistant.gate import check_config, check_diff
+from eroica.assistant.models import ConfigEdit, Proposal
+from eroica.cli.main import main
+from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.evaluate import find_incidents, load_expected
+
+ROOT = Path(__file__).parents[2]
+WORKLOAD = ROOT / "cli" / "workload.py"
+OPTS = DiagnoseOptions(in_process=True)
+SECTIONS = ("## The diagnosis it rests on", "## Proposed change", "## Risk", "## Validation plan", "## Rollback",
+            "## What was sent to a model", "## Approval")
+
+
+def repo(tmp: Path) -> Path:
+    r = tmp / "repo"
+    r.mkdir()
+    shutil.copy(WORKLOAD, r / "train.py")
+    (r / "README.md").write_text("training job\n")
+    return r
+
+
+def software_incidents() -> list[Path]:
+    out = []
+    for inc in find_incidents(ROOT / "incidents"):
+        exp = load_expected(inc / "expected.yaml").expect
+        if exp and exp[0].root_cause in ("dataloader_stall", "gc_pause", "framework_config", "user_code",
+                                         "cpu_contention", "workload_imbalance", "unknown"):
+            out.append(inc)
+    return out
+
+
+@pytest.mark.parametrize("inc", software_incidents(), ids=lambda p: p.name)
+def test_offline_drafts_a_valid_change_request_for_each_software_incident(tmp_path: Path, inc: Path) -> None:
+    r = repo(tmp_path)
+    before = (r / "train.py").read_text()
+    outcomes = draft_all(diagnose(inc / "patterns", OPTS), tmp_path / "out", r)
+    cause = load_expected(inc / "expected.yaml").expect[0].root_cause
+    mine = [o for o in outcomes if o.finding.startswith(cause)]
+    assert mine, outcomes
+    for o in mine:
+        d = Path(o.directory)
+        text = (d / "change_request.md").read_text()
+        assert all(s in text for s in SECTIONS) and "- Approver:\n" in text and "not applied" in text
+        if o.kind == "code":
+            res = subprocess.run(["git", "apply", "--check", str(d / "patch.diff")], cwd=r, capture_output=True)
+            assert res.returncode == 0, res.stderr
+        elif o.kind == "config":
+            assert (d / "config_change.yaml").exists()
+        else:
+            assert o.kind == "human" and o.refusal and "A human must write the fix" in text
+    assert (r / "train.py").read_text() == before                   # nothing is ever applied
+    expected_kind = {"dataloader_stall": "code", "gc_pause": "code", "framework_config": "config"}.get(cause)
+    if expected_kind:
+        assert mine[0].kind == expected_kind, mine[0]
+
+
+def test_a_hardware_finding_gets_a_ticket_not_code(tmp_path: Path) -> None:
+    outcomes = draft_all(diagnose(ROOT / "incidents" / "INC-0002" / "patterns", OPTS), tmp_path / "out",
+                         repo(tmp_path))
+    (o,) = [o for o in outcomes if o.finding.startswith("cpu_throttled")]
+    assert o.kind == "ticket" and not (Path(o.directory) / "patch.diff").exists()
+    assert "For people, not for code" in (Path(o.directory) / "ticket.md").read_text()
+
+
+def test_the_gate_refuses_unsafe_or_unrelated_or_broken_diffs(tmp_path: Path) -> None:
+    r = repo(tmp_path)
+    ok_line = "    t_last = time.monotonic()\n"
+    assert ok_line in (r / "train.py").read_text()
+
+    lines = (r / "train.py").read_text().splitlines(keepends=True)
+    i = lines.index(ok_line) + 1
+    after = lines[i].rstrip("\n")
+
+    def diff(path: str, added: str) -> str:   # one line of context on each side (git anchors otherwise)
+        return (f"--- a/{path}\n+++ b/{path}\n@@ -{i},2 +{i},3 @@\n {ok_line.rstrip()}\n+{added}\n {after}\n")
+
+    allowed = {"train.py"}
+    assert check_diff(diff("train.py", "    t_last += 0.0"), r, allowed) is None
+    assert "shell-out" in (check_diff(diff("train.py", "    subprocess.run(['sh'])"), r, allowed) or "")
+    assert "network call" in (check_diff(diff("train.py", "    requests.get('http://x')"), r, allowed) or "")
+    assert "secret" in (check_diff(diff("train.py", "    api_key = 'sk-abcdefghijklmnopqrstuvwx'"), r, allowed) or "")
+    assert "unrelated" in (check_diff(diff("README.md", "more"), r, allowed) or "")
+    assert "does not apply" in (check_diff("--- a/train.py\n+++ b/train.py\n@@ -1,1 +1,1 @@\n-nope\n+x\n", r,
+                                           allowed) or "")
+    assert "do not exist" in (check_config(Proposal(kind="config", config=[ConfigEdit(key="x", before="1", after="2")]),
+                                           {"y"}) or "")
+
+
+# ---- a real OpenAI-compatible HTTP server on 127.0.0.1 replaying recorded model replies ----
+
+class Replay(BaseHTTPRequestHandler):
+    replies: list[tuple[int, str, float]] = []     # (HTTP status, message content, delay seconds)
+    prompts: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Replay.prompts.append(body["messages"][-1]["content"])
+        status, content, delay = Replay.replies.pop(0)
+        time.sleep(delay)
+        payload = json.dumps({"id": "r", "object": "chat.completion", "created": 0, "model": body["model"],
+                              "choices": [{"index": 0, "finish_reason": "stop",
+                                           "message": {"role": "assistant", "content": content}}],
+                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+        if status != 200:
+            payload = b'{"error": {"message": "server error", "type": "server_error"}}'
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):   # the client gave up (timeout)
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server():  # type: ignore[no-untyped-def]
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Replay)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    Replay.prompts.clear()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_the_openai_backend_ends_in_a_valid_draft_or_a_recorded_refusal(tmp_path: Path, server: str) -> None:
+    r = repo(tmp_path)
+    src = (r / "train.py").read_text().replace(
+        "    def make_loader(", "    # shards in /home/alice/shards on vm, from 10.1.2.3:8080 (alice@example.com)\n"
+        "    def make_loader(", 1)
+    (r / "train.py").write_text(src)
+    d = diagnose(ROOT / "incidents" / "INC-0001" / "patterns", OPTS)      # dataloader_stall on rank 1
+    # a good reply: the model returns the same kind of fix the offline backend drafts
+    good = (tmp_path / "offline")
+    (o,) = draft_all(d, good, r)
+    good_diff = (Path(o.directory) / "patch.diff").read_text()
+    text = (r / "train.py").read_text()
+    shell = good_diff.replace("persistent_workers=True)", "persistent_workers=True); __import__('os').system('id')")
+    unrelated = good_diff.replace("a/train.py", "a/README.md").replace("b/train.py", "b/README.md")
+    Replay.replies = [
+        (200, json.dumps({"kind": "diff", "diff": good_diff, "rationale": "workers and prefetch"}), 0.0),
+        (200, "Sure! Here is a fix: add more workers.", 0.0),                         # not the structured form
+        (200, json.dumps({"kind": "diff", "diff": shell}), 0.0),                        # a shell-out
+        (200, json.dumps({"kind": "diff", "diff": unrelated}), 0.0),                    # another file
+        (200, json.dumps({"kind": "diff", "diff": good_diff}), 3.0),                    # too slow
+        (500, "", 0.0),                                                                 # HTTP error
+    ]
+    settings = ModelSettings(base_url=server, model="replay", api_key="k", timeout_seconds=1.0)
+    results = []
+    for i in range(6):
+        (o,) = draft_all(d, tmp_path / f"llm{i}", r, backend="openai", settings=settings)
+        results.append(o)
+        req = (Path(o.directory) / "change_request.md").read_text()
+        assert all(s in req for s in SECTIONS) and o.sent_to_model
+        assert "sent_to_model.txt" in req
+    assert results[0].kind == "code" and results[0].refusal is None
+    assert "structured form" in (results[1].refusal or "")
+    assert "shell-out" in (results[2].refusal or "")
+    assert "unrelated" in (results[3].refusal or "")
+    assert "endpoint failed" in (results[4].refusal or "") and "Timeout" in (results[4].refusal or "")
+    assert "endpoint failed" in (results[5].refusal or "")
+    assert all(o.kind == "human" for o in results[1:])
+    assert (r / "train.py").read_text() == text                     # nothing was applied
+    # what was sent: redacted, and only the code around the finding, not the whole file
+    sent = (Path(results[0].directory) / "sent_to_model.txt").read_text()
+    assert sent.strip() == Replay.prompts[0].strip()
+    assert "DataLoader(" in sent and len(sent) < len(text) / 2
+    for secret, placeholder in (("/home/alice", "<path>"), (" vm,", "<host>"), ("10.1.2.3", "<ip>"),
+                                ("alice@example.com", "<email>")):
+        assert secret not in sent and placeholder in sent, (secret, placeholder)
+    assert "x `<host>`" in (Path(results[0].directory) / "change_request.md").read_text()
+
+
+def test_the_cli_drafts_and_says_nothing_was_applied(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from eroica.engine.render import render
+
+    dj = tmp_path / "d.json"
+    dj.write_text(render(diagnose(ROOT / "incidents" / "INC-0004" / "patterns", OPTS), "json"))
+    assert main(["draft", str(dj), "--repo", str(repo(tmp_path)), "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "code    gc_pause" in out and "nothing was applied" in out
+    assert json.loads((tmp_path / "out" / "drafts.json").read_text())[0]["kind"] == "code"
+    assert main(["draft", str(tmp_path / "missing.json"), "-o", str(tmp_path / "o2")]) == 2
+    assert "no such file" in capsys.readouterr().out
+    assert main(["draft", str(dj), "--backend", "openai", "-o", str(tmp_path / "o3")]) == 2
