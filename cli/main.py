@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eroica.cli import demo, diagnose_cmd, draft_cmd, eval_cmd, record, rules_cmd, schema_cmd
+from eroica.cli import demo, diagnose_cmd, draft_cmd, eval_cmd, ingest_cmd, record, rules_cmd, schema_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     eval_cmd.add_parser(sub)
     schema_cmd.add_parser(sub)
     draft_cmd.add_parser(sub)
+    ingest_cmd.add_parser(sub)
     return p
 
 

@@ -39,3 +39,22 @@ def display_name(name: str) -> str:
         if name.startswith(p):
             return name[len(p) :]
     return name
+
+
+def kernel_name(name: str) -> str:
+    """A device kernel's function name without its return type, template arguments and parameter
+    list (`void ns::k<float, 2>(float*, int)` -> `ns::k`): instantiations of one kernel are one function."""
+    n = name.strip()
+    if n.startswith("void "):
+        n = n[5:]
+    depth, out = 0, []
+    for ch in n:
+        if ch == "<":
+            depth += 1
+        elif ch == ">" and depth:
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            break
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out).strip() or name[:120]

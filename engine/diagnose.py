@@ -217,7 +217,8 @@ def build_findings(
             deviation_strength_ratio=round(float(0.5 + 0.5 * np.clip((excess - 0.05) / 0.2, 0.0, 1.0)), 4),
             step_consistency_ratio=round(0.6 + 0.4 * consistency, 4),
             peer_group_ratio=_peer_factor(valid, n),
-            coverage_ratio=cov,
+            # missing ranks halve it at most: what the reporting ranks show is still evidence
+            coverage_ratio=round(0.5 + 0.5 * cov, 4),
             peer_group=g.reason if g else "no peer group",
             peer_group_valid=valid,
         )

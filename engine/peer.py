@@ -34,12 +34,15 @@ MIN_GROUP = 3                  # fewer peers than this: no valid peer group
 MAX_DISPERSION = 0.35          # peers' busy-time MAD / median above this: heterogeneous group
 SUSPECT_EXCESS_STEP_RATIO = 0.04   # a rank must cost the job at least this share of a step ...
 SUSPECT_Z = 3.0                    # ... and stand out from its peers by this robust z
-SMALL_GROUP_MIN_RATIO = 1.3        # below 3 members: busy at least this much more than the other
+SMALL_GROUP_MIN_RATIO = 1.1        # below 3 members: busy at least this much more than the other
 SUSPECT_T = 4.0                    # or: excess consistent across the window's steps (paired t statistic)
 CATEGORY_SUSPECT_STEP_RATIO = 0.08  # one category alone this far above the others' (share of a step) ...
 CATEGORY_SUSPECT_Z = 5.0            # ... and this many robust sigmas: a suspect even when busy time is noisy
 #: categories that are near zero on a healthy rank (compute is not: it is the step's bulk and its noise)
-SPARSE_CATEGORIES = {Category.data.value, Category.gc.value, Category.region.value, Category.memory.value}
+SPARSE_CATEGORIES = {Category.data.value, Category.gc.value, Category.region.value, Category.memory.value,
+                     # device kernels: data-parallel peers run the same kernels, and a GPU rank's busy
+                     # time mixes them with host gaps that can hide a slower device
+                     Category.kernel.value}
 FUNCTION_MIN_EXPLAINS = 0.1
 COMPUTE_KINDS = {Category.compute.value, Category.kernel.value}
 CONFIG_KEYS_IGNORED = ("torch.version",)
@@ -116,7 +119,8 @@ def category_suspects(
             med = float(np.median(others))
             mad = float(np.median(np.abs(others - med))) * MAD_TO_SIGMA
             ex = float(sums[i] - med)
-            if ex / med_step >= CATEGORY_SUSPECT_STEP_RATIO and ex / max(mad, floor) >= CATEGORY_SUSPECT_Z:
+            need = SUSPECT_EXCESS_STEP_RATIO if cat == Category.kernel.value else CATEGORY_SUSPECT_STEP_RATIO
+            if ex / med_step >= need and ex / max(mad, floor) >= CATEGORY_SUSPECT_Z:
                 flag[i] = True
                 excess[i] = max(excess[i], ex)
     return flag, excess
@@ -256,7 +260,7 @@ def analyze(window: WindowData) -> PeerAnalysis:
             t = paired_t(busy_steps, i, clean, floor)
             if excess_ratio < SUSPECT_EXCESS_STEP_RATIO or (z < SUSPECT_Z and t < SUSPECT_T and not cat_flag[i]):
                 continue
-            if n < MIN_GROUP and cap_ratio(float(busy[i]), ref_busy) < SMALL_GROUP_MIN_RATIO:
+            if n < MIN_GROUP and cap_ratio(float(busy[i]), ref_busy) < SMALL_GROUP_MIN_RATIO and not cat_flag[i]:
                 continue
             med_busy_steps = np.median(busy_steps[clean] if clean.any() else busy_steps, axis=0)
             consistency = float(np.mean(busy_steps[i] > med_busy_steps + 0.5 * excess))

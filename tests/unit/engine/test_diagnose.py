@@ -53,7 +53,7 @@ def test_missing_ranks_lower_coverage_and_confidence(tmp_path: Path) -> None:
     del docs[4]
     w = diagnose(write_run(tmp_path, docs), DiagnoseOptions(in_process=True)).windows[0]
     assert w.coverage.ranks_missing == [4] and w.coverage.coverage_ratio == 0.8
-    assert w.findings[0].confidence_factors.coverage_ratio == 0.8
+    assert w.findings[0].confidence_factors.coverage_ratio == 0.9       # 0.5 + 0.5 x 0.8: halved at most
 
 
 def test_a_broken_file_is_named_and_the_rest_is_diagnosed(tmp_path: Path) -> None:

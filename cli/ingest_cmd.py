@@ -1,0 +1,63 @@
+"""`eroica ingest kineto TRACE_FILES_OR_DIR -o RUN_DIR`: profiler traces into pattern files."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from eroica.collector.kineto import TraceError, ingest_file, write_doc
+
+SUFFIXES = (".json", ".json.gz")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("ingest", help="turn existing traces into eroica pattern files (then: eroica diagnose)")
+    p.add_argument("format", choices=["kineto"], help="kineto: PyTorch profiler Chrome-trace JSON, one file per rank")
+    p.add_argument("paths", nargs="+", type=Path, help="trace files (.json or .json.gz) or directories of them")
+    p.add_argument("-o", "--output", type=Path, required=True, help="the run directory to write")
+    p.add_argument("--rank", action="append", default=[], metavar="FILE=N",
+                   help="the rank of a file that has no distributedInfo and no rank in its name")
+    p.add_argument("--world-size", type=int, help="when the traces do not say it")
+    p.set_defaults(func=run)
+
+
+def trace_files(paths: list[Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            out += sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(SUFFIXES))
+        else:
+            out.append(p)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    ranks: dict[str, int] = {}
+    for item in args.rank:
+        name, _, n = item.partition("=")
+        if not n.isdigit():
+            print(f"eroica ingest: --rank {item!r}: expected FILE=N")
+            return 2
+        ranks[Path(name).name] = int(n)
+    files = trace_files(args.paths)
+    if not files:
+        print(f"eroica ingest: no trace files (*.json, *.json.gz) in {', '.join(map(str, args.paths))}")
+        return 2
+    ok, failed, raw, written = 0, 0, 0, 0
+    for i, f in enumerate(files, 1):
+        try:
+            docs = ingest_file(f, ranks.get(f.name), args.world_size)
+        except (TraceError, OSError) as exc:
+            failed += 1
+            print(f"[{i}/{len(files)}] skipped: {exc}")
+            continue
+        ok += 1
+        raw += f.stat().st_size
+        for doc in docs:
+            out = write_doc(args.output, doc)
+            written += out.stat().st_size
+            print(f"[{i}/{len(files)}] rank {doc.job.rank}: {len(doc.step_times.during_seconds)} step(s), "
+                  f"{len(doc.functions)} functions -> {out} ({out.stat().st_size} B from {f.stat().st_size} B)")
+    print(f"{ok} rank(s) ingested, {failed} skipped; patterns {written} B from {raw} B of traces; "
+          f"next: eroica diagnose {args.output}")
+    return 0 if ok and not failed else (1 if ok else 2)

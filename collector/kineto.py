@@ -1,0 +1,266 @@
+"""Offline ingestion of PyTorch profiler (Kineto) Chrome-trace JSON into `eroica.patterns/v1`.
+
+One file per rank, plain or gzip. The JSON is streamed (a 1 GB trace is never one Python object):
+the top-level object is read key by key and `traceEvents` element by element, keeping only the
+few fields eroica needs. Each rank is summarized on its own clock (timestamps are never compared
+across ranks) with the live collector's own critical-path attribution and summary:
+
+- device work holds the critical path by priority: kernels > memory ops > communication kernels;
+- where the device is idle, the CPU-side work of the thread that drives the step (ops, CUDA
+  runtime calls such as cudaLaunchKernel, the data loader) holds it, so a launch-bound or
+  input-bound rank is found even when its kernels look normal;
+- device work is assigned to the step whose CPU side launched it (by correlation id).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from eroica.collector.classify import classify_op, kernel_name
+from eroica.collector.critical import Execution
+from eroica.collector.facts import Category, CollectorGap, JobInfo, PatternsDoc
+from eroica.collector.summarize import WindowRecord, summarize
+
+CHUNK = 1 << 20
+STEP = re.compile(r"^ProfilerStep#(\d+)$")
+RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+CPU_CATS = {"cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "python_function"}
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be ingested; the message names the file and what to do."""
+
+
+def _open(path: Path) -> TextIO:
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    if magic == b"\x1f\x8b":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
+    return open(path, encoding="utf-8", errors="replace")
+
+
+class _Stream:
+    """Incremental JSON values from a text stream (json.JSONDecoder.raw_decode on a sliding buffer)."""
+
+    def __init__(self, fh: TextIO, path: Path) -> None:
+        self.fh, self.path, self.buf, self.pos, self.eof, self.read_total = fh, path, "", 0, False, 0
+        self.dec = json.JSONDecoder()
+
+    def _fill(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self.fh.read(CHUNK)
+        if not chunk:
+            self.eof = True
+            return False
+        self.buf = self.buf[self.pos:] + chunk
+        self.read_total += self.pos
+        self.pos = 0
+        return True
+
+    def peek(self) -> str:
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self._fill():
+                raise TraceError(f"{self.path}: ends early (truncated?) at byte {self.read_total + self.pos}")
+
+    def expect(self, ch: str) -> None:
+        if self.peek() != ch:
+            raise TraceError(f"{self.path}: not JSON of a Chrome trace (expected {ch!r} at byte "
+                             f"{self.read_total + self.pos}, found {self.buf[self.pos]!r})")
+        self.pos += 1
+
+    def value(self) -> Any:
+        self.peek()
+        while True:
+            try:
+                v, end = self.dec.raw_decode(self.buf, self.pos)
+                if end == len(self.buf) and not self.eof and isinstance(v, (int, float)):
+                    raise json.JSONDecodeError("number may continue", self.buf, end)
+                self.pos = end
+                return v
+            except json.JSONDecodeError as exc:
+                if not self._fill():
+                    raise TraceError(f"{self.path}: not valid JSON or truncated near byte "
+                                     f"{self.read_total + self.pos}: {exc.msg}") from exc
+
+
+def read_trace(path: Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """(metadata read so far, events) — metadata keys after `traceEvents` arrive once the events
+    are consumed; the caller reads the dict again at the end."""
+    meta: dict[str, Any] = {}
+
+    def events() -> Iterator[dict[str, Any]]:
+        with _open(path) as fh:
+            s = _Stream(fh, path)
+            try:
+                s.expect("{")
+            except TraceError as exc:
+                raise TraceError(f"{path}: not a Chrome trace (the file is not a JSON object)") from exc
+            seen = False
+            while s.peek() != "}":
+                key = s.value()
+                s.expect(":")
+                if key == "traceEvents":
+                    seen = True
+                    s.expect("[")
+                    while s.peek() != "]":
+                        ev = s.value()
+                        if isinstance(ev, dict):
+                            yield ev
+                        if s.peek() == ",":
+                            s.pos += 1
+                    s.pos += 1
+                else:
+                    meta[str(key)] = s.value()
+                if s.peek() == ",":
+                    s.pos += 1
+            if not seen:
+                raise TraceError(f"{path}: not a Chrome trace: no traceEvents (keys: {', '.join(sorted(meta))[:200]})")
+
+    return meta, events()
+
+
+@dataclass
+class _Rank:
+    steps: list[tuple[int, int, int]] = field(default_factory=list)        # (step number, start, end) ns
+    cpu: list[tuple[int, int, str, str, int, int]] = field(default_factory=list)  # s, e, cat, name, tid, corr
+    device: list[tuple[int, int, str, str, int]] = field(default_factory=list)    # s, e, cat, name, corr
+
+
+def _collect(events: Iterator[dict[str, Any]]) -> _Rank:
+    r = _Rank()
+    for ev in events:
+        if ev.get("ph") != "X":
+            continue
+        cat, name = ev.get("cat") or "", str(ev.get("name", ""))
+        try:
+            s = int(float(ev["ts"]) * 1000)
+            e = s + int(float(ev.get("dur", 0)) * 1000)
+        except (KeyError, TypeError, ValueError):
+            continue
+        args = ev.get("args") or {}
+        corr = int(args.get("correlation", args.get("External id", -1)) or -1)
+        m = STEP.match(name) if cat in CPU_CATS else None      # not its gpu_user_annotation twin
+        if m:
+            r.steps.append((int(m.group(1)), s, e))
+        elif cat in DEVICE_CATS:
+            r.device.append((s, e, cat, name, corr))
+        elif cat in CPU_CATS:
+            r.cpu.append((s, e, cat, name, int(ev.get("tid", 0) or 0), corr))
+    return r
+
+
+def _executions(r: _Rank, main_tid: int | None) -> tuple[list[Execution], list[int]]:
+    """Every execution on this rank's clock, and the CPU start of each step."""
+    r.steps.sort(key=lambda x: x[1])
+    starts = [s for _, s, _ in r.steps]
+    # device work: by priority (kernels > memory > communication); its union is the busy device
+    dev: list[Execution] = []
+    for s, e, cat, name, _ in r.device:
+        c = classify_op(name, on_device=True) if cat == "kernel" else Category.memory
+        dev.append(Execution(s, e, c, kernel_name(name) if cat == "kernel" else name))
+    busy = _union([(x.start_ns, x.end_ns) for x in dev])
+    cpu: list[Execution] = []
+    for s, e, cat, name, tid, _ in r.cpu:
+        if main_tid is not None and tid != main_tid:
+            continue
+        if cat == "user_annotation" and not classify_op(name) == Category.data:
+            continue                                   # `## forward ##` markers: their ops are events too
+        c = Category.compute if cat in ("cuda_runtime", "cuda_driver") else classify_op(name)
+        for a, b in _gaps((s, e), busy):               # only where the device is idle
+            cpu.append(Execution(a, b, c, name))
+    return dev + cpu, starts
+
+
+def _union(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(iv):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _gaps(span: tuple[int, int], busy: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    import bisect
+
+    s, e = span
+    i = max(bisect.bisect_right(busy, (s, 1 << 62)) - 1, 0)
+    cur = s
+    while i < len(busy) and busy[i][0] < e:
+        bs, be = busy[i]
+        if be > cur:
+            if bs > cur:
+                yield cur, min(bs, e)
+            cur = max(cur, be)
+        i += 1
+    if cur < e:
+        yield cur, e
+
+
+def ingest_file(path: Path, rank: int | None = None, world_size: int | None = None) -> list[PatternsDoc]:
+    """One pattern document per contiguous range of profiled steps."""
+    meta, events = read_trace(path)
+    r = _collect(events)
+    info = meta.get("distributedInfo") or {}
+    if rank is None:
+        if "rank" in info:
+            rank = int(info["rank"])
+        else:
+            m = RANK_IN_NAME.search(path.name)
+            if not m:
+                raise TraceError(f"{path}: no distributedInfo and no rank in the file name (rank3, worker3...); "
+                                 f"pass --rank FILE=N")
+            rank = int(m.group(1))
+    world = int(world_size or info.get("world_size") or rank + 1)
+    if not r.steps:
+        raise TraceError(f"{path}: no ProfilerStep#N events: profile with torch.profiler.schedule and prof.step()")
+    # every CPU thread counts (the autograd engine runs backward on threads of its own)
+    execs, _ = _executions(r, None)
+    runs: list[list[tuple[int, int, int]]] = []
+    for st in r.steps:                                   # one window per contiguous range of steps
+        if runs and st[0] == runs[-1][-1][0] + 1:
+            runs[-1].append(st)
+        else:
+            runs.append([st])
+    job = JobInfo(rank=rank, world_size=max(world, rank + 1), hostname=str(meta.get("hostname", "trace")),
+                  pid=0, backend=str(info.get("backend", "unknown")), device="cuda" if r.device else "cpu")
+    docs = []
+    for i, run in enumerate(runs):
+        starts = [s for _, s, _ in run]
+        # the last step ends when its CPU span ends or its device work does, whichever is later
+        nxt = runs[i + 1][0][1] if i + 1 < len(runs) else 1 << 62
+        end = max([run[-1][2]] + [e for s, e, *_ in r.device if starts[-1] <= s < nxt])
+        bounds = [*starts, end]
+        first = run[0][0]
+        rec = WindowRecord(job=job, window_id=f"w{i:03d}-s{first}", start_step=first, trigger="requested",
+                           triggered_by_rank=None, step_bounds_ns=bounds, before_seconds=[],
+                           baseline_median_seconds=None, executions=execs, samples=None,
+                           config={"source": "kineto"},
+                           gaps=[CollectorGap(source="hardware", reason="offline trace: no hardware samples")])
+        docs.append(summarize(rec, 0.0, 0.0))
+    return docs
+
+
+def write_doc(run_dir: Path, doc: PatternsDoc) -> Path:
+    """The pattern file, as the live collector writes it (its own size recorded in it)."""
+    wdir = run_dir / doc.window.window_id
+    wdir.mkdir(parents=True, exist_ok=True)
+    data = doc.model_dump(mode="json", by_alias=True)
+    data["overhead"]["pattern_bytes"] = len(json.dumps(data, separators=(",", ":")).encode())
+    out = wdir / f"rank-{doc.job.rank}.json"
+    out.write_text(json.dumps(data, separators=(",", ":")))
+    return out
