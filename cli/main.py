@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eroica.cli import demo, diagnose_cmd, draft_cmd, eval_cmd, ingest_cmd, record, rules_cmd, schema_cmd
+from eroica.cli import demo, diagnose_cmd, draft_cmd, eval_cmd, ingest_cmd, record, rules_cmd, schema_cmd, simulate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema_cmd.add_parser(sub)
     draft_cmd.add_parser(sub)
     ingest_cmd.add_parser(sub)
+    simulate.add_parser(sub)
     return p
 
 

@@ -30,6 +30,7 @@ from eroica.engine.signals import cap_ratio, cpu_wait_outlier, host_cpu_facts, h
 from eroica.engine.spikes import kept_steps, spike_facts
 
 MAD_TO_SIGMA = 1.4826
+LARGE_GROUP = 64               # from this many members, leave-one-out statistics equal the group's
 MIN_GROUP = 3                  # fewer peers than this: no valid peer group
 MAX_DISPERSION = 0.35          # peers' busy-time MAD / median above this: heterogeneous group
 SUSPECT_EXCESS_STEP_RATIO = 0.04   # a rank must cost the job at least this share of a step ...
@@ -114,10 +115,16 @@ def category_suspects(
     for cat in sorted({k[0] for k in keys} & SPARSE_CATEGORIES):
         idx = [j for j, k in enumerate(keys) if k[0] == cat]
         sums = fmat[:, idx].sum(axis=1)
-        for i in range(n):
-            others = np.delete(sums, i)
-            med = float(np.median(others))
-            mad = float(np.median(np.abs(others - med))) * MAD_TO_SIGMA
+        # the others' median and MAD; from LARGE_GROUP members one rank cannot move them: all ranks'
+        gmed = float(np.median(sums))
+        gmad = float(np.median(np.abs(sums - gmed))) * MAD_TO_SIGMA
+        for i in (np.flatnonzero(sums - gmed > 0) if n >= LARGE_GROUP else range(n)):
+            if n >= LARGE_GROUP:
+                med, mad = gmed, gmad
+            else:
+                others = np.delete(sums, i)
+                med = float(np.median(others))
+                mad = float(np.median(np.abs(others - med))) * MAD_TO_SIGMA
             ex = float(sums[i] - med)
             need = SUSPECT_EXCESS_STEP_RATIO if cat == Category.kernel.value else CATEGORY_SUSPECT_STEP_RATIO
             if ex / med_step >= need and ex / max(mad, floor) >= CATEGORY_SUSPECT_Z:
@@ -257,8 +264,10 @@ def analyze(window: WindowData) -> PeerAnalysis:
             # happened to run faster (its own slowdown spread over the host)
             excess = max(float(busy[i] - ref_busy), float(cat_excess[i]))
             excess_ratio = excess / med_step if med_step > 0 else 0.0
-            t = paired_t(busy_steps, i, clean, floor)
-            if excess_ratio < SUSPECT_EXCESS_STEP_RATIO or (z < SUSPECT_Z and t < SUSPECT_T and not cat_flag[i]):
+            if excess_ratio < SUSPECT_EXCESS_STEP_RATIO:
+                continue
+            # the per-step test only where the robust z alone does not decide (it is O(group) per rank)
+            if z < SUSPECT_Z and not cat_flag[i] and paired_t(busy_steps, i, clean, floor) < SUSPECT_T:
                 continue
             if n < MIN_GROUP and cap_ratio(float(busy[i]), ref_busy) < SMALL_GROUP_MIN_RATIO and not cat_flag[i]:
                 continue

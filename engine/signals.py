@@ -117,12 +117,22 @@ def state_outliers(docs: dict[int, PatternsDoc], ranks: list[int], suspects: set
     """Ranks with a GPU link state below their peers' median: the job's slowdown to weigh it by, and
     (for ranks that are not suspects already) the signal beside the peers."""
     out: list[Fact] = []
+    values = {sig: {r: v for r in ranks if (v := signal_value(docs[r], sig)) is not None} for sig in STATE_SIGNALS}
+    meds = {sig: float(np.median(list(v.values()))) for sig, v in values.items() if len(v) >= 64}
     for r in ranks:
         low = []
         for sig in STATE_SIGNALS:
-            v = signal_value(docs[r], sig)
-            peers = [x for p in ranks if p != r and (x := signal_value(docs[p], sig)) is not None]
-            if v is not None and peers and v < float(np.median(peers)):
+            v = values[sig].get(r)
+            if v is None:
+                continue
+            if sig in meds:            # a large group: one rank does not move the median
+                med = meds[sig]
+            else:
+                peers = [x for p, x in values[sig].items() if p != r]
+                if not peers:
+                    continue
+                med = float(np.median(peers))
+            if v < med:
                 low.append(sig)
         if low:
             job = job_slowdown(docs, ranks, r, suspects, step_seconds)

@@ -1,0 +1,33 @@
+"""The fleet SIMULATOR (eroica simulate) against its own ground truth, through the real engine and
+rules: the GPU-only faults no CPU machine can produce for real."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eroica.cli.main import main
+from eroica.engine.diagnose import DiagnoseOptions, diagnose
+
+
+@pytest.mark.parametrize("fault", ["dataloader_stall", "workload_imbalance", "gpu_throttled", "pcie_degraded",
+                                   "nvlink_degraded"])
+def test_each_simulated_fault_is_named_on_its_rank(tmp_path: Path, fault: str) -> None:
+    assert main(["simulate", "--ranks", "64", "--pp", "2", "--fault", fault, "--seed", "3", "-o", str(tmp_path)]) == 0
+    truth = json.loads((tmp_path / "ground_truth.json").read_text())
+    assert truth["simulator"].startswith("eroica simulate") and len(truth["ranks"]) == 1
+    (w,) = diagnose(tmp_path, DiagnoseOptions(in_process=True)).windows
+    top = w.findings[0]
+    assert (top.root_cause, top.ranks) == (fault, truth["ranks"]) and top.confidence >= 0.5
+    assert not any(f.confidence >= 0.5 for f in w.findings if f.ranks != truth["ranks"])
+    # pipeline stages come from the process-group layout: two valid groups of 32
+    assert sorted((g.name, len(g.ranks), g.valid) for g in w.peer_groups) == [("worker/pp0", 32, True),
+                                                                              ("worker/pp1", 32, True)]
+
+
+def test_a_healthy_simulated_fleet_is_healthy(tmp_path: Path) -> None:
+    assert main(["simulate", "--ranks", "256", "--fault", "none", "-o", str(tmp_path)]) == 0
+    (w,) = diagnose(tmp_path, DiagnoseOptions(in_process=True)).windows
+    assert w.healthy and not any(f.confidence >= 0.5 for f in w.findings)
