@@ -1,7 +1,8 @@
 """Diagnosis time and peak memory at fleet scale, on simulated windows (eroica simulate).
 
-Each size runs in its own process (peak RSS is per process): simulate N ranks with a GPU fault,
-then time `diagnose` alone. Usage: python bench/engine_scale.py [N ...]   (default 1000 10000)
+Each size runs in its own process (peak RSS is per process): simulate N ranks with a GPU fault
+(pattern files packed one per host), then time `diagnose` alone.
+Usage: python bench/engine_scale.py [N ...]   (default 1000 10000)
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 from eroica.cli.simulate import simulate
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 n, out = int(sys.argv[1]), Path(sys.argv[2])
-t0 = time.perf_counter(); truth = simulate(out, n, "gpu_throttled", seed=1, pp=4); t_sim = time.perf_counter() - t0
+t0 = time.perf_counter()
+truth = simulate(out, n, "gpu_throttled", seed=1, pp=4, packed=True)
+t_sim = time.perf_counter() - t0
 t0 = time.perf_counter(); d = diagnose(out); t_diag = time.perf_counter() - t0
 top = d.windows[0].findings[0] if d.windows[0].findings else None
 print(json.dumps({"ranks": n, "simulate_s": round(t_sim, 2), "diagnose_s": round(t_diag, 2),

@@ -99,11 +99,22 @@ def rank_doc(rank: int, world: int, pp: int, fault: str, culprit: bool, rng: ran
                                    summarize_seconds=0.05, raw_events_total=5000, raw_events_dropped_total=0))
 
 
-def simulate(out: Path, ranks: int, fault: str, seed: int = 0, pp: int = 1) -> dict[str, object]:
+def simulate(out: Path, ranks: int, fault: str, seed: int = 0, pp: int = 1, packed: bool = False) -> dict[str, object]:
+    """`packed`: one `host-<name>.jsonl` per host (one document per line) instead of a file per rank."""
     rng = random.Random(seed)
     culprits = [] if fault == "none" else sorted(rng.sample(range(ranks), 1))
+    hosts: dict[str, list[str]] = {}
     for r in range(ranks):
-        write_doc(out, rank_doc(r, ranks, pp, fault, r in culprits, random.Random(seed * 1_000_003 + r)))
+        doc = rank_doc(r, ranks, pp, fault, r in culprits, random.Random(seed * 1_000_003 + r))
+        if packed:
+            hosts.setdefault(doc.job.hostname, []).append(
+                json.dumps(doc.model_dump(mode="json", by_alias=True), separators=(",", ":")))
+        else:
+            write_doc(out, doc)
+    for host, lines in hosts.items():
+        wdir = out / "w000-s200"
+        wdir.mkdir(parents=True, exist_ok=True)
+        (wdir / f"host-{host}.jsonl").write_text("\n".join(lines) + "\n")
     truth = {"simulator": "eroica simulate (not real hardware)", "fault": fault, "ranks": culprits,
              "world_size": ranks, "pipeline_stages": pp, "seed": seed}
     (out / "ground_truth.json").write_text(json.dumps(truth, indent=2) + "\n")
@@ -116,6 +127,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--fault", choices=FAULTS, default="gpu_throttled")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (process groups named 'pp')")
+    p.add_argument("--packed", action="store_true", help="one host-<name>.jsonl per host instead of a file per rank")
     p.add_argument("-o", "--output", type=Path, required=True)
     p.set_defaults(func=run)
 
@@ -124,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ranks < 1 or args.pp < 1 or args.ranks % args.pp:
         print("eroica simulate: --ranks must be a positive multiple of --pp")
         return 2
-    truth = simulate(args.output, args.ranks, args.fault, args.seed, args.pp)
+    truth = simulate(args.output, args.ranks, args.fault, args.seed, args.pp, args.packed)
     print(f"simulated {args.ranks} ranks, fault {args.fault} on ranks {truth['ranks']}: {args.output} "
           f"(ground truth in ground_truth.json)")
     return 0

@@ -18,6 +18,7 @@ from eroica.engine.errors import RunDirError
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
 TRACE_FILE = re.compile(r"^rank-(\d+)\.trace\.json$")
+PACKED_FILE = re.compile(r"^(?:host|pack)-[\w.-]+\.jsonl$")     # many ranks' documents, one per line
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ def load_window(wdir: Path) -> WindowData:
         t = TRACE_FILE.match(f.name)
         if t:
             w.raw_traces[int(t.group(1))] = str(f.resolve())
+        if PACKED_FILE.match(f.name):
+            _load_packed(w, f)
+            continue
         m = RANK_FILE.match(f.name)
         if not m:
             continue
@@ -92,11 +96,47 @@ def load_window(wdir: Path) -> WindowData:
     return w
 
 
+def _load_packed(w: WindowData, f: Path) -> None:
+    """`host-<name>.jsonl` / `pack-<name>.jsonl`: one pattern document per line (a host's ranks, or a
+    whole job's), so a 100,000-rank window need not be 100,000 files."""
+    try:
+        fh = open(f, encoding="utf-8")
+    except OSError as exc:
+        w.problems.append(LoadProblem(str(f), "", f"cannot read: {exc.strerror}"))
+        return
+    with fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{f}:{n}"
+            try:
+                raw = json.loads(line)
+                schema = raw.get("schema") if isinstance(raw, dict) else None
+                if schema != PATTERNS_SCHEMA:
+                    raise RunDirError(f"expected {PATTERNS_SCHEMA!r}, got {schema!r}", path=where, field="schema")
+                doc = PatternsDoc.model_validate(raw)
+            except json.JSONDecodeError as exc:
+                w.problems.append(LoadProblem(where, "", f"not valid JSON (column {exc.colno}): {exc.msg}"))
+                continue
+            except RunDirError as exc:
+                w.problems.append(LoadProblem(where, exc.field or "", exc.message))
+                continue
+            except ValidationError as exc:
+                for err in exc.errors()[:5]:
+                    w.problems.append(LoadProblem(where, ".".join(str(x) for x in err["loc"]), err["msg"]))
+                continue
+            if doc.job.rank in w.docs:
+                w.problems.append(LoadProblem(where, "job.rank", f"duplicate rank {doc.job.rank}; first one kept"))
+                continue
+            w.docs[doc.job.rank] = doc
+
+
 def load_run(run_dir: Path, window: str | None = None) -> list[WindowData]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory (expected RUN_DIR/<window>/rank-<R>.json)")
-    dirs = sorted(d for d in run_dir.iterdir() if d.is_dir() and any(RANK_FILE.match(f.name) for f in d.iterdir()))
+    dirs = sorted(d for d in run_dir.iterdir() if d.is_dir() and any(
+        RANK_FILE.match(f.name) or PACKED_FILE.match(f.name) for f in d.iterdir()))
     if window is not None:
         dirs = [d for d in dirs if d.name == window]
         if not dirs:

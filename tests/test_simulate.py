@@ -31,3 +31,19 @@ def test_a_healthy_simulated_fleet_is_healthy(tmp_path: Path) -> None:
     assert main(["simulate", "--ranks", "256", "--fault", "none", "-o", str(tmp_path)]) == 0
     (w,) = diagnose(tmp_path, DiagnoseOptions(in_process=True)).windows
     assert w.healthy and not any(f.confidence >= 0.5 for f in w.findings)
+
+
+def test_patterns_packed_per_host_read_like_files_per_rank(tmp_path: Path) -> None:
+    assert main(["simulate", "--ranks", "64", "--fault", "gpu_throttled", "--packed", "-o", str(tmp_path / "p")]) == 0
+    assert main(["simulate", "--ranks", "64", "--fault", "gpu_throttled", "-o", str(tmp_path / "f")]) == 0
+    packed = list((tmp_path / "p" / "w000-s200").iterdir())
+    assert len(packed) == 8 and all(p.name.startswith("host-node") and p.suffix == ".jsonl" for p in packed)
+    a, b = (diagnose(tmp_path / x, DiagnoseOptions(in_process=True)).windows[0] for x in ("p", "f"))
+    assert [(f.root_cause, f.ranks, f.confidence) for f in a.findings] == [
+        (f.root_cause, f.ranks, f.confidence) for f in b.findings]
+    # a broken line is named (file:line) and the rest of the host is still read
+    host = packed[0]
+    lines = host.read_text().splitlines()
+    host.write_text("\n".join([lines[0][:50], *lines[1:]]) + "\n")
+    w = diagnose(tmp_path / "p", DiagnoseOptions(in_process=True)).windows[0]
+    assert len(w.coverage.ranks_reported) == 63 and any(f"{host.name}:1" in p for p in w.coverage.file_problems)
