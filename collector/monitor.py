@@ -17,6 +17,7 @@ from typing import Any
 from eroica.collector.critical import Execution
 from eroica.collector.detector import StepTimeDetector
 from eroica.collector.facts import Category, CollectorGap, JobInfo
+from eroica.collector.gather import PatternGather, wanted
 from eroica.collector.hooks.gc_hook import GcHook
 from eroica.collector.layout import process_group_layout
 from eroica.collector.policy import TriggerPolicy
@@ -84,6 +85,7 @@ class Monitor:
         store: Any = None,
         rank: int | None = None,
         world_size: int | None = None,
+        gather: bool | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.gaps: list[CollectorGap] = []
@@ -130,6 +132,12 @@ class Monitor:
                     self._gap("store", "no torch.distributed store: windows cannot be synchronized; detector off")
                 store = LocalStore()
             self._coord = WindowCoordinator(store, self.rank)
+            self._gather: PatternGather | None = None
+            if wanted(gather) and self.world_size > 1 and backend != "none":
+                try:   # every rank builds the group here, at the same point
+                    self._gather = PatternGather()
+                except Exception as exc:
+                    self._gap("gather", f"no gloo group to gather patterns ({exc!r}); each rank writes its own file")
             self._detector = StepTimeDetector(self.policy)
             force = os.environ.get(FORCE_ENV)
             if force:
@@ -368,20 +376,33 @@ class Monitor:
             raw_trace_bytes=ops.raw_trace_bytes,
         )
         self._events = []
+        doc = None
         if len(rec.step_bounds_ns) < 2:
             self._gap("window", f"window {wid} closed before a full step; nothing written")
-            return
-        doc = summarize(rec, t_sum, time.monotonic())
-        self._write(wdir, doc)
-        self.windows_completed.append(wid)
+        else:
+            doc = summarize(rec, t_sum, time.monotonic())
+        if getattr(self, "_gather", None) is not None:
+            try:   # every rank takes part, with or without a document
+                self._gather.send(wdir, None if doc is None else self._text(doc))  # type: ignore[union-attr]
+                if doc is not None:
+                    self.windows_completed.append(wid)
+                return
+            except Exception as exc:
+                self._gather = None
+                self._gap("gather", f"gathering patterns to rank 0 failed ({exc!r}); writing this rank's file")
+        if doc is not None:
+            self._write(wdir, doc)
+            self.windows_completed.append(wid)
+
+    @staticmethod
+    def _text(doc: Any) -> str:
+        data = doc.model_dump(mode="json", by_alias=True)
+        data["overhead"]["pattern_bytes"] = len(json.dumps(data, separators=(",", ":")).encode())
+        return json.dumps(data, separators=(",", ":"))
 
     def _write(self, wdir: Path, doc: Any) -> None:
         wdir.mkdir(parents=True, exist_ok=True)
-        data = doc.model_dump(mode="json", by_alias=True)
-        text = json.dumps(data, separators=(",", ":"))
-        size = len(text.encode())
-        data["overhead"]["pattern_bytes"] = size
-        text = json.dumps(data, separators=(",", ":"))
+        text = self._text(doc)
         final = wdir / f"rank-{self.rank}.json"
         tmp = wdir / f".rank-{self.rank}.json.tmp"
         tmp.write_text(text)

@@ -1,0 +1,45 @@
+"""Getting the patterns to one place without a shared filesystem: at a window's close every rank
+sends its document (kilobytes) to rank 0 over a separate gloo process group of the job's own
+torch.distributed (so NCCL streams are untouched), and rank 0 writes them as one packed file
+`<window>/pack-gathered.jsonl`. Any failure (a rank gone, a timeout) becomes a gap and the rank
+falls back to writing its own file."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+from typing import Any
+
+ENV = "EROICA_GATHER"
+TIMEOUT_SECONDS = 60
+
+
+def wanted(flag: bool | None) -> bool:
+    return bool(flag) if flag is not None else os.environ.get(ENV, "") not in ("", "0", "false", "no")
+
+
+class PatternGather:
+    """Created on every rank at the same point (a collective); `send` is called by every rank at
+    each window's close, with its document's JSON text or None when it has none."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.group: Any = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=TIMEOUT_SECONDS))
+
+    def send(self, wdir: Path, text: str | None) -> int:
+        """Gather to rank 0; returns the number of documents rank 0 wrote (0 on other ranks)."""
+        out: list[str | None] | None = [None] * self.world if self.rank == 0 else None
+        self.dist.gather_object(text, out, dst=0, group=self.group)
+        if self.rank != 0 or out is None:
+            return 0
+        docs = [t for t in out if t]
+        wdir.mkdir(parents=True, exist_ok=True)
+        tmp = wdir / ".pack-gathered.jsonl.tmp"
+        tmp.write_text("".join(t + "\n" for t in docs))
+        os.replace(tmp, wdir / "pack-gathered.jsonl")
+        return len(docs)
