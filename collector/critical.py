@@ -11,6 +11,7 @@ Timestamps are never compared across ranks.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass
 
@@ -148,3 +149,33 @@ def metric_by_key(
         mean = x_sum / w_sum
         var = np.maximum(x2_sum / w_sum - mean * mean, 0.0)
     return mean, np.sqrt(var), cnt
+
+
+def device_first(device: list[Execution], host: list[Execution]) -> list[Execution]:
+    """A GPU rank's critical path: device work holds it while the device is busy (kernels >
+    memory ops > communication kernels, by priority); host-side work (ops, launches, data loading,
+    Python) only where the device is idle, so a launch- or input-bound rank is found even when its
+    kernels look normal. Without device work the host executions are returned as they are."""
+    if not device:
+        return list(host)
+    busy: list[tuple[int, int]] = []
+    for s, e in sorted((d.start_ns, d.end_ns) for d in device):
+        if busy and s <= busy[-1][1]:
+            busy[-1] = (busy[-1][0], max(busy[-1][1], e))
+        else:
+            busy.append((s, e))
+    starts = [b[0] for b in busy]
+    out = list(device)
+    for h in host:
+        cur = h.start_ns
+        i = max(bisect.bisect_right(starts, cur) - 1, 0)
+        while i < len(busy) and busy[i][0] < h.end_ns:
+            bs, be = busy[i]
+            if be > cur:
+                if bs > cur:
+                    out.append(Execution(cur, min(bs, h.end_ns), h.category, h.name))
+                cur = max(cur, be)
+            i += 1
+        if cur < h.end_ns:
+            out.append(Execution(cur, h.end_ns, h.category, h.name))
+    return out

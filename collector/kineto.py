@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from eroica.collector.classify import classify_op, kernel_name
-from eroica.collector.critical import Execution
+from eroica.collector.critical import Execution, device_first
 from eroica.collector.facts import Category, CollectorGap, JobInfo, PatternsDoc
 from eroica.collector.summarize import WindowRecord, summarize
 
@@ -171,44 +171,15 @@ def _executions(r: _Rank, main_tid: int | None) -> tuple[list[Execution], list[i
     for s, e, cat, name, _ in r.device:
         c = classify_op(name, on_device=True) if cat == "kernel" else Category.memory
         dev.append(Execution(s, e, c, kernel_name(name) if cat == "kernel" else name))
-    busy = _union([(x.start_ns, x.end_ns) for x in dev])
-    cpu: list[Execution] = []
+    host: list[Execution] = []
     for s, e, cat, name, tid, _ in r.cpu:
         if main_tid is not None and tid != main_tid:
             continue
         if cat == "user_annotation" and not classify_op(name) == Category.data:
             continue                                   # `## forward ##` markers: their ops are events too
         c = Category.compute if cat in ("cuda_runtime", "cuda_driver") else classify_op(name)
-        for a, b in _gaps((s, e), busy):               # only where the device is idle
-            cpu.append(Execution(a, b, c, name))
-    return dev + cpu, starts
-
-
-def _union(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for s, e in sorted(iv):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
-
-
-def _gaps(span: tuple[int, int], busy: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
-    import bisect
-
-    s, e = span
-    i = max(bisect.bisect_right(busy, (s, 1 << 62)) - 1, 0)
-    cur = s
-    while i < len(busy) and busy[i][0] < e:
-        bs, be = busy[i]
-        if be > cur:
-            if bs > cur:
-                yield cur, min(bs, e)
-            cur = max(cur, be)
-        i += 1
-    if cur < e:
-        yield cur, e
+        host.append(Execution(s, e, c, name))
+    return device_first(dev, host), starts
 
 
 def ingest_file(path: Path, rank: int | None = None, world_size: int | None = None) -> list[PatternsDoc]:

@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from eroica.collector.classify import classify_op
-from eroica.collector.critical import Execution
+from eroica.collector.classify import classify_op, kernel_name
+from eroica.collector.critical import Execution, device_first
 from eroica.collector.facts import Category, CollectorGap
 
 STEP_MARKER = "eroica.step"
@@ -106,9 +106,10 @@ class TorchOpsRecorder:
             s = ev.start_ns() - off
             if str(ev.device_type()).endswith("CPU"):
                 cpu_rows.setdefault(ev.start_thread_id(), []).append((s, s + dur, name))
-            else:
-                device.append(Execution(s, s + dur, classify_op(name, on_device=True), name))
-        execs: list[Execution] = list(device)
+            else:   # kernels, memcpy/memset (CUDA activities): named without template arguments
+                cat = classify_op(name, on_device=True)
+                device.append(Execution(s, s + dur, cat, kernel_name(name) if cat == Category.kernel else name))
+        execs: list[Execution] = []
         for tid, rows in cpu_rows.items():
             rows.sort()
             for s, e, name in _outermost(rows):
@@ -118,6 +119,8 @@ class TorchOpsRecorder:
                 elif cat == Category.communication:
                     # collectives run on backend threads (gloo); the training thread waits on them
                     execs.append(Execution(s, e, cat, name))
+        # on a GPU rank device work holds the critical path while the device is busy
+        execs = device_first(device, execs)
         if main_tid is None:
             gaps.append(CollectorGap(source="torch_profiler", reason="training thread not identified"))
         if trace_path is not None:

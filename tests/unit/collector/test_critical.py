@@ -57,3 +57,17 @@ def test_metric_is_overlap_weighted_per_key() -> None:
     fwd = seg.names.index((C.compute, "fwd"))
     assert mean[load] == 0.0 and cnt[load] == 2
     assert abs(mean[fwd] - 0.9) < 1e-9 and abs(std[fwd] - 0.1) < 1e-9
+
+
+def test_on_a_gpu_rank_device_work_holds_the_critical_path_and_host_work_fills_its_idle_gaps() -> None:
+    from eroica.collector.critical import device_first
+    from eroica.collector.facts import Category
+
+    dev = [Execution(0, 40, Category.kernel, "gemm"), Execution(40, 70, Category.communication, "ncclKernel")]
+    host = [Execution(10, 90, Category.compute, "aten::launch_ahead"),     # runs ahead while the device works
+            Execution(95, 100, Category.data, "DataLoader.__next__")]
+    out = device_first(dev, host)
+    got = sorted((e.start_ns, e.end_ns, e.name) for e in out)
+    assert got == [(0, 40, "gemm"), (40, 70, "ncclKernel"), (70, 90, "aten::launch_ahead"),
+                   (95, 100, "DataLoader.__next__")]
+    assert device_first([], host) == host                                  # CPU-only ranks: unchanged
