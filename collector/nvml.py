@@ -68,6 +68,13 @@ class NvmlSource:
             "gpu_pcie_gen": lambda: n.nvmlDeviceGetCurrPcieLinkGeneration(self.handle),
             "gpu_pcie_width": lambda: n.nvmlDeviceGetCurrPcieLinkWidth(self.handle),
             "gpu_mem_used_bytes": lambda: n.nvmlDeviceGetMemoryInfo(self.handle).used,
+            # the link's best: a current generation or width below it is a downgraded link
+            "gpu_pcie_max_gen": lambda: n.nvmlDeviceGetMaxPcieLinkGeneration(self.handle),
+            "gpu_pcie_max_width": lambda: n.nvmlDeviceGetMaxPcieLinkWidth(self.handle),
+            "gpu_pcie_tx_kbps": lambda: n.nvmlDeviceGetPcieThroughput(self.handle, n.NVML_PCIE_UTIL_TX_BYTES),
+            "gpu_pcie_rx_kbps": lambda: n.nvmlDeviceGetPcieThroughput(self.handle, n.NVML_PCIE_UTIL_RX_BYTES),
+            "gpu_ecc_uncorrected_total": lambda: n.nvmlDeviceGetTotalEccErrors(
+                self.handle, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
         }
         self._probes = {}
         for col, fn in probes.items():
@@ -217,6 +224,22 @@ class ReplayNvml:
         return _Mem(self._cur("gpu_mem_used_bytes"))
 
     NVML_NVLINK_MAX_LINKS = 18
+    NVML_PCIE_UTIL_TX_BYTES = 0
+    NVML_PCIE_UTIL_RX_BYTES = 1
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_VOLATILE_ECC = 0
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: int) -> float:  # noqa: N802
+        return self._cur("gpu_pcie_max_gen")
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> float:  # noqa: N802
+        return self._cur("gpu_pcie_max_width")
+
+    def nvmlDeviceGetPcieThroughput(self, handle: int, counter: int) -> float:  # noqa: N802
+        return self._cur("gpu_pcie_tx_kbps" if counter == self.NVML_PCIE_UTIL_TX_BYTES else "gpu_pcie_rx_kbps")
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: int, kind: int, counter: int) -> float:  # noqa: N802
+        return self._cur("gpu_ecc_uncorrected_total")
 
     def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:  # noqa: N802
         """Recorded `nvlink_states`: one 0/1 per link present (links past it are absent)."""

@@ -91,3 +91,16 @@ def test_a_gpu_without_nvlink_is_a_clear_setup_failure() -> None:
 
     with pytest.raises(RuntimeError, match="no NVLink"):
         NvlinkSource(ReplayNvml([{**RECORDED[0], "nvlink_states": [], "nvlink_errors": []}]), 0)
+
+
+def test_pcie_best_link_throughput_and_ecc_are_read_where_exposed() -> None:
+    extra = {"gpu_pcie_max_gen": 5, "gpu_pcie_max_width": 16, "gpu_pcie_tx_kbps": 1.2e6, "gpu_pcie_rx_kbps": 3.4e6,
+             "gpu_ecc_uncorrected_total": 0}
+    downgraded = [{**RECORDED[0], **extra, "gpu_pcie_width": 8}]
+    src = NvmlSource(ReplayNvml(downgraded), 0)
+    assert {"gpu_pcie_max_width", "gpu_pcie_tx_kbps", "gpu_ecc_uncorrected_total"} <= set(src.columns)
+    vals = dict(zip(src.columns, src.read()))
+    assert vals["gpu_pcie_width"] < vals["gpu_pcie_max_width"]          # running below the link's best
+    # a driver without them: listed as unavailable, the rest still sampled
+    src2 = NvmlSource(ReplayNvml(RECORDED), 0)
+    assert any(u.startswith("gpu_pcie_max_gen") for u in src2.unavailable) and "gpu_sm_clock_mhz" in src2.columns
