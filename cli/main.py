@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eroica.cli import demo, diagnose_cmd, draft_cmd, eval_cmd, ingest_cmd, record, rules_cmd, schema_cmd, simulate
+from eroica.cli import (
+    demo,
+    diagnose_cmd,
+    draft_cmd,
+    eval_cmd,
+    ingest_cmd,
+    policy_cmd,
+    record,
+    rules_cmd,
+    schema_cmd,
+    simulate,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     draft_cmd.add_parser(sub)
     ingest_cmd.add_parser(sub)
     simulate.add_parser(sub)
+    policy_cmd.add_parser(sub)
     return p
 
 

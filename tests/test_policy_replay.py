@@ -1,0 +1,52 @@
+"""`eroica policy replay`: the live detector and window rules on a recorded step-time series."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from eroica.cli.main import main
+from eroica.collector.policy import TriggerPolicy
+from eroica.collector.replay import read_step_times, replay
+
+
+def series(healthy: int = 60, slow: int = 200, factor: float = 1.5, seed: int = 1) -> list[float]:
+    rng = random.Random(seed)
+    return [0.1 * rng.lognormvariate(0, 0.03) for _ in range(healthy)] + \
+           [0.1 * factor * rng.lognormvariate(0, 0.03) for _ in range(slow)]
+
+
+def test_a_slowdown_opens_one_window_after_the_lead_and_the_new_normal_does_not_refire() -> None:
+    (w,) = replay(series())
+    assert 60 <= w.fired_at_step <= 64 and w.start_step == w.fired_at_step + 6 and w.end_step == w.start_step + 10
+    assert replay(series(slow=0)) == []                                   # healthy noise: nothing
+    assert replay(series(), TriggerPolicy(enabled=False)) == []
+
+
+def test_windows_are_capped_per_hour_on_the_series_clock() -> None:
+    rng = random.Random(2)
+    flappy = []
+    for _ in range(30):                  # a slowdown that comes and goes, 30 times
+        flappy += [0.1 * rng.lognormvariate(0, 0.03) for _ in range(60)] + [0.2] * 40
+    many = replay(flappy, TriggerPolicy(max_windows_per_hour=100))
+    capped = replay(flappy, TriggerPolicy(max_windows_per_hour=3))
+    assert len(many) > 10 and len(capped) == 3
+
+
+def test_the_cli_reads_csv_and_policy_files_and_names_bad_input(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    csv = tmp_path / "steps.csv"
+    csv.write_text("step,seconds\n" + "\n".join(f"{i},{x:.5f}" for i, x in enumerate(series())))
+    assert read_step_times(csv)[:2] == [float(f"{x:.5f}") for x in series()[:2]]
+    pol = tmp_path / "policy.yaml"
+    pol.write_text("consecutive_breaches: 1\nthreshold_min_ratio: 1.3\n")
+    assert main(["policy", "replay", str(csv), "--policy", str(pol)]) == 0
+    out = capsys.readouterr().out
+    assert "window 0: detector fired at step" in out and "1 window(s) over 260 steps" in out
+    pol.write_text("consecutive_breaches: 0\n")
+    assert main(["policy", "replay", str(csv), "--policy", str(pol)]) == 2
+    assert "field consecutive_breaches" in capsys.readouterr().out
+    bad = tmp_path / "bad.txt"
+    bad.write_text("0.1\n0.1\nfast\n")
+    assert main(["policy", "replay", str(bad)]) == 2
+    assert "bad.txt:3: 'fast' is not a step time" in capsys.readouterr().out
+    assert main(["policy", "show"]) == 0 and "window_steps = 10" in capsys.readouterr().out
