@@ -184,5 +184,6 @@ class PatternsDoc(Frozen):
     config: list[ConfigFact] = Field(default_factory=list)
     gaps: list[CollectorGap] = Field(default_factory=list)
     overhead: CollectorOverhead
+    privacy: Literal["keep", "hash", "drop"] = "keep"   # what was done to names before writing
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)

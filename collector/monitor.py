@@ -21,6 +21,7 @@ from eroica.collector.gather import PatternGather, wanted
 from eroica.collector.hooks.gc_hook import GcHook
 from eroica.collector.layout import process_group_layout
 from eroica.collector.policy import TriggerPolicy
+from eroica.collector.privacy import Privacy, agree_salt, level_from
 from eroica.collector.sampler_proc import SamplerClient
 from eroica.collector.summarize import WindowRecord, summarize
 from eroica.collector.sync import LocalStore, WindowCoordinator, WindowPlan
@@ -86,6 +87,7 @@ class Monitor:
         rank: int | None = None,
         world_size: int | None = None,
         gather: bool | None = None,
+        privacy: str | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.gaps: list[CollectorGap] = []
@@ -132,6 +134,8 @@ class Monitor:
                     self._gap("store", "no torch.distributed store: windows cannot be synchronized; detector off")
                 store = LocalStore()
             self._coord = WindowCoordinator(store, self.rank)
+            level = level_from(privacy)
+            self._privacy = Privacy(level, agree_salt(store) if level != "keep" else "")
             self._gather: PatternGather | None = None
             if wanted(gather) and self.world_size > 1 and backend != "none":
                 try:   # every rank builds the group here, at the same point
@@ -342,7 +346,8 @@ class Monitor:
         wid = self._window_id(plan)
         wdir = self.out_dir / wid
         trace_path = None
-        if self.policy.keep_raw_trace:
+        privacy = getattr(self, "_privacy", None)
+        if self.policy.keep_raw_trace and (privacy is None or privacy.level == "keep"):   # raw names
             wdir.mkdir(parents=True, exist_ok=True)
             trace_path = str(wdir / f"rank-{self.rank}.trace.json")
         ops = self._ops.stop(self.policy.max_events, trace_path, self.policy.raw_trace_max_bytes)
@@ -381,6 +386,9 @@ class Monitor:
             self._gap("window", f"window {wid} closed before a full step; nothing written")
         else:
             doc = summarize(rec, t_sum, time.monotonic())
+            privacy = getattr(self, "_privacy", None)
+            if privacy is not None:
+                doc = privacy.apply(doc)
         if getattr(self, "_gather", None) is not None:
             try:   # every rank takes part, with or without a document
                 self._gather.send(wdir, None if doc is None else self._text(doc))  # type: ignore[union-attr]

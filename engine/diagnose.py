@@ -149,6 +149,7 @@ def _coverage(w: WindowData) -> Coverage:
         coverage_ratio=round(len(reported) / world, 4) if world else 0.0,
         file_problems=[str(p) for p in w.problems], collector_gaps=gaps, window_steps=steps,
         pattern_bytes_per_rank_median=int(np.median(sizes)) if sizes else 0, collector_overhead=ov,
+        privacy_levels=sorted({d.privacy for d in w.docs.values()}),
     )
 
 

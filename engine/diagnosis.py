@@ -96,6 +96,7 @@ class Coverage(Frozen):
     window_steps: NonNegativeInt
     pattern_bytes_per_rank_median: NonNegativeInt
     collector_overhead: dict[str, float]
+    privacy_levels: list[str] = Field(default_factory=list)   # what the collectors did to names
 
 
 class StepSummary(Frozen):
