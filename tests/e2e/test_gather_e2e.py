@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from retry import twice
 
 from eroica.cli.launch import launch
 from eroica.engine.diagnose import diagnose
@@ -15,12 +16,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_patterns_gathered_to_rank_0_are_diagnosed(tmp_path: Path) -> None:
-    # two cores for four ranks: a disturbed first attempt is shown and the job runs once more
-    try:
-        check(tmp_path / "attempt-1")
-    except AssertionError as first:
-        print(f"first attempt failed, running the job again: {first}")
-        check(tmp_path / "attempt-2")
+    twice(check, tmp_path)
 
 
 def check(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from retry import twice
 
 from eroica.cli.launch import launch
 from eroica.engine.diagnose import diagnose
@@ -25,12 +26,7 @@ def finding(tmp: Path, extra: list[str]):  # type: ignore[no-untyped-def]
 
 
 def test_a_job_of_unequal_ranks_lowers_the_confidence_and_says_why(tmp_path: Path) -> None:
-    # two cores for four ranks: a disturbed first attempt is shown and both jobs run once more
-    try:
-        compare(tmp_path / "attempt-1")
-    except AssertionError as first:
-        print(f"first attempt failed, running the jobs again: {first}")
-        compare(tmp_path / "attempt-2")
+    twice(compare, tmp_path)
 
 
 def compare(tmp_path: Path) -> None:
