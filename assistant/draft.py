@@ -42,10 +42,6 @@ def load_diagnosis(path: Path) -> Diagnosis:
         raise ValueError(f"{path}: not an eroica.diagnosis/v1 document: {str(exc)[:300]}") from exc
 
 
-def _known_keys(d: Diagnosis, f: Finding) -> set[str]:
-    return {s.key for s in f.settings}
-
-
 def _slug(f: Finding) -> str:
     return re.sub(r"[^a-z0-9_-]+", "-", f"{f.root_cause}-rank{'-'.join(map(str, f.ranks))}".lower())
 
@@ -87,7 +83,7 @@ def _software(diagnosis: Diagnosis, w: WindowDiagnosis, f: Finding, rem: Remedia
         proposal = llm(ctx, settings, redactor)
     else:
         proposal = offline(ctx)
-    refusal = check(proposal, repo, ctx.allowed_files, _known_keys(diagnosis, f))
+    refusal = check(proposal, repo, ctx.allowed_files, {s.key for s in f.settings})   # keys that exist here
     if refusal is None and proposal.kind == "diff":
         (d / "patch.diff").write_text(proposal.diff if proposal.diff.endswith("\n") else proposal.diff + "\n")
     if refusal is None and proposal.kind == "config":

@@ -9,7 +9,8 @@ across ranks) with the live collector's own critical-path attribution and summar
 - where the device is idle, the CPU-side work of the thread that drives the step (ops, CUDA
   runtime calls such as cudaLaunchKernel, the data loader) holds it, so a launch-bound or
   input-bound rank is found even when its kernels look normal;
-- device work is assigned to the step whose CPU side launched it (by correlation id).
+- steps are bounded by their CPU-side `ProfilerStep#N` spans; the last step of a range ends when
+  its device work does (kernels run past the CPU span).
 """
 
 from __future__ import annotations
@@ -135,8 +136,8 @@ def read_trace(path: Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
 @dataclass
 class _Rank:
     steps: list[tuple[int, int, int]] = field(default_factory=list)        # (step number, start, end) ns
-    cpu: list[tuple[int, int, str, str, int, int]] = field(default_factory=list)  # s, e, cat, name, tid, corr
-    device: list[tuple[int, int, str, str, int]] = field(default_factory=list)    # s, e, cat, name, corr
+    cpu: list[tuple[int, int, str, str]] = field(default_factory=list)      # start, end ns, cat, name
+    device: list[tuple[int, int, str, str]] = field(default_factory=list)   # start, end ns, cat, name
 
 
 def _collect(events: Iterator[dict[str, Any]]) -> _Rank:
@@ -150,36 +151,31 @@ def _collect(events: Iterator[dict[str, Any]]) -> _Rank:
             e = s + int(float(ev.get("dur", 0)) * 1000)
         except (KeyError, TypeError, ValueError):
             continue
-        args = ev.get("args") or {}
-        corr = int(args.get("correlation", args.get("External id", -1)) or -1)
         m = STEP.match(name) if cat in CPU_CATS else None      # not its gpu_user_annotation twin
         if m:
             r.steps.append((int(m.group(1)), s, e))
         elif cat in DEVICE_CATS:
-            r.device.append((s, e, cat, name, corr))
+            r.device.append((s, e, cat, name))
         elif cat in CPU_CATS:
-            r.cpu.append((s, e, cat, name, int(ev.get("tid", 0) or 0), corr))
+            r.cpu.append((s, e, cat, name))
     return r
 
 
-def _executions(r: _Rank, main_tid: int | None) -> tuple[list[Execution], list[int]]:
-    """Every execution on this rank's clock, and the CPU start of each step."""
-    r.steps.sort(key=lambda x: x[1])
-    starts = [s for _, s, _ in r.steps]
+def _executions(r: _Rank) -> list[Execution]:
+    """Every execution on this rank's clock. Every CPU thread counts (the autograd engine runs
+    backward on threads of its own)."""
     # device work: by priority (kernels > memory > communication); its union is the busy device
     dev: list[Execution] = []
-    for s, e, cat, name, _ in r.device:
+    for s, e, cat, name in r.device:
         c = classify_op(name, on_device=True) if cat == "kernel" else Category.memory
         dev.append(Execution(s, e, c, kernel_name(name) if cat == "kernel" else name))
     host: list[Execution] = []
-    for s, e, cat, name, tid, _ in r.cpu:
-        if main_tid is not None and tid != main_tid:
-            continue
+    for s, e, cat, name in r.cpu:
         if cat == "user_annotation" and not classify_op(name) == Category.data:
             continue                                   # `## forward ##` markers: their ops are events too
         c = Category.compute if cat in ("cuda_runtime", "cuda_driver") else classify_op(name)
         host.append(Execution(s, e, c, name))
-    return device_first(dev, host), starts
+    return device_first(dev, host)
 
 
 def ingest_file(path: Path, rank: int | None = None, world_size: int | None = None) -> list[PatternsDoc]:
@@ -199,8 +195,8 @@ def ingest_file(path: Path, rank: int | None = None, world_size: int | None = No
     world = int(world_size or info.get("world_size") or rank + 1)
     if not r.steps:
         raise TraceError(f"{path}: no ProfilerStep#N events: profile with torch.profiler.schedule and prof.step()")
-    # every CPU thread counts (the autograd engine runs backward on threads of its own)
-    execs, _ = _executions(r, None)
+    execs = _executions(r)
+    r.steps.sort(key=lambda x: x[1])
     runs: list[list[tuple[int, int, int]]] = []
     for st in r.steps:                                   # one window per contiguous range of steps
         if runs and st[0] == runs[-1][-1][0] + 1:

@@ -114,6 +114,8 @@ class Monitor:
         self._ops = TorchOpsRecorder()
         self._gc = GcHook(self._record)
         self.config: dict[str, str] = {}
+        self._privacy: Privacy | None = None
+        self._gather: PatternGather | None = None
         try:
             self.policy = TriggerPolicy.from_env(policy)
             r, w, backend, job_store = _dist_info()
@@ -136,7 +138,6 @@ class Monitor:
             self._coord = WindowCoordinator(store, self.rank)
             level = level_from(privacy)
             self._privacy = Privacy(level, agree_salt(store) if level != "keep" else "")
-            self._gather: PatternGather | None = None
             if wanted(gather) and self.world_size > 1 and backend != "none":
                 try:   # every rank builds the group here, at the same point
                     self._gather = PatternGather()
@@ -346,8 +347,7 @@ class Monitor:
         wid = self._window_id(plan)
         wdir = self.out_dir / wid
         trace_path = None
-        privacy = getattr(self, "_privacy", None)
-        if self.policy.keep_raw_trace and (privacy is None or privacy.level == "keep"):   # raw names
+        if self.policy.keep_raw_trace and (self._privacy is None or self._privacy.level == "keep"):  # raw names
             wdir.mkdir(parents=True, exist_ok=True)
             trace_path = str(wdir / f"rank-{self.rank}.trace.json")
         ops = self._ops.stop(self.policy.max_events, trace_path, self.policy.raw_trace_max_bytes)
@@ -386,12 +386,11 @@ class Monitor:
             self._gap("window", f"window {wid} closed before a full step; nothing written")
         else:
             doc = summarize(rec, t_sum, time.monotonic())
-            privacy = getattr(self, "_privacy", None)
-            if privacy is not None:
-                doc = privacy.apply(doc)
-        if getattr(self, "_gather", None) is not None:
+            if self._privacy is not None:
+                doc = self._privacy.apply(doc)
+        if self._gather is not None:
             try:   # every rank takes part, with or without a document
-                self._gather.send(wdir, None if doc is None else self._text(doc))  # type: ignore[union-attr]
+                self._gather.send(wdir, None if doc is None else self._text(doc))
                 if doc is not None:
                     self.windows_completed.append(wid)
                 return

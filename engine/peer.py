@@ -9,7 +9,6 @@ attribute the excess to the functions that hold the critical path longer than on
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,11 +25,10 @@ from eroica.engine.facts import (
 from eroica.engine.groups import bimodal_split, peer_groups
 from eroica.engine.links import link_facts
 from eroica.engine.load import WindowData
-from eroica.engine.signals import cap_ratio, cpu_wait_outlier, host_cpu_facts, hw_signals, state_outliers
+from eroica.engine.signals import LARGE_GROUP, cap_ratio, host_cpu_facts, hw_signals, outlier_facts
 from eroica.engine.spikes import kept_steps, spike_facts
 
 MAD_TO_SIGMA = 1.4826
-LARGE_GROUP = 64               # from this many members, leave-one-out statistics equal the group's
 MIN_GROUP = 3                  # fewer peers than this: no valid peer group
 MAX_DISPERSION = 0.35          # peers' busy-time MAD / median above this: heterogeneous group
 SUSPECT_EXCESS_STEP_RATIO = 0.04   # a rank must cost the job at least this share of a step ...
@@ -298,12 +296,9 @@ def analyze(window: WindowData) -> PeerAnalysis:
             facts.extend(host_cpu_facts(docs, r, keep))
             facts.extend(_config_deviations(docs, r, [r, *peers]))
         suspects = {f.rank for f in facts if isinstance(f, RankSlowness) and f.group == gname}
-        facts.extend(cpu_wait_outlier(docs, ranks, keep, suspects, float(np.median(step))))
-        facts.extend(state_outliers(docs, ranks, suspects, float(np.median(step))))
+        facts.extend(outlier_facts(docs, ranks, keep, suspects, float(np.median(step))))
         facts.extend(link_facts(docs, ranks, {r: float(comm[i]) for i, r in enumerate(ranks)}))
-    # the same fact stated twice (a rank that is both the CPU-wait and a link-state outlier) once
-    unique = list({json.dumps(f.model_dump(mode="json"), sort_keys=True): f for f in facts}.values())
-    return PeerAnalysis(window.window_id, groups, unique, rows)
+    return PeerAnalysis(window.window_id, groups, facts, rows)
 
 
 SHARE_CATEGORIES = (Category.data.value, Category.gc.value, Category.region.value, Category.memory.value)

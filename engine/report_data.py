@@ -30,6 +30,12 @@ SIGNAL_MIN_RELATIVE = 0.15  # a culprit's signal shown when it differs from the 
 MAX_SIGNALS = 8
 
 
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    """The peers' 10th percentile, median and 90th percentile."""
+    p10, med, p90 = np.percentile(values, [10, 50, 90])
+    return float(p10), float(med), float(p90)
+
+
 def _per_function(doc: PatternsDoc, keep: np.ndarray) -> dict[str, float]:
     out: dict[str, float] = {}
     n = len(doc.step_times.during_seconds)
@@ -105,7 +111,7 @@ def signature(w: WindowData, rank: int) -> list[SignalComparison]:
         peers = [x for r, d in w.docs.items() if r != rank and (x := signal_value(d, sig)) is not None]
         if v is None or not peers:
             continue
-        p10, med, p90 = (float(np.percentile(peers, q)) for q in (10, 50, 90))
+        p10, med, p90 = _spread(peers)
         scale = max(abs(med), abs(p90 - p10), 1e-9)
         rel = abs(float(v) - med) / scale
         if rel >= SIGNAL_MIN_RELATIVE and not p10 <= v <= p90:
@@ -133,19 +139,19 @@ def function_signal(w: WindowData, rank: int, function: str | None) -> list[Sign
     durs = [p.critical_seconds / max(len(w.docs[r].step_times.during_seconds), 1)
             for r, d in w.docs.items() if r != rank and (p := find(d)) is not None]
     if durs:
-        p10, med, p90 = (float(np.percentile(durs, q)) for q in (10, 50, 90))
+        p10, med, p90 = _spread(durs)
         out.append(SignalComparison(signal=f"{function}: s/step", value=round(mine.critical_seconds / n, 6),
                                     peer_median=round(med, 6), peer_p10=round(p10, 6), peer_p90=round(p90, 6)))
     vals = [p.metric_mean for p in peers if p.metric_mean is not None and p.metric == mine.metric]
     if mine.metric is not None and mine.metric_mean is not None and vals:
-        p10, med, p90 = (float(np.percentile(vals, q)) for q in (10, 50, 90))
+        p10, med, p90 = _spread(vals)
         out.append(SignalComparison(signal=f"{function}: {mine.metric.value}", value=mine.metric_mean,
                                     peer_median=round(med, 4), peer_p10=round(p10, 4), peer_p90=round(p90, 4)))
         # steady or bursty: the spread of the metric while the function runs (a capped link is steady)
         cvs = [p.metric_std / p.metric_mean for p in peers
                if p.metric == mine.metric and p.metric_std is not None and p.metric_mean]
         if mine.metric_std is not None and mine.metric_mean and cvs:
-            p10, med, p90 = (float(np.percentile(cvs, q)) for q in (10, 50, 90))
+            p10, med, p90 = _spread(cvs)
             out.append(SignalComparison(signal=f"{function}: {mine.metric.value} spread (std/mean)",
                                         value=round(mine.metric_std / mine.metric_mean, 4), peer_median=round(med, 4),
                                         peer_p10=round(p10, 4), peer_p90=round(p90, 4)))

@@ -42,6 +42,7 @@ GPU_SIGNALS = (
 #: discrete hardware states: a rank whose link runs below its peers' is stated even when it is not late
 #: (a degraded link slows every rank of a collective alike, so no rank stands out in busy time)
 STATE_SIGNALS = ("gpu_nvlink_links_active", "gpu_pcie_width", "gpu_pcie_gen")
+LARGE_GROUP = 64    # from this many members, leave-one-out statistics equal the whole group's
 
 def signal_value(doc: PatternsDoc, sig: str, keep: np.ndarray | None = None) -> float | None:
     """A whole-window signal; over the kept steps only (time-weighted) when a spike step was left
@@ -59,9 +60,9 @@ def signal_value(doc: PatternsDoc, sig: str, keep: np.ndarray | None = None) -> 
 
 
 def hw_signals(docs: dict[int, PatternsDoc], rank: int, ranks: list[int],
-                keep: np.ndarray | None = None) -> list[Fact]:
+               keep: np.ndarray | None = None, signals: tuple[str, ...] = (*HW_SIGNALS, *GPU_SIGNALS)) -> list[Fact]:
     out: list[Fact] = []
-    for sig in (*HW_SIGNALS, *GPU_SIGNALS):
+    for sig in signals:
         v = signal_value(docs[rank], sig, keep)
         peers = [signal_value(docs[p], sig, keep) for p in ranks if p != rank]
         peers = [p for p in peers if p is not None]
@@ -112,55 +113,51 @@ def job_slowdown(docs: dict[int, PatternsDoc], ranks: list[int], rank: int, susp
         excess_step_ratio=round(max(step_seconds - b, 0.0) / step_seconds, 4), ranks_standing_out=len(suspects))
 
 
-def state_outliers(docs: dict[int, PatternsDoc], ranks: list[int], suspects: set[int],
-                   step_seconds: float) -> list[Fact]:
-    """Ranks with a GPU link state below their peers' median: the job's slowdown to weigh it by, and
-    (for ranks that are not suspects already) the signal beside the peers."""
-    out: list[Fact] = []
-    values = {sig: {r: v for r in ranks if (v := signal_value(docs[r], sig)) is not None} for sig in STATE_SIGNALS}
-    meds = {sig: float(np.median(list(v.values()))) for sig, v in values.items() if len(v) >= 64}
-    for r in ranks:
-        low = []
-        for sig in STATE_SIGNALS:
-            v = values[sig].get(r)
-            if v is None:
-                continue
-            if sig in meds:            # a large group: one rank does not move the median
-                med = meds[sig]
-            else:
-                peers = [x for p, x in values[sig].items() if p != r]
-                if not peers:
-                    continue
-                med = float(np.median(peers))
-            if v < med:
-                low.append(sig)
-        if low:
-            job = job_slowdown(docs, ranks, r, suspects, step_seconds)
-            out += [job] if job is not None else []
-            if r not in suspects:   # a suspect has all its signals already
-                out += [f for f in hw_signals(docs, r, ranks)
-                        if isinstance(f, HardwareSignal) and f.signal in (*low, "gpu_nvlink_errors_per_second")]
+def low_states(docs: dict[int, PatternsDoc], ranks: list[int]) -> dict[int, list[str]]:
+    """Ranks with a GPU link state below their peers' median, and which states."""
+    out: dict[int, list[str]] = {}
+    for sig in STATE_SIGNALS:
+        values = {r: v for r in ranks if (v := signal_value(docs[r], sig)) is not None}
+        whole = float(np.median(list(values.values()))) if len(values) >= LARGE_GROUP else None
+        for r, v in values.items():
+            peers = [x for p, x in values.items() if p != r] if whole is None else None
+            med = whole if whole is not None else (float(np.median(peers)) if peers else None)
+            if med is not None and v < med:
+                out.setdefault(r, []).append(sig)
     return out
 
 
 CPU_WAIT_OUTLIER_DELTA = 0.15   # a rank waiting for a CPU this much more of the window than its peers
 
 
-def cpu_wait_outlier(docs: dict[int, PatternsDoc], ranks: list[int], keep: np.ndarray, suspects: set[int],
-                     step_seconds: float) -> list[Fact]:
-    """The rank that waits for a CPU most, when it stands out, with the job's slowdown and its host's
-    load: a co-located process can slow every rank of a host alike, so that no rank stands out in
-    busy time while one of them still waits for a CPU far more than the others."""
-    rq = {r: signal_value(docs[r], "runqueue_wait_ratio", keep) for r in ranks}
-    known = {r: v for r, v in rq.items() if v is not None}
+def cpu_wait_rank(docs: dict[int, PatternsDoc], ranks: list[int], keep: np.ndarray) -> int | None:
+    """The rank that waits for a CPU most, when it stands out from the others' median."""
+    known = {r: v for r in ranks if (v := signal_value(docs[r], "runqueue_wait_ratio", keep)) is not None}
     if len(known) < 3:
-        return []
+        return None
     r = max(known, key=lambda k: known[k])
     delta = known[r] - float(np.median([v for k, v in known.items() if k != r]))
-    job = job_slowdown(docs, ranks, r, suspects, step_seconds)
-    if delta < CPU_WAIT_OUTLIER_DELTA or job is None:
-        return []
-    out: list[Fact] = [job]
-    if r not in suspects:
-        out += hw_signals(docs, r, ranks, keep) + host_cpu_facts(docs, r, keep)
+    return r if delta >= CPU_WAIT_OUTLIER_DELTA else None
+
+
+def outlier_facts(docs: dict[int, PatternsDoc], ranks: list[int], keep: np.ndarray, suspects: set[int],
+                  step_seconds: float) -> list[Fact]:
+    """Ranks that matter though none needs to be late: a co-located process can slow every rank of a
+    host alike while one of them waits for a CPU far more than the others; a degraded GPU link slows
+    every rank of a collective alike. Each such rank gets the job's slowdown (to weigh it by) and,
+    unless it is a suspect with all its signals already, the signals that single it out."""
+    waiting = cpu_wait_rank(docs, ranks, keep)
+    low = low_states(docs, ranks)
+    out: list[Fact] = []
+    for r in sorted(set(low) | ({waiting} if waiting is not None else set())):
+        job = job_slowdown(docs, ranks, r, suspects, step_seconds)
+        if job is None:
+            continue
+        out.append(job)
+        if r in suspects:
+            continue
+        if r == waiting:
+            out += hw_signals(docs, r, ranks, keep) + host_cpu_facts(docs, r, keep)
+        else:
+            out += hw_signals(docs, r, ranks, signals=(*low[r], "gpu_nvlink_errors_per_second"))
     return out
