@@ -128,37 +128,37 @@ def _facts_for_rules(analysis: PeerAnalysis) -> list[dict[str, Any]]:
 
 
 def _coverage(w: WindowData) -> Coverage:
-    world = w.world_size or len(w.docs)
-    reported = sorted(w.docs)
+    c = w.columns
+    world = w.world_size or len(c.ranks)
+    reported = list(c.ranks)
     missing = sorted(set(range(world)) - set(reported))
-    gaps = sorted({f"rank {r}: {g.source}: {g.reason}" for r, d in w.docs.items() for g in d.gaps})
-    sizes = [d.overhead.pattern_bytes for d in w.docs.values()]
+    gaps = sorted({f"rank {r}: {src}: {why}" for r, gs in zip(c.ranks, c.gaps) for src, why in gs})
+    sizes = c.overhead["pattern_bytes"]
     ov: dict[str, float] = {}
-    if w.docs:
-        docs = list(w.docs.values())
-        calls = sum(d.overhead.detector_calls_total for d in docs) or 1
+    if reported:
+        calls = float(c.overhead["detector_calls_total"].sum()) or 1
         ov = {
-            "detector_seconds_per_step": round(sum(d.overhead.detector_seconds_total for d in docs) / calls, 7),
-            "sampler_cpu_seconds_median": round(float(np.median([d.overhead.sampler_cpu_seconds for d in docs])), 4),
-            "summarize_seconds_median": round(float(np.median([d.overhead.summarize_seconds for d in docs])), 4),
-            "raw_events_median": float(np.median([d.overhead.raw_events_total for d in docs])),
+            "detector_seconds_per_step": round(float(c.overhead["detector_seconds_total"].sum()) / calls, 7),
+            "sampler_cpu_seconds_median": round(float(np.median(c.overhead["sampler_cpu_seconds"])), 4),
+            "summarize_seconds_median": round(float(np.median(c.overhead["summarize_seconds"])), 4),
+            "raw_events_median": float(np.median(c.overhead["raw_events_total"])),
         }
-    steps = max((len(d.step_times.during_seconds) for d in w.docs.values()), default=0)
     return Coverage(
         world_size=world, ranks_reported=reported, ranks_missing=missing,
         coverage_ratio=round(len(reported) / world, 4) if world else 0.0,
-        file_problems=[str(p) for p in w.problems], collector_gaps=gaps, window_steps=steps,
-        pattern_bytes_per_rank_median=int(np.median(sizes)) if sizes else 0, collector_overhead=ov,
-        privacy_levels=sorted({d.privacy for d in w.docs.values()}),
+        file_problems=[str(p) for p in w.problems], collector_gaps=gaps,
+        window_steps=int(c.n_steps.max()) if reported else 0,
+        pattern_bytes_per_rank_median=int(np.median(sizes)) if len(sizes) else 0, collector_overhead=ov,
+        privacy_levels=sorted(set(c.privacy)),
     )
 
 
 def _steps(w: WindowData, analysis: PeerAnalysis) -> StepSummary:
-    before = [d.step_times.baseline_median_seconds for d in w.docs.values()
-              if d.step_times.baseline_median_seconds is not None]
-    during = [x for d in w.docs.values() for x in d.step_times.during_seconds]
-    b = float(np.median(before)) if before else None
-    d_ = float(np.median(during)) if during else None
+    c = w.columns
+    before = c.baseline[~np.isnan(c.baseline)]
+    during = c.step[np.arange(c.step.shape[1])[None, :] < c.n_steps[:, None]]
+    b = float(np.median(before)) if len(before) else None
+    d_ = float(np.median(during)) if len(during) else None
     return StepSummary(
         before_median_seconds=None if b is None else round(b, 6),
         during_median_seconds=None if d_ is None else round(d_, 6),
@@ -237,11 +237,11 @@ def build_findings(
         ev += [e for e in ev_hw if e not in ev]
         if not valid:
             ev.insert(0, f"insufficient peer evidence: {factors.peer_group}")
-        doc = w.docs.get(r)
+        row = w.columns.row.get(r)
         findings.append(
             Finding(
                 root_cause=cause, category=FindingCategory(tax.category), component=tax.component,
-                ranks=[r], hosts=[doc.job.hostname] if doc else [], function=c.get("function"),
+                ranks=[r], hosts=[w.columns.hostname[row]] if row is not None else [], function=c.get("function"),
                 confidence=round(float(conf), 4), confidence_factors=factors, summary=" ".join(c["summary"].split()),
                 evidence=ev, rule_ids=c["rule_ids"], fix_template=c.get("fix_template"), runbook=tax.runbook,
                 insufficient_peer_evidence=not valid,
@@ -283,6 +283,7 @@ class DiagnoseOptions:
     override_files: list[Path] | None = None
     window: str | None = None
     in_process: bool = False
+    doc_cache: int = 4096                      # parsed documents kept in memory; others are read again
 
 
 def compile_knowledge(opts: DiagnoseOptions) -> list[RuleIR]:
@@ -296,7 +297,7 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
     opts = opts or DiagnoseOptions()
     rules = compile_knowledge(opts)
     taxonomy = load_taxonomy()
-    windows = load_run(Path(run_dir), opts.window)
+    windows = load_run(Path(run_dir), opts.window, opts.doc_cache)
     analyses = {w.window_id: analyze(w) for w in windows}
     facts: dict[str, list[dict[str, Any]]] = {wid: _facts_for_rules(a) for wid, a in analyses.items()}
     conclusions = evaluate(rules, {k: v for k, v in facts.items() if v}, in_process=opts.in_process) if any(
@@ -305,15 +306,15 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
     for w in windows:
         a = analyses[w.window_id]
         steps = _steps(w, a)
-        findings = enrich(build_findings(w, a, conclusions.get(w.window_id, []), taxonomy), w,
+        findings = enrich(build_findings(w, a, conclusions.get(w.window_id, []), taxonomy), w, a,
                           steps.during_median_seconds)
-        any_doc = next(iter(w.docs.values()), None)
+        c = w.columns
         out.append(
             WindowDiagnosis(
                 window=w.window_id,
-                start_step=any_doc.window.start_step if any_doc else 0,
-                end_step=any_doc.window.end_step if any_doc else 0,
-                trigger=any_doc.window.trigger if any_doc else "unknown",
+                start_step=int(c.start_step[0]) if c.ranks else 0,
+                end_step=int(c.end_step[0]) if c.ranks else 0,
+                trigger=c.trigger[0] if c.ranks else "unknown",
                 findings=findings, coverage=_coverage(w), steps=steps,
                 heatmap=heatmap(w, a), step_series=step_series(w),
                 raw_traces={str(r): p for r, p in sorted(w.raw_traces.items())},

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from eroica.collector.facts import Category, PatternsDoc
+
+if TYPE_CHECKING:
+    from eroica.engine.columns import WindowColumns
 
 PARTITION_DESC = re.compile(r"(^|[^a-z])(pp|pipe|pipeline|stage|ep|expert|experts|moe)([^a-z]|$)", re.IGNORECASE)
 OP_KINDS = {Category.compute, Category.kernel, Category.memory}
@@ -32,11 +36,12 @@ class Grouping:
     how: str              # "declared role", "process-group layout", "op-mix clustering", "one group"
 
 
-def _partition(doc: PatternsDoc) -> str:
+def partition(doc: PatternsDoc) -> str:
+    """The rank's position in the pipeline / expert process groups ("" when it has none)."""
     return "/".join(f"{g.desc}{g.index}" for g in doc.job.process_groups if PARTITION_DESC.search(g.desc))
 
 
-def _ops(doc: PatternsDoc) -> frozenset[str]:
+def op_set(doc: PatternsDoc) -> frozenset[str]:
     # every op the collector kept (it drops those under 0.5% of the critical path); an op flapping
     # around that cut moves the similarity a little, not below SAME_OPS_JACCARD
     return frozenset(f.name for f in doc.functions if f.category in OP_KINDS)
@@ -46,13 +51,18 @@ def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
 
 
-def _cluster_by_ops(ranks: list[int], docs: dict[int, PatternsDoc]) -> list[list[int]]:
-    """Greedy: each rank joins the first cluster whose founder runs a similar op set."""
-    clusters: list[tuple[frozenset[str], list[int]]] = []
+def _cluster_by_ops(ranks: list[int], cols: WindowColumns) -> list[list[int]]:
+    """Greedy: each rank joins the first cluster whose founder runs a similar op set (ranks share
+    a handful of distinct op sets, so each pair of sets is compared once)."""
+    clusters: list[tuple[int, list[int]]] = []
+    similar: dict[tuple[int, int], bool] = {}
     for r in ranks:
-        ops = _ops(docs[r])
+        ops = int(cols.ops[cols.row[r]])
         for founder, members in clusters:
-            if _jaccard(ops, founder) >= SAME_OPS_JACCARD:
+            key = (ops, founder)
+            if key not in similar:
+                similar[key] = _jaccard(cols.op_sets[ops], cols.op_sets[founder]) >= SAME_OPS_JACCARD
+            if similar[key]:
                 members.append(r)
                 break
         else:
@@ -60,23 +70,23 @@ def _cluster_by_ops(ranks: list[int], docs: dict[int, PatternsDoc]) -> list[list
     return [m for _, m in clusters]
 
 
-def peer_groups(docs: dict[int, PatternsDoc]) -> list[Grouping]:
+def peer_groups(cols: WindowColumns) -> list[Grouping]:
     by_role: dict[str, list[int]] = {}
-    for r, d in sorted(docs.items()):
-        by_role.setdefault(d.job.role, []).append(r)
+    for i, r in enumerate(cols.ranks):
+        by_role.setdefault(cols.role[i], []).append(r)
     declared = len(by_role) > 1 or any(role != "worker" for role in by_role)
     out: list[Grouping] = []
     for role, ranks in by_role.items():
         parts: dict[str, list[int]] = {}
         for r in ranks:
-            parts.setdefault(_partition(docs[r]), []).append(r)
+            parts.setdefault(cols.partition[cols.row[r]], []).append(r)
         if len(parts) > 1:
             out += [Grouping(f"{role}/{p}" if p else role, m, "process-group layout") for p, m in sorted(parts.items())]
             continue
         if declared:
             out.append(Grouping(role, ranks, "declared role"))
             continue
-        clusters = _cluster_by_ops(ranks, docs)
+        clusters = _cluster_by_ops(ranks, cols)
         # a lone rank with an op set of its own is more likely a fault than a design: keep it in
         if len(clusters) > 1 and all(len(c) >= 2 for c in clusters):
             out += [Grouping(f"{role}~{i}", c, "op-mix clustering") for i, c in enumerate(clusters)]
@@ -90,26 +100,37 @@ BIMODAL_GAP_MAD = 3.0      # ... with a gap of this many within-mode MADs betwee
 MODE_SPREAD_RATIO = 1.3    # ... and each mode tight (max / min): by design, not a fault and its victims
 
 
-def bimodal_split(values: list[float], floor: float) -> tuple[list[int], list[int]] | None:
+def bimodal_split(values: list[float] | np.ndarray, floor: float) -> tuple[list[int], list[int]] | None:
     """Indices (lower, upper) when `values` (one per rank) fall into two tight, well separated modes
     of at least two ranks and a quarter of the group each; None otherwise.
 
     Ranks that do different work by design (pipeline stages of unequal cost, uneven shards) show up
     as two modes of compute time. A fault on one rank, or a fault and the host neighbours it slows,
-    does not: a single rank is never a mode, and a fault's victims are not as tight as its culprit."""
-    n = len(values)
-    order = sorted(range(n), key=lambda i: values[i])
-    v = [values[i] for i in order]
-    for k in range(2, n - 1):          # k = size of the upper mode
-        lo, hi = v[: n - k], v[n - k:]
-        if len(lo) < 2 or min(len(lo), len(hi)) < n / 4:
+    does not: a single rank is never a mode, and a fault's victims are not as tight as its culprit.
+    Every split point is screened at once on the sorted values; only those that pass the median,
+    spread and gap tests get the within-mode MAD, smallest upper mode first."""
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n < 4:
+        return None
+    order = np.argsort(x, kind="stable")
+    v = x[order]
+    k = np.arange(2, n - 1)                       # size of the upper mode
+    m = n - k                                     # size of the lower mode
+    ok = (m >= 2) & (np.minimum(m, k) >= n / 4)
+    mlo = (v[(m - 1) // 2] + v[m // 2]) / 2       # medians of the sorted prefixes / suffixes
+    mhi = (v[m + (k - 1) // 2] + v[m + k // 2]) / 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ok &= (mlo > 0) & (mhi / np.where(mlo > 0, mlo, 1.0) >= BIMODAL_RATIO)
+    ok &= v[-1] / np.maximum(v[m], 1e-12) <= MODE_SPREAD_RATIO
+    ok &= v[m - 1] / np.maximum(v[0], 1e-12) <= MODE_SPREAD_RATIO
+    ok &= v[m] - v[m - 1] > BIMODAL_GAP_MAD * floor           # necessary: the MAD term is at least `floor`
+    for kk in k[ok]:
+        lo, hi = v[: n - kk], v[n - kk:]
+        mlo_, mhi_ = float(np.median(lo)), float(np.median(hi))
+        if mlo_ <= 0 or mhi_ / mlo_ < BIMODAL_RATIO:
             continue
-        mlo, mhi = float(np.median(lo)), float(np.median(hi))
-        if mlo <= 0 or mhi / mlo < BIMODAL_RATIO:
-            continue
-        if hi[-1] / max(hi[0], 1e-12) > MODE_SPREAD_RATIO or lo[-1] / max(lo[0], 1e-12) > MODE_SPREAD_RATIO:
-            continue
-        mad = max(float(np.median(np.abs(np.asarray(lo) - mlo))), float(np.median(np.abs(np.asarray(hi) - mhi))))
+        mad = max(float(np.median(np.abs(lo - mlo_))), float(np.median(np.abs(hi - mhi_))))
         if hi[0] - lo[-1] > BIMODAL_GAP_MAD * max(mad * 1.4826, floor):
-            return sorted(order[: n - k]), sorted(order[n - k:])
+            return sorted(order[: n - kk].tolist()), sorted(order[n - kk:].tolist())
     return None

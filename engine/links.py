@@ -9,16 +9,22 @@ sampling and ranks with their own interfaces (not one shared loopback).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from eroica.collector.facts import Category, MetricName, PatternsDoc
 from eroica.engine.facts import Fact, LinkSignature
+from eroica.engine.signals import LARGE_GROUP
+
+if TYPE_CHECKING:
+    from eroica.engine.columns import WindowColumns
 
 MIN_COMM_SHARE = 0.2         # the group must spend at least this share of a step in communication
 MAX_CV_RATIO = 0.7           # a rank is reported when its rate spread / mean is this far below its peers'
 
 
-def _signature(doc: PatternsDoc) -> tuple[float, float, float, str] | None:
+def link_signature(doc: PatternsDoc) -> tuple[float, float, float, str] | None:
     """(mean bytes/s, coefficient of variation, communication share of the window, top function)."""
     num = cv_num = w = crit = 0.0
     top, top_crit = "", -1.0
@@ -38,48 +44,49 @@ def _signature(doc: PatternsDoc) -> tuple[float, float, float, str] | None:
     return num / w, cv_num / w, crit / doc.window.wall_seconds, top
 
 
-def _ratio(x: float, others: list[float]) -> float:
-    med = float(np.median(others)) if others else 0.0
-    return x / med if med > 0 else 1.0
-
-
 def own_link(doc: PatternsDoc) -> bool:
     """True when the rank's traffic goes over an interface of its own (not a loopback that every
     local rank shares, where byte counters say nothing about one rank's link)."""
     return any(rate > 0 for name, rate in doc.hardware.nic_bytes_per_second.items() if name != "lo")
 
 
-def link_facts(docs: dict[int, PatternsDoc], ranks: list[int], comm_wait: dict[int, float]) -> list[Fact]:
+def link_facts(cols: WindowColumns, ranks: list[int], comm_wait: dict[int, float]) -> list[Fact]:
     """A late rank of any other cause also communicates steadily (it arrives last and never
     waits), so each fact carries the rank's communication wait beside its peers': a capped link
     waits as long as everyone, a late rank much less."""
-    if not all(own_link(docs[r]) for r in ranks):
+    rows = np.array([cols.row[r] for r in ranks], dtype=int)
+    if not cols.own_link[rows].all():
         return []
-    sigs = {r: s for r in ranks if (s := _signature(docs[r])) is not None}
-    if len(sigs) < 3:
+    have = ~np.isnan(cols.link[rows, 0])
+    if have.sum() < 3:
         return []
-    cvs = np.array([s[1] for s in sigs.values()])
-    means = np.array([s[0] for s in sigs.values()])
-    shares = np.array([s[2] for s in sigs.values()])
+    order = [r for r, h in zip(ranks, have) if h]
+    sig_rows = rows[have]
+    means, cvs, shares = (cols.link[sig_rows, k] for k in range(3))
     share = float(np.median(shares))
     if share < MIN_COMM_SHARE:
         return []
+    waits = np.array([comm_wait.get(p, 0.0) for p in ranks])
+    large = len(order) >= LARGE_GROUP        # one rank cannot move the others' median: the whole one
+    whole_cv, whole_wait = float(np.median(cvs)), float(np.median(waits))
+    med_mean = float(np.median(means))
     out: list[Fact] = []
-    for r, (mean, cv, _, top) in sigs.items():
-        others = [sigs[p][1] for p in sigs if p != r]
-        med_cv = float(np.median(others))
+    for k in np.flatnonzero(cvs <= MAX_CV_RATIO * (whole_cv if large else np.inf)):
+        r, mean, cv = order[k], float(means[k]), float(cvs[k])
+        med_cv = whole_cv if large else float(np.median(np.delete(cvs, k)))
         ratio = cv / med_cv if med_cv > 0 else 1.0
         if ratio > MAX_CV_RATIO:
             continue
+        wait_med = whole_wait if large else float(np.median(waits[np.array(ranks) != r]))
+        wait = comm_wait.get(r, 0.0)
         out.append(
             LinkSignature(
-                rank=r, function=top, mean_bytes_per_second=round(mean, 1), cv_ratio=round(cv, 4),
-                peer_median_cv_ratio=round(med_cv, 4), cv_ratio_to_median=round(ratio, 4),
-                rate_ratio_to_median=round(mean / float(np.median(means)), 4) if np.median(means) > 0 else 1.0,
+                rank=r, function=cols.link_top[int(sig_rows[k])], mean_bytes_per_second=round(mean, 1),
+                cv_ratio=round(cv, 4), peer_median_cv_ratio=round(med_cv, 4), cv_ratio_to_median=round(ratio, 4),
+                rate_ratio_to_median=round(mean / med_mean, 4) if med_mean > 0 else 1.0,
                 comm_share_ratio=round(share, 4), excess_step_ratio=round(share, 4),
                 steadiest=bool(cv <= cvs.min() + 1e-12),
-                comm_wait_ratio_to_median=round(_ratio(comm_wait.get(r, 0.0),
-                                                       [comm_wait.get(p, 0.0) for p in ranks if p != r]), 4),
+                comm_wait_ratio_to_median=round(wait / wait_med if wait_med > 0 else 1.0, 4),
             )
         )
     return out

@@ -6,14 +6,19 @@ the other ranks are still diagnosed.
 
 from __future__ import annotations
 
+import gc
 import json
 import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from eroica.collector.facts import PATTERNS_SCHEMA, PatternsDoc
+from eroica.engine.columns import ColumnsBuilder, WindowColumns, window_columns
 from eroica.engine.errors import RunDirError
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
@@ -32,92 +37,177 @@ class LoadProblem:
         return f"{self.path}{where}: {self.message}"
 
 
+class DocStore(Mapping[int, PatternsDoc]):
+    """A window's documents by rank, read again from their file when asked for and not cached.
+
+    Loading validates every document once and keeps its numbers as columns (engine/columns.py);
+    the documents themselves are kept only up to `cache_limit`, so a wide window costs arrays, not
+    object trees. Reading a document again finds it where it was loaded from (file and byte offset)."""
+
+    def __init__(self, cache_limit: int = 4096) -> None:
+        self._where: dict[int, tuple[str, int, int]] = {}     # rank -> (path, offset, length; -1: whole file)
+        self._cache: OrderedDict[int, PatternsDoc] = OrderedDict()
+        self.cache_limit = cache_limit
+
+    def add(self, rank: int, where: tuple[str, int, int], doc: PatternsDoc) -> None:
+        self._where[rank] = where
+        if len(self._cache) < self.cache_limit:
+            self._cache[rank] = doc
+
+    def __getitem__(self, rank: int) -> PatternsDoc:
+        doc = self._cache.get(rank)
+        if doc is not None:
+            self._cache.move_to_end(rank)
+            return doc
+        path, off, length = self._where[rank]
+        with open(path, "rb") as fh:
+            fh.seek(off)
+            text = fh.read() if length < 0 else fh.read(length)
+        doc = parse_doc(text, path if length < 0 else f"{path}@{off}")
+        if doc.job.rank != rank:
+            raise RunDirError(f"changed since it was loaded: rank {doc.job.rank} where rank {rank} was", path=path)
+        self._cache[rank] = doc
+        if len(self._cache) > self.cache_limit:
+            self._cache.popitem(last=False)
+        return doc
+
+    def __contains__(self, rank: object) -> bool:
+        return rank in self._where
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
 @dataclass
 class WindowData:
+    """One window's documents (`docs`: a dict, or a DocStore when loaded from a run directory) and
+    their columns (built from `docs` when not given)."""
+
     window_id: str
-    docs: dict[int, PatternsDoc]
+    docs: Mapping[int, PatternsDoc]
     problems: list[LoadProblem] = field(default_factory=list)
     raw_traces: dict[int, str] = field(default_factory=dict)    # rank -> bounded raw trace, when kept
+    _columns: WindowColumns | None = None
+
+    @property
+    def columns(self) -> WindowColumns:
+        if self._columns is None:
+            self._columns = window_columns(self.docs[r] for r in sorted(self.docs))
+        return self._columns
 
     @property
     def world_size(self) -> int:
-        sizes = [d.job.world_size for d in self.docs.values()]
-        return max(sizes) if sizes else 0
+        sizes = self.columns.world_size
+        return int(sizes.max()) if len(sizes) else 0
 
 
-def load_doc(path: Path) -> PatternsDoc:
+def parse_doc(text: str | bytes, where: str, one_line: bool = False) -> PatternsDoc:
+    """One pattern document from its JSON text. The common case (a valid document) is parsed and
+    validated in one pass by pydantic's JSON parser; a failing one is parsed again the slow way, so
+    the error says what is wrong in words (not JSON, not an object, another schema, which field)."""
     try:
-        raw = json.loads(path.read_text())
+        return PatternsDoc.model_validate_json(text)
+    except ValidationError:
+        pass
+    try:
+        raw = json.loads(text)
+    except UnicodeDecodeError as exc:
+        raise RunDirError(f"not UTF-8 text (byte {exc.start}): the file is corrupt", path=where) from exc
     except json.JSONDecodeError as exc:
+        if one_line:     # a line of a packed file: `where` names the line
+            raise RunDirError(f"not valid JSON (column {exc.colno}): {exc.msg}", path=where) from exc
         raise RunDirError(f"not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}; "
-                          "the file is truncated or corrupt", path=str(path)) from exc
+                          "the file is truncated or corrupt", path=where) from exc
     if not isinstance(raw, dict):
-        raise RunDirError(f"expected a JSON object, got {type(raw).__name__}", path=str(path))
+        raise RunDirError(f"expected a JSON object, got {type(raw).__name__}", path=where)
     schema = raw.get("schema")
     if schema != PATTERNS_SCHEMA:
-        raise RunDirError(f"expected {PATTERNS_SCHEMA!r}, got {schema!r}", path=str(path), field="schema")
+        raise RunDirError(f"expected {PATTERNS_SCHEMA!r}, got {schema!r}", path=where, field="schema")
     return PatternsDoc.model_validate(raw)
 
 
-def load_window(wdir: Path) -> WindowData:
-    w = WindowData(window_id=wdir.name, docs={})
-    for f in sorted(wdir.iterdir()):
-        t = TRACE_FILE.match(f.name)
-        if t:
-            w.raw_traces[int(t.group(1))] = str(f.resolve())
-        if PACKED_FILE.match(f.name):
-            _load_packed(w, f)
-            continue
-        m = RANK_FILE.match(f.name)
-        if not m:
-            continue
-        try:
-            doc = load_doc(f)
-        except RunDirError as exc:
-            w.problems.append(LoadProblem(str(f), exc.field or "", exc.message))
-            continue
-        except ValidationError as exc:
-            for err in exc.errors()[:5]:
-                loc = ".".join(str(x) for x in err["loc"])
-                w.problems.append(LoadProblem(str(f), loc, err["msg"]))
-            continue
-        except OSError as exc:
-            w.problems.append(LoadProblem(str(f), "", f"cannot read: {exc.strerror}"))
-            continue
-        rank = doc.job.rank
-        if int(m.group(1)) != rank:
-            w.problems.append(
-                LoadProblem(str(f), "job.rank", f"file name says rank {m.group(1)}, document says {rank}")
-            )
-        if rank in w.docs:
-            w.problems.append(LoadProblem(str(f), "job.rank", f"duplicate rank {rank}; first one kept"))
-            continue
-        w.docs[rank] = doc
+def load_doc(path: Path) -> PatternsDoc:
+    return parse_doc(path.read_bytes(), str(path))
+
+
+def load_window(wdir: Path, cache_limit: int = 4096) -> WindowData:
+    """`cache_limit`: how many parsed documents to keep in memory (the rest are read again on demand)."""
+    store = DocStore(cache_limit)
+    builder = ColumnsBuilder()
+    w = WindowData(window_id=wdir.name, docs=store)
+
+    def keep(doc: PatternsDoc, where: tuple[str, int, int], name: str) -> None:
+        if doc.job.rank in store:
+            w.problems.append(LoadProblem(name, "job.rank", f"duplicate rank {doc.job.rank}; first one kept"))
+            return
+        store.add(doc.job.rank, where, doc)
+        builder.add(doc)
+
+    with _gc_paused():     # many objects, no cycles: the cyclic collector would only rescan them
+        for f in sorted(wdir.iterdir()):
+            t = TRACE_FILE.match(f.name)
+            if t:
+                w.raw_traces[int(t.group(1))] = str(f.resolve())
+            if PACKED_FILE.match(f.name):
+                _load_packed(w, f, keep)
+                continue
+            m = RANK_FILE.match(f.name)
+            if not m:
+                continue
+            try:
+                doc = load_doc(f)
+            except RunDirError as exc:
+                w.problems.append(LoadProblem(str(f), exc.field or "", exc.message))
+                continue
+            except ValidationError as exc:
+                for err in exc.errors()[:5]:
+                    loc = ".".join(str(x) for x in err["loc"])
+                    w.problems.append(LoadProblem(str(f), loc, err["msg"]))
+                continue
+            except OSError as exc:
+                w.problems.append(LoadProblem(str(f), "", f"cannot read: {exc.strerror}"))
+                continue
+            rank = doc.job.rank
+            if int(m.group(1)) != rank:
+                w.problems.append(
+                    LoadProblem(str(f), "job.rank", f"file name says rank {m.group(1)}, document says {rank}")
+                )
+            keep(doc, (str(f), 0, -1), str(f))
+        w._columns = builder.build()
     return w
 
 
-def _load_packed(w: WindowData, f: Path) -> None:
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _load_packed(w: WindowData, f: Path, keep: Callable[[PatternsDoc, tuple[str, int, int], str], None]) -> None:
     """`host-<name>.jsonl` / `pack-<name>.jsonl`: one pattern document per line (a host's ranks, or a
     whole job's), so a 100,000-rank window need not be 100,000 files."""
     try:
-        fh = open(f, encoding="utf-8")
+        fh = open(f, "rb")
     except OSError as exc:
         w.problems.append(LoadProblem(str(f), "", f"cannot read: {exc.strerror}"))
         return
     with fh:
+        off = 0
         for n, line in enumerate(fh, 1):
+            start, off = off, off + len(line)
             if not line.strip():
                 continue
             where = f"{f}:{n}"
             try:
-                raw = json.loads(line)
-                schema = raw.get("schema") if isinstance(raw, dict) else None
-                if schema != PATTERNS_SCHEMA:
-                    raise RunDirError(f"expected {PATTERNS_SCHEMA!r}, got {schema!r}", path=where, field="schema")
-                doc = PatternsDoc.model_validate(raw)
-            except json.JSONDecodeError as exc:
-                w.problems.append(LoadProblem(where, "", f"not valid JSON (column {exc.colno}): {exc.msg}"))
-                continue
+                doc = parse_doc(line, where, one_line=True)
             except RunDirError as exc:
                 w.problems.append(LoadProblem(where, exc.field or "", exc.message))
                 continue
@@ -125,13 +215,10 @@ def _load_packed(w: WindowData, f: Path) -> None:
                 for err in exc.errors()[:5]:
                     w.problems.append(LoadProblem(where, ".".join(str(x) for x in err["loc"]), err["msg"]))
                 continue
-            if doc.job.rank in w.docs:
-                w.problems.append(LoadProblem(where, "job.rank", f"duplicate rank {doc.job.rank}; first one kept"))
-                continue
-            w.docs[doc.job.rank] = doc
+            keep(doc, (str(f), start, len(line)), where)
 
 
-def load_run(run_dir: Path, window: str | None = None) -> list[WindowData]:
+def load_run(run_dir: Path, window: str | None = None, cache_limit: int = 4096) -> list[WindowData]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory (expected RUN_DIR/<window>/rank-<R>.json)")
@@ -141,4 +228,4 @@ def load_run(run_dir: Path, window: str | None = None) -> list[WindowData]:
         dirs = [d for d in dirs if d.name == window]
         if not dirs:
             raise RunDirError(f"{run_dir}: no window named {window!r}")
-    return [load_window(d) for d in dirs]
+    return [load_window(d, cache_limit) for d in dirs]

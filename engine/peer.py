@@ -5,15 +5,21 @@ of communication cannot name the culprit: the victims wait *longer* in communica
 culprit waits *least*. We therefore compare each rank's *busy* time (step time minus time the
 critical path spent waiting in communication) against the median of its peer group, and
 attribute the excess to the functions that hold the critical path longer than on the peers.
+
+The window is read into arrays once (engine/columns.py, engine/signals.SignalTable); every
+statistic of a group is computed once over its members, and only the few suspects get facts, so
+the rule engine sees deviations only, whatever the width of the job.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from eroica.collector.facts import Category, PatternsDoc
+from eroica.collector.facts import Category, MetricName
+from eroica.engine.columns import METRICS, WindowColumns, merged_key
 from eroica.engine.facts import (
     CategoryExcess,
     ConfigDeviation,
@@ -25,123 +31,26 @@ from eroica.engine.facts import (
 from eroica.engine.groups import bimodal_split, peer_groups
 from eroica.engine.links import link_facts
 from eroica.engine.load import WindowData
-from eroica.engine.signals import LARGE_GROUP, cap_ratio, host_cpu_facts, hw_signals, outlier_facts
-from eroica.engine.spikes import kept_steps, spike_facts
+from eroica.engine.robust import (
+    MAD_TO_SIGMA,
+    MIN_GROUP,
+    SUSPECT_EXCESS_STEP_RATIO,
+    SUSPECT_Z,
+    category_suspects,
+    clean_members,
+    paired_t,
+    references,
+)
+from eroica.engine.signals import LARGE_GROUP, SignalTable, cap_ratio, host_cpu_facts, hw_signals, outlier_facts
+from eroica.engine.spikes import SPIKE_SIGNALS, kept_steps, spike_facts
 
-MAD_TO_SIGMA = 1.4826
-MIN_GROUP = 3                  # fewer peers than this: no valid peer group
 MAX_DISPERSION = 0.35          # peers' busy-time MAD / median above this: heterogeneous group
-SUSPECT_EXCESS_STEP_RATIO = 0.04   # a rank must cost the job at least this share of a step ...
-SUSPECT_Z = 3.0                    # ... and stand out from its peers by this robust z
 SMALL_GROUP_MIN_RATIO = 1.1        # below 3 members: busy at least this much more than the other
 SUSPECT_T = 4.0                    # or: excess consistent across the window's steps (paired t statistic)
-CATEGORY_SUSPECT_STEP_RATIO = 0.08  # one category alone this far above the others' (share of a step) ...
-CATEGORY_SUSPECT_Z = 5.0            # ... and this many robust sigmas: a suspect even when busy time is noisy
-#: categories that are near zero on a healthy rank (compute is not: it is the step's bulk and its noise)
-SPARSE_CATEGORIES = {Category.data.value, Category.gc.value, Category.region.value, Category.memory.value,
-                     # device kernels: data-parallel peers run the same kernels, and a GPU rank's busy
-                     # time mixes them with host gaps that can hide a slower device
-                     Category.kernel.value}
 FUNCTION_MIN_EXPLAINS = 0.1
 COMPUTE_KINDS = {Category.compute.value, Category.kernel.value}
 CONFIG_KEYS_IGNORED = ("torch.version",)
-
-
-def _key(cat: Category, name: str) -> tuple[str, str]:
-    # GC generations are one function for comparison: peers collect young generations too
-    if cat == Category.gc:
-        return ("gc", "gc.collect")
-    return (cat.value, name)
-
-
-def robust_z(x: np.ndarray, floor: float) -> np.ndarray:
-    med = np.median(x)
-    mad = np.median(np.abs(x - med)) * MAD_TO_SIGMA
-    return (x - med) / max(mad, floor)
-
-
-def _reference(x: np.ndarray, i: int, floor: float, clean: np.ndarray | None = None) -> tuple[float, float]:
-    """(reference value, robust z) of member i: the median and MAD of the group's clean members
-    (all but the suspects) from 3 members up; below that, the other members' median (a rank
-    cannot be its own reference)."""
-    if len(x) >= MIN_GROUP:
-        ref = x[clean] if clean is not None and clean.any() else x
-        med = float(np.median(ref))
-        mad = float(np.median(np.abs(ref - med))) * MAD_TO_SIGMA
-        return med, float((x[i] - med) / max(mad, floor))
-    others = np.delete(x, i)
-    if len(others) == 0:
-        return float(x[i]), 0.0
-    ref = float(np.median(others))
-    return ref, float((x[i] - ref) / floor)
-
-
-def clean_members(busy: np.ndarray, med_step: float, floor: float) -> np.ndarray:
-    """Mask of the members that are not suspects: remove the busiest member while it stands out
-    from the lower half of the rest (stragglers only ever add time, so the fast half is the
-    healthy estimate even when up to half the group is slow), at most half the group. The final
-    reference is then the clean members' median, so one plain median is never pulled towards
-    several culprits at once."""
-    clean = np.ones(len(busy), dtype=bool)
-    if len(busy) < MIN_GROUP or med_step <= 0:
-        return clean
-    while clean.sum() > max(len(busy) // 2, 1):
-        vals = busy[clean]
-        low = np.sort(vals)[: max((len(vals) + 1) // 2, 2)]
-        med = float(np.median(low))
-        mad = float(np.median(np.abs(low - med))) * MAD_TO_SIGMA
-        j = int(np.flatnonzero(clean)[int(np.argmax(vals))])
-        if (busy[j] - med) / med_step < SUSPECT_EXCESS_STEP_RATIO or (busy[j] - med) / max(mad, floor) < SUSPECT_Z:
-            break
-        clean[j] = False
-    return clean
-
-
-def category_suspects(
-    keys: list[tuple[str, str]], fmat: np.ndarray, med_step: float, floor: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """Ranks on which one sparse category alone stands far above the other ranks', and by how much.
-
-    Busy time sums many noisy parts; an intermittent or small fault (a stall every third step) can
-    hide in that noise, and a rank that thrashes can slow its whole host so that it is not even the
-    latest, while its own category (data loading, GC, a user region) is unmistakable."""
-    n = fmat.shape[0]
-    flag = np.zeros(n, dtype=bool)
-    excess = np.zeros(n)
-    if n < 2 or med_step <= 0:
-        return flag, excess
-    for cat in sorted({k[0] for k in keys} & SPARSE_CATEGORIES):
-        idx = [j for j, k in enumerate(keys) if k[0] == cat]
-        sums = fmat[:, idx].sum(axis=1)
-        # the others' median and MAD; from LARGE_GROUP members one rank cannot move them: all ranks'
-        gmed = float(np.median(sums))
-        gmad = float(np.median(np.abs(sums - gmed))) * MAD_TO_SIGMA
-        for i in (np.flatnonzero(sums - gmed > 0) if n >= LARGE_GROUP else range(n)):
-            if n >= LARGE_GROUP:
-                med, mad = gmed, gmad
-            else:
-                others = np.delete(sums, i)
-                med = float(np.median(others))
-                mad = float(np.median(np.abs(others - med))) * MAD_TO_SIGMA
-            ex = float(sums[i] - med)
-            need = SUSPECT_EXCESS_STEP_RATIO if cat == Category.kernel.value else CATEGORY_SUSPECT_STEP_RATIO
-            if ex / med_step >= need and ex / max(mad, floor) >= CATEGORY_SUSPECT_Z:
-                flag[i] = True
-                excess[i] = max(excess[i], ex)
-    return flag, excess
-
-
-def paired_t(busy_steps: np.ndarray, i: int, clean: np.ndarray, floor: float) -> float:
-    """t statistic of rank i's per-step busy excess over the clean ranks' per-step median.
-
-    With a handful of peers the spread of their averages is a poor noise estimate; the rank's own
-    step-to-step excess is many more samples: a fault shows up step after step, noise does not."""
-    ref_rows = busy_steps[clean & (np.arange(len(busy_steps)) != i)]
-    if len(ref_rows) == 0 or busy_steps.shape[1] < 3:
-        return 0.0
-    d = busy_steps[i] - np.median(ref_rows, axis=0)
-    sd = max(float(np.std(d, ddof=1)), floor)
-    return float(np.mean(d) / (sd / np.sqrt(len(d))))
+CPU_UTIL = METRICS.index(MetricName.cpu_util_ratio)
 
 
 @dataclass
@@ -169,136 +78,220 @@ class PeerAnalysis:
     groups: list[PeerGroup]
     facts: list[Fact]
     rows: dict[int, RankRow]
+    columns: WindowColumns | None = None
+    signals: SignalTable | None = None
 
 
-def _per_step(doc: PatternsDoc) -> tuple[dict[tuple[str, str], np.ndarray], np.ndarray]:
-    steps = np.asarray(doc.step_times.during_seconds, dtype=float)
-    n = max(len(steps), 1)
-    out: dict[tuple[str, str], np.ndarray] = {}
-    for f in doc.functions:
-        k = _key(f.category, f.name)
-        v = np.asarray(f.critical_per_step_seconds, dtype=float)
-        if len(v) != len(steps):
-            v = np.full(n, f.critical_seconds / n)
-        out[k] = out.get(k, np.zeros(n)) + v
-    return out, steps
+@dataclass
+class GroupView:
+    """One peer group's functions under their comparison keys (GC generations merged)."""
+
+    ranks: list[int]
+    rows: np.ndarray               # rows of the window's columns
+    keys: list[tuple[str, str]]
+    present: np.ndarray            # [n, K]
+    per_step: np.ndarray           # [n, K, S] critical seconds per step, S = the members' fewest steps
+    step: np.ndarray               # [n, S]
+    metric_code: np.ndarray        # [n, K] -1 without a metric
+    metric_mean: np.ndarray        # [n, K] critical-time-weighted over the merged functions, NaN without
+    occurrences: np.ndarray        # [n, K]
+    cat_metric: dict[str, np.ndarray] = field(default_factory=dict)   # [n] per category, NaN without
+
+
+def group_view(cols: WindowColumns, ranks: list[int]) -> GroupView:
+    rows = np.array([cols.row[r] for r in ranks], dtype=int)
+    present_raw = cols.present[rows]
+    merged: dict[tuple[str, str], list[int]] = {}
+    for j in np.flatnonzero(present_raw.any(axis=0)):
+        merged.setdefault(merged_key(*cols.keys[j]), []).append(int(j))
+    keys = sorted(merged)
+    n_steps = int(cols.n_steps[rows].min()) if len(rows) else 0
+    n_steps = n_steps or 1
+    n, nk = len(rows), len(keys)
+    per_step = np.zeros((n, nk, n_steps))
+    present = np.zeros((n, nk), dtype=bool)
+    code = np.full((n, nk), -1, dtype=np.int16)
+    wsum, w, occ = np.zeros((n, nk)), np.zeros((n, nk)), np.zeros((n, nk))
+    sub = cols.per_step[rows][:, :, :n_steps]
+    mc, mw, mws, mo = (a[rows] for a in (cols.metric_code, cols.metric_w, cols.metric_wsum, cols.occurrences))
+    for k, key in enumerate(keys):
+        idx = merged[key]
+        per_step[:, k] = sub[:, idx].sum(axis=1)
+        present[:, k] = present_raw[:, idx].any(axis=1)
+        code[:, k] = mc[:, idx].max(axis=1)
+        wsum[:, k] = mws[:, idx].sum(axis=1)
+        w[:, k] = mw[:, idx].sum(axis=1)
+        occ[:, k] = mo[:, idx].sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(w > 0, wsum / np.where(w > 0, w, 1.0), np.nan)
+    view = GroupView(ranks, rows, keys, present, per_step, cols.step[rows, :n_steps], code, mean, occ)
+    # the category's metric over its functions that held the critical path (critical-time-weighted)
+    crit = cols.critical[rows]
+    for cat in {k[0] for k in keys}:
+        idx = [j for j, (c, _) in enumerate(cols.keys) if c.value == cat]
+        m = (mc[:, idx] >= 0) & (crit[:, idx] > 0)
+        cw = np.where(m, crit[:, idx], 0.0).sum(axis=1)
+        cs = np.where(m, mws[:, idx], 0.0).sum(axis=1)
+        view.cat_metric[cat] = np.where(cw > 0, cs / np.where(cw > 0, cw, 1.0), np.nan)
+    return view
+
+
+def _median_or_none(x: np.ndarray) -> float | None:
+    x = x[~np.isnan(x)]
+    return float(np.median(x)) if len(x) else None
 
 
 def analyze(window: WindowData) -> PeerAnalysis:
-    docs = window.docs
+    cols = window.columns
+    table = SignalTable(cols)
     facts: list[Fact] = []
     groups: list[PeerGroup] = []
     rows: dict[int, RankRow] = {}
-    for grouping in peer_groups(docs):
+    for grouping in peer_groups(cols):
         gname, ranks = grouping.name, grouping.ranks
-        per = {r: _per_step(docs[r]) for r in ranks}
-        keys = sorted({k for r in ranks for k in per[r][0]})
-        n_steps = min(len(per[r][1]) for r in ranks) or 1
-        step = np.array([per[r][1][:n_steps] for r in ranks])
+        g = group_view(cols, ranks)
+        keys, n = g.keys, len(ranks)
         comm_idx = [i for i, k in enumerate(keys) if k[0] == Category.communication.value]
-        comm_steps = np.array(
-            [sum((per[r][0].get(keys[i], np.zeros(n_steps))[:n_steps] for i in comm_idx), np.zeros(n_steps))
-             for r in ranks]
-        )
+        step = g.step
+        comm_steps = g.per_step[:, comm_idx, :].sum(axis=1)
         busy_steps = np.maximum(step - comm_steps, 0.0)
         # a rare one-off spike step is reported on its own and left out of the comparison
         keep = kept_steps(step)
-        fkeep = keep if len(keep) == n_steps else np.ones(n_steps, dtype=bool)   # no step times at all
-        start = min(docs[r].window.start_step for r in ranks)
-        facts.extend(spike_facts(ranks, start, step, busy_steps, [per[r][0] for r in ranks], keep,
-                                 [docs[r].hardware.per_step for r in ranks]))
+        if not keep.all():
+            hw = {s: (cols.per_step_signals[s][g.rows], cols.per_step_len[s][g.rows]) for s in SPIKE_SIGNALS}
+            facts.extend(spike_facts(ranks, int(cols.start_step[g.rows].min()), step, busy_steps, keys, g.per_step,
+                                     g.present, keep, hw))
         step, comm_steps, busy_steps = step[:, keep], comm_steps[:, keep], busy_steps[:, keep]
-        # matrix [rank, key] of mean critical seconds per kept step; [rank, step] busy per step
-        fmat = np.array([[per[r][0].get(k, np.zeros(n_steps))[:n_steps][fkeep].mean() for k in keys] for r in ranks])
+        # matrix [rank, key] of mean critical seconds per kept step
+        fmat = g.per_step[:, :, keep].mean(axis=2)
         busy = busy_steps.mean(axis=1)
         comm = comm_steps.mean(axis=1)
         step_mean = step.mean(axis=1)
         med_step = float(np.median(step_mean))
         for i, r in enumerate(ranks):
             rows[r] = RankRow(r, float(step_mean[i]), float(busy[i]), float(comm[i]))
-        n = len(ranks)
         floor = max(0.01 * med_step, 1e-4)
         clean = clean_members(busy, med_step, floor)
         cat_flag, cat_excess = category_suspects(keys, fmat, med_step, floor)
         if n >= MIN_GROUP and (~cat_flag).sum() >= max(n // 2, 1):
             clean &= ~cat_flag
-        # dispersion of the clean members (suspects aside): is this a group of equals?
-        if n >= 3:
-            cb = busy[clean]
-            tmed = float(np.median(cb))
-            disp = float(np.median(np.abs(cb - tmed)) * MAD_TO_SIGMA / tmed) if tmed > 0 else 0.0
-        else:
-            disp = 0.0
-        # the work each rank's compute does per step (CPU-seconds: contention stretches the wall time of
-        # the same work, and by-design heterogeneity is more work); two tight modes = different work
-        work = [_compute_work(docs[r], keys, fmat[i]) for i, r in enumerate(ranks)]
-        modes = bimodal_split(work, floor) if n >= 4 and any(work) else None
-        if n < MIN_GROUP:
-            valid, reason = False, f"only {n} rank(s) in group {gname!r} ({grouping.how}): too few peers to compare"
-        elif modes is not None:
-            lo, hi = modes
-            cl, ch = (float(np.median([work[j] for j in idx])) for idx in (lo, hi))
-            his, los = (", ".join(str(ranks[j]) for j in idx) for idx in (hi, lo))
-            valid, reason = False, (
-                f"peers in group {gname!r} ({grouping.how}) disagree: ranks {his} do {ch / cl:.1f}x the compute "
-                f"work (CPU-seconds) of ranks {los} (two modes): different work by design, or half the group "
-                f"affected; declare roles to compare like with like")
-        elif disp > MAX_DISPERSION:
-            valid, reason = False, (f"peers in group {gname!r} ({grouping.how}) disagree (busy-time dispersion "
-                                    f"{disp:.0%}): they do different work; declare roles to compare like with like")
-        else:
-            valid, reason = True, f"{n} ranks in group {gname!r} ({grouping.how}) doing the same work"
+        valid, reason, disp = _validity(g, gname, grouping.how, fmat, busy, clean, floor)
         groups.append(PeerGroup(gname, ranks, valid, reason, round(disp, 4)))
         if not valid:   # no peers to compare with: state the step's make-up for expected-range rules
-            facts.extend(step_shares(ranks, keys, fmat, step.mean(axis=1) if step.size else np.zeros(n)))
+            facts.extend(step_shares(ranks, keys, fmat, step_mean))
         if n < 2:
             continue
-        min_comm = float(comm.min())
-        med_comm = float(np.median(comm[clean]))
         ref_clean = clean if n >= MIN_GROUP else None
-        for i, r in enumerate(ranks):
-            ref_busy, z = _reference(busy, i, floor, ref_clean)
-            # a sparse category far above the peers is this rank's cost even if the rest of its step
-            # happened to run faster (its own slowdown spread over the host)
-            excess = max(float(busy[i] - ref_busy), float(cat_excess[i]))
-            excess_ratio = excess / med_step if med_step > 0 else 0.0
-            if excess_ratio < SUSPECT_EXCESS_STEP_RATIO:
-                continue
-            # the per-step test only where the robust z alone does not decide (it is O(group) per rank)
-            if z < SUSPECT_Z and not cat_flag[i] and paired_t(busy_steps, i, clean, floor) < SUSPECT_T:
-                continue
-            if n < MIN_GROUP and cap_ratio(float(busy[i]), ref_busy) < SMALL_GROUP_MIN_RATIO and not cat_flag[i]:
-                continue
-            med_busy_steps = np.median(busy_steps[clean] if clean.any() else busy_steps, axis=0)
-            consistency = float(np.mean(busy_steps[i] > med_busy_steps + 0.5 * excess))
-            facts.append(
-                RankSlowness(
-                    rank=r, group=gname,
-                    busy_seconds_per_step=round(float(busy[i]), 6),
-                    peer_median_busy_seconds_per_step=round(ref_busy, 6),
-                    excess_seconds_per_step=round(excess, 6),
-                    excess_step_ratio=round(excess_ratio, 4),
-                    busy_ratio_to_median=round(cap_ratio(float(busy[i]), ref_busy), 4),
-                    comm_wait_ratio_to_median=round(cap_ratio(float(comm[i]), med_comm), 4),
-                    least_waiting=bool(comm[i] <= min_comm + 1e-9),
-                    robust_z=round(float(min(z, 1e6)), 3),
-                    consistency_ratio=round(consistency, 4),
-                    peers=n, group_valid=valid,
-                )
-            )
-            refs = [_reference(fmat[:, j], i, floor, ref_clean) for j in range(len(keys))]
-            fmed = np.array([x[0] for x in refs])
-            fz = np.array([x[1] for x in refs])
-            facts.extend(_function_outliers(docs, r, keys, fmat[i], fmed, fz, excess, ranks))
-            facts.extend(_category_excess(docs, r, keys, fmat, fmed, i, excess, ranks, floor, ref_clean))
-            peers = [p for j, p in enumerate(ranks) if p != r and clean[j]] or [p for p in ranks if p != r]
-            facts.extend(hw_signals(docs, r, [r, *peers], keep))
-            facts.extend(host_cpu_facts(docs, r, keep))
-            facts.extend(_config_deviations(docs, r, [r, *peers]))
+        ref_busy, z = references(busy, floor, ref_clean)
+        # a sparse category far above the peers is this rank's cost even if the rest of its step
+        # happened to run faster (its own slowdown spread over the host)
+        excess = np.maximum(busy - ref_busy, cat_excess)
+        excess_ratio = excess / med_step if med_step > 0 else np.zeros(n)
+        cands = np.flatnonzero(excess_ratio >= SUSPECT_EXCESS_STEP_RATIO)
+        # the per-step test only where the robust z alone does not decide
+        weak = cands[(z[cands] < SUSPECT_Z) & ~cat_flag[cands]]
+        weak_t = dict(zip(weak.tolist(), paired_t(busy_steps, weak, clean, floor).tolist()))
+        cands = [int(i) for i in cands if weak_t.get(int(i), SUSPECT_T) >= SUSPECT_T]
+        if n < MIN_GROUP:
+            cands = [i for i in cands if cat_flag[i] or cap_ratio(float(busy[i]), float(ref_busy[i]))
+                     >= SMALL_GROUP_MIN_RATIO]
+        if cands:
+            facts.extend(_suspect_facts(cands, g, gname, table, fmat, busy, busy_steps, comm, ref_busy, z,
+                                        excess, excess_ratio, clean, ref_clean, floor, valid, keep))
         suspects = {f.rank for f in facts if isinstance(f, RankSlowness) and f.group == gname}
-        facts.extend(outlier_facts(docs, ranks, keep, suspects, float(np.median(step))))
-        facts.extend(link_facts(docs, ranks, {r: float(comm[i]) for i, r in enumerate(ranks)}))
-    return PeerAnalysis(window.window_id, groups, facts, rows)
+        facts.extend(outlier_facts(table, ranks, keep, suspects, float(np.median(step))))
+        facts.extend(link_facts(cols, ranks, {r: float(comm[i]) for i, r in enumerate(ranks)}))
+    return PeerAnalysis(window.window_id, groups, facts, rows, cols, table)
+
+
+def _validity(g: GroupView, gname: str, how: str, fmat: np.ndarray, busy: np.ndarray, clean: np.ndarray,
+              floor: float) -> tuple[bool, str, float]:
+    """Is this a group of equals? (valid, reason, busy-time dispersion of the clean members)."""
+    n = len(g.ranks)
+    disp = 0.0
+    if n >= 3:
+        cb = busy[clean]
+        tmed = float(np.median(cb))
+        disp = float(np.median(np.abs(cb - tmed)) * MAD_TO_SIGMA / tmed) if tmed > 0 else 0.0
+    # the work each rank's compute does per step (CPU-seconds: contention stretches the wall time of
+    # the same work, and by-design heterogeneity is more work); two tight modes = different work
+    work = compute_work(g, fmat)
+    modes = bimodal_split(work, floor) if n >= 4 and work.any() else None
+    if n < MIN_GROUP:
+        return False, f"only {n} rank(s) in group {gname!r} ({how}): too few peers to compare", disp
+    if modes is not None:
+        lo, hi = modes
+        cl, ch = (float(np.median(work[idx])) for idx in (lo, hi))
+        his, los = (", ".join(str(g.ranks[j]) for j in idx) for idx in (hi, lo))
+        return False, (
+            f"peers in group {gname!r} ({how}) disagree: ranks {his} do {ch / cl:.1f}x the compute "
+            f"work (CPU-seconds) of ranks {los} (two modes): different work by design, or half the group "
+            f"affected; declare roles to compare like with like"), disp
+    if disp > MAX_DISPERSION:
+        return False, (f"peers in group {gname!r} ({how}) disagree (busy-time dispersion "
+                       f"{disp:.0%}): they do different work; declare roles to compare like with like"), disp
+    return True, f"{n} ranks in group {gname!r} ({how}) doing the same work", disp
+
+
+def compute_work(g: GroupView, fmat: np.ndarray) -> np.ndarray:
+    """Compute work per step of each member: critical seconds of compute ops times their CPU rate
+    (on-CPU share) where the metric is the CPU rate; GPU kernels count their time."""
+    idx = [j for j, k in enumerate(g.keys) if k[0] in COMPUTE_KINDS]
+    if not idx:
+        return np.zeros(len(g.ranks))
+    f = fmat[:, idx]
+    rate = np.where((g.metric_code[:, idx] == CPU_UTIL) & ~np.isnan(g.metric_mean[:, idx]),
+                    g.metric_mean[:, idx], 1.0)
+    return np.where(f > 0, f * rate, 0.0).sum(axis=1)
+
+
+def _suspect_facts(cands, g, gname, table, fmat, busy, busy_steps, comm, ref_busy, z, excess,  # type: ignore[no-untyped-def]
+                   excess_ratio, clean, ref_clean, floor, valid, keep) -> list[Fact]:
+    n = len(g.ranks)
+    out: list[Fact] = []
+    min_comm = float(comm.min())
+    med_comm = float(np.median(comm[clean]))
+    med_busy_steps = np.median(busy_steps[clean] if clean.any() else busy_steps, axis=0)
+    fmed_all, fz_all = references(fmat, floor, ref_clean)
+    cats = sorted({k[0] for k in g.keys} - {Category.communication.value})
+    cat_idx = {c: [j for j, k in enumerate(g.keys) if k[0] == c] for c in cats}
+    cat_sums = {c: fmat[:, idx].sum(axis=1) for c, idx in cat_idx.items()}
+    cat_ref = {c: references(s, floor, ref_clean)[0] for c, s in cat_sums.items()}
+    large = n >= LARGE_GROUP
+    hw_medians: dict[str, float | None] | None = {} if large else None
+    votes = _ConfigVotes(table.cols, g, clean)
+    clean_rows = g.rows[clean]
+    for i in cands:
+        r = g.ranks[i]
+        ex = float(excess[i])
+        consistency = float(np.mean(busy_steps[i] > med_busy_steps + 0.5 * ex))
+        out.append(
+            RankSlowness(
+                rank=r, group=gname,
+                busy_seconds_per_step=round(float(busy[i]), 6),
+                peer_median_busy_seconds_per_step=round(float(ref_busy[i]), 6),
+                excess_seconds_per_step=round(ex, 6),
+                excess_step_ratio=round(float(excess_ratio[i]), 4),
+                busy_ratio_to_median=round(cap_ratio(float(busy[i]), float(ref_busy[i])), 4),
+                comm_wait_ratio_to_median=round(cap_ratio(float(comm[i]), med_comm), 4),
+                least_waiting=bool(comm[i] <= min_comm + 1e-9),
+                robust_z=round(float(min(z[i], 1e6)), 3),
+                consistency_ratio=round(consistency, 4),
+                peers=n, group_valid=valid,
+            )
+        )
+        others = np.arange(n) != i
+        out.extend(_function_outliers(g, i, fmat[i], fmed_all[i], fz_all[i], ex, others))
+        out.extend(_category_excess(g, i, fmat[i], fmed_all[i], ex, cat_idx, cat_sums, cat_ref, others))
+        peers = g.rows[clean & others]
+        if not len(peers):
+            peers = g.rows[others]
+        if large:          # one peer set serves every suspect of a large group
+            peers = clean_rows
+        out.extend(hw_signals(table, r, peers, keep, medians=hw_medians))
+        out.extend(host_cpu_facts(table, r, keep))
+        out.extend(votes.deviations(i))
+    return out
 
 
 SHARE_CATEGORIES = (Category.data.value, Category.gc.value, Category.region.value, Category.memory.value)
@@ -307,66 +300,45 @@ MIN_SHARE = 0.05
 
 def step_shares(ranks: list[int], keys: list[tuple[str, str]], fmat: np.ndarray, step: np.ndarray) -> list[Fact]:
     out: list[Fact] = []
-    for i, r in enumerate(ranks):
+    idx = {cat: [j for j, k in enumerate(keys) if k[0] == cat] for cat in SHARE_CATEGORIES}
+    sec = {cat: fmat[:, ix].sum(axis=1) if ix else np.zeros(len(ranks)) for cat, ix in idx.items()}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = {cat: np.where(step > 0, s / np.where(step > 0, step, 1.0), 0.0) for cat, s in sec.items()}
+    hit = {cat: (step > 0) & (share[cat] >= MIN_SHARE) for cat in SHARE_CATEGORIES}
+    for i in np.flatnonzero(np.any([hit[c] for c in SHARE_CATEGORIES], axis=0)):
         for cat in SHARE_CATEGORIES:
-            idx = [j for j, k in enumerate(keys) if k[0] == cat]
-            sec = float(fmat[i, idx].sum()) if idx else 0.0
-            if step[i] <= 0 or sec / step[i] < MIN_SHARE:
+            if not hit[cat][i]:
                 continue
-            top = keys[max(idx, key=lambda j: fmat[i, j])][1]
-            out.append(StepShare(rank=r, category=cat, share_ratio=round(min(sec / step[i], 1.0), 4),
-                                 seconds_per_step=round(sec, 6), top_function=top, group_valid=False))
+            ix = idx[cat]
+            top = keys[ix[int(np.argmax(fmat[i, ix]))]][1]
+            out.append(StepShare(rank=ranks[i], category=cat, share_ratio=round(min(float(share[cat][i]), 1.0), 4),
+                                 seconds_per_step=round(float(sec[cat][i]), 6), top_function=top, group_valid=False))
     return out
 
 
-def _compute_work(doc: PatternsDoc, keys: list[tuple[str, str]], row: np.ndarray) -> float:
-    """Compute work per step: critical seconds of compute ops times their CPU rate (on-CPU share)
-    where the metric is the CPU rate; GPU kernels count their time."""
-    total = 0.0
-    for j, k in enumerate(keys):
-        if k[0] not in COMPUTE_KINDS or row[j] <= 0:
-            continue
-        name, mean, _ = _metric(doc, k)
-        total += float(row[j]) * (mean if name == "cpu_util_ratio" and mean is not None else 1.0)
-    return total
-
-
-def _metric(doc: PatternsDoc, key: tuple[str, str]) -> tuple[str | None, float | None, int]:
-    """Occurrence-weighted metric mean of the functions merged into `key`."""
-    name, tot, w, occ = None, 0.0, 0.0, 0
-    for f in doc.functions:
-        if _key(f.category, f.name) != key:
-            continue
-        occ += f.occurrences_total
-        if f.metric is not None and f.metric_mean is not None:
-            name = f.metric.value
-            tot += f.metric_mean * max(f.critical_seconds, 1e-9)
-            w += max(f.critical_seconds, 1e-9)
-    return name, (tot / w if w else None), occ
-
-
-def _function_outliers(docs, rank, keys, row, fmed, fz, excess, ranks) -> list[Fact]:  # type: ignore[no-untyped-def]
+def _function_outliers(g: GroupView, i: int, row: np.ndarray, fmed: np.ndarray, fz: np.ndarray, excess: float,
+                       others: np.ndarray) -> list[Fact]:
     out: list[Fact] = []
     if excess <= 0:
         return out
-    for j, k in enumerate(keys):
+    for j, k in enumerate(g.keys):
         if k[0] == Category.communication.value:
             continue
         fx = float(row[j] - fmed[j])
         explains = fx / excess
         if explains < FUNCTION_MIN_EXPLAINS or fz[j] < SUSPECT_Z:
             continue
-        metric, mean, occ = _metric(docs[rank], k)
-        peer_metrics = [_metric(docs[p], k) for p in ranks if p != rank]
-        peer_vals = [m for _, m, _ in peer_metrics if m is not None]
-        peer_occ = [o for _, _, o in peer_metrics]
-        pmed = float(np.median(peer_vals)) if peer_vals else None
+        code, mean = int(g.metric_code[i, j]), g.metric_mean[i, j]
+        metric = METRICS[code].value if code >= 0 else None
+        mean_v = None if np.isnan(mean) else float(mean)
+        pmed = _median_or_none(g.metric_mean[others, j])
         mratio = None
-        if mean is not None and pmed is not None and pmed > 0:
-            mratio = round(min(mean / pmed, 1000.0), 4)
+        if mean_v is not None and pmed is not None and pmed > 0:
+            mratio = round(min(mean_v / pmed, 1000.0), 4)
+        peer_occ = g.occurrences[others, j]
         out.append(
             FunctionOutlier(
-                rank=rank, category=k[0], function=k[1],
+                rank=g.ranks[i], category=k[0], function=k[1],
                 seconds_per_step=round(float(row[j]), 6),
                 peer_median_seconds_per_step=round(float(fmed[j]), 6),
                 excess_seconds_per_step=round(fx, 6),
@@ -374,67 +346,80 @@ def _function_outliers(docs, rank, keys, row, fmed, fz, excess, ranks) -> list[F
                 explains_ratio=round(min(explains, 1.0), 4),
                 robust_z=round(float(min(fz[j], 1e6)), 3),
                 metric=metric,
-                metric_mean=None if mean is None else round(mean, 4),
+                metric_mean=None if mean_v is None else round(mean_v, 4),
                 peer_metric_median=None if pmed is None else round(pmed, 4),
                 metric_ratio_to_median=mratio,
-                occurrences_total=occ,
-                peer_median_occurrences=float(np.median(peer_occ)) if peer_occ else 0.0,
+                occurrences_total=int(g.occurrences[i, j]),
+                peer_median_occurrences=float(np.median(peer_occ)) if len(peer_occ) else 0.0,
             )
         )
     return out
 
 
-def _category_metric(doc: PatternsDoc, cat: str) -> float | None:
-    tot = w = 0.0
-    for f in doc.functions:
-        if f.category.value == cat and f.metric_mean is not None and f.critical_seconds > 0:
-            tot += f.metric_mean * f.critical_seconds
-            w += f.critical_seconds
-    return tot / w if w else None
-
-
-def _category_excess(docs, rank, keys, fmat, fmed, i, excess, ranks, floor, clean) -> list[Fact]:  # type: ignore[no-untyped-def]
+def _category_excess(g: GroupView, i: int, row: np.ndarray, fmed: np.ndarray, excess: float,  # type: ignore[no-untyped-def]
+                     cat_idx, cat_sums, cat_ref, others: np.ndarray) -> list[Fact]:
     """Per category: this rank's summed critical time vs the peers' reference of the sums
-    (`fmed`: the per-function references already computed for this rank)."""
+    (`fmed`: the per-function references of this rank)."""
     out: list[Fact] = []
     if excess <= 0:
         return out
-    row = fmat[i]
-    for cat in sorted({k[0] for k in keys} - {Category.communication.value}):
-        idx = [j for j, k in enumerate(keys) if k[0] == cat]
-        sums = fmat[:, idx].sum(axis=1)
-        mine = float(sums[i])
-        med = _reference(sums, i, floor, clean)[0]
+    for cat, idx in cat_idx.items():
+        mine = float(cat_sums[cat][i])
+        med = float(cat_ref[cat][i])
         cx = mine - med
         if cx / excess < FUNCTION_MIN_EXPLAINS:
             continue
-        top = max(idx, key=lambda j: row[j] - fmed[j])
-        m = _category_metric(docs[rank], cat)
-        peer = [v for v in (_category_metric(docs[p], cat) for p in ranks if p != rank) if v is not None]
-        pm = float(np.median(peer)) if peer else None
+        top = idx[int(np.argmax((row - fmed)[idx]))]
+        m = g.cat_metric[cat][i]
+        pm = _median_or_none(g.cat_metric[cat][others])
         out.append(
             CategoryExcess(
-                rank=rank, category=cat,
+                rank=g.ranks[i], category=cat,
                 seconds_per_step=round(mine, 6), peer_median_seconds_per_step=round(med, 6),
                 excess_seconds_per_step=round(cx, 6), explains_ratio=round(min(cx / excess, 1.0), 4),
-                top_function=keys[top][1],
-                metric_ratio_to_median=None if (m is None or not pm) else round(min(m / pm, 1000.0), 4),
+                top_function=g.keys[top][1],
+                metric_ratio_to_median=None if (np.isnan(m) or not pm) else round(min(float(m) / pm, 1000.0), 4),
             )
         )
     return out
 
 
-def _config_deviations(docs: dict[int, PatternsDoc], rank: int, ranks: list[int]) -> list[Fact]:
-    mine = {c.key: c.value for c in docs[rank].config}
-    out: list[Fact] = []
-    for key, val in sorted(mine.items()):
-        if key in CONFIG_KEYS_IGNORED:
-            continue
-        others = [next((c.value for c in docs[p].config if c.key == key), None) for p in ranks if p != rank]
-        others = [o for o in others if o is not None]
-        if not others:
-            continue
-        majority = max(set(others), key=others.count)
-        if others.count(majority) > len(others) / 2 and majority != val:
-            out.append(ConfigDeviation(rank=rank, key=key, value=val, peer_value=majority))
-    return out
+class _ConfigVotes:
+    """The peers' majority value of each setting, counted once per group: a suspect is compared with
+    the clean members other than itself (all the others when none of them is clean)."""
+
+    def __init__(self, cols: WindowColumns, g: GroupView, clean: np.ndarray) -> None:
+        self.ranks, self.clean = g.ranks, clean
+        self.cfg: list[dict[str, str]] = []
+        for i in g.rows:
+            c: dict[str, str] = {}
+            for key, value in cols.config[i]:
+                c.setdefault(key, value)
+            self.cfg.append(c)
+        self.clean_votes: dict[str, Counter[str]] = {}
+        for j in np.flatnonzero(clean):
+            for key, val in self.cfg[j].items():
+                self.clean_votes.setdefault(key, Counter())[val] += 1
+
+    def deviations(self, i: int) -> list[Fact]:
+        mine = self.cfg[i]
+        n = len(self.ranks)
+        others_clean = int(self.clean.sum()) - int(self.clean[i])
+        out: list[Fact] = []
+        for key, val in sorted(mine.items()):
+            if key in CONFIG_KEYS_IGNORED:
+                continue
+            if others_clean:
+                votes = Counter(self.clean_votes.get(key, Counter()))
+                if self.clean[i]:
+                    votes[val] -= 1
+            else:
+                votes = Counter(self.cfg[j][key] for j in range(n) if j != i and key in self.cfg[j])
+            votes = +votes
+            total = sum(votes.values())
+            if not total:
+                continue
+            majority, count = votes.most_common(1)[0]
+            if count > total / 2 and majority != val:
+                out.append(ConfigDeviation(rank=self.ranks[i], key=key, value=val, peer_value=majority))
+        return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eroica.collector.facts import PatternsDoc
+from eroica.engine.columns import METRICS, WindowColumns
 from eroica.engine.diagnosis import (
     Finding,
     FindingCost,
@@ -20,7 +20,7 @@ from eroica.engine.diagnosis import (
 )
 from eroica.engine.load import WindowData
 from eroica.engine.peer import PeerAnalysis
-from eroica.engine.signals import GPU_SIGNALS, HW_SIGNALS, signal_value
+from eroica.engine.signals import GPU_SIGNALS, HW_SIGNALS, SignalTable
 from eroica.engine.spikes import kept_steps
 
 MAX_FUNCTIONS = 12          # heatmap columns
@@ -36,29 +36,29 @@ def _spread(values: list[float]) -> tuple[float, float, float]:
     return float(p10), float(med), float(p90)
 
 
-def _per_function(doc: PatternsDoc, keep: np.ndarray) -> dict[str, float]:
-    out: dict[str, float] = {}
-    n = len(doc.step_times.during_seconds)
-    for f in doc.functions:
-        v = np.asarray(f.critical_per_step_seconds, dtype=float)
-        k = f"{f.category.value}:{f.name}"
-        if len(v) == n == len(keep) and keep.any():
-            out[k] = out.get(k, 0.0) + float(v[keep].mean())
-        else:
-            out[k] = out.get(k, 0.0) + f.critical_seconds / max(n, 1)
-    return out
+def _per_function(cols: WindowColumns, keep: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """[rank, function] mean critical seconds per kept step, functions as `category:name`, sorted;
+    the window mean where a rank has other than the window's common number of steps."""
+    names = [f"{c.value}:{n}" for c, n in cols.keys]
+    order = sorted(range(len(names)), key=lambda j: names[j])
+    n_r = cols.n_steps
+    whole = cols.critical / np.maximum(n_r, 1)[:, None]
+    if len(keep) and keep.any():
+        kept = cols.per_step[:, :, : len(keep)][:, :, keep].mean(axis=2)
+        mat = np.where((n_r == len(keep))[:, None], kept, whole)
+    else:
+        mat = whole
+    return [names[j] for j in order], mat[:, order]
 
 
 def heatmap(w: WindowData, analysis: PeerAnalysis) -> Heatmap | None:
-    ranks = sorted(w.docs)
+    cols = w.columns
+    ranks = cols.ranks
     if len(ranks) < 2:
         return None
-    n = min(len(w.docs[r].step_times.during_seconds) for r in ranks)
-    step = np.array([w.docs[r].step_times.during_seconds[:n] for r in ranks]) if n else np.zeros((len(ranks), 0))
-    keep = kept_steps(step) if n else np.ones(0, dtype=bool)
-    per = {r: _per_function(w.docs[r], keep) for r in ranks}
-    keys = sorted({k for r in ranks for k in per[r]})
-    mat = np.array([[per[r].get(k, 0.0) for k in keys] for r in ranks])
+    n = int(cols.n_steps.min())
+    keep = kept_steps(cols.step[:, :n]) if n else np.ones(0, dtype=bool)
+    keys, mat = _per_function(cols, keep)
     med = np.median(mat, axis=0)
     dev = mat - med
     # the functions that deviate most on some rank (communication too: that is where victims wait)
@@ -84,32 +84,42 @@ def heatmap(w: WindowData, analysis: PeerAnalysis) -> Heatmap | None:
 
 
 def step_series(w: WindowData) -> StepSeries | None:
-    docs = list(w.docs.values())
-    if not docs:
+    cols = w.columns
+    if not cols.ranks:
         return None
 
-    def med_series(seqs: list[list[float]]) -> list[float]:
-        n = min((len(s) for s in seqs), default=0)
-        return [round(float(np.median([s[-n + i] if n else 0 for s in seqs])), 6) for i in range(n)]
+    def med_series(mat: np.ndarray, lens: np.ndarray, right: bool) -> list[float]:
+        """The median over ranks of each of the last n steps, n the fewest any rank has (`right`:
+        rows are right-aligned, else left-aligned with `lens` values each)."""
+        n = int(lens.min())
+        if not n:
+            return []
+        if right:
+            tail = mat[:, mat.shape[1] - n:]
+        else:
+            tail = mat[np.arange(len(lens))[:, None], lens[:, None] - n + np.arange(n)]
+        return [round(float(x), 6) for x in np.median(tail, axis=0)]
 
     return StepSeries(
-        before_seconds=med_series([d.step_times.before_seconds for d in docs]),
-        during_seconds=med_series([d.step_times.during_seconds for d in docs]),
-        per_rank_before_seconds={str(r): round(d.step_times.baseline_median_seconds, 6) for r, d in
-                                 sorted(w.docs.items()) if d.step_times.baseline_median_seconds is not None},
+        before_seconds=med_series(cols.before, cols.before_len, True),
+        during_seconds=med_series(cols.step, cols.n_steps, False),
+        per_rank_before_seconds={str(r): round(float(b), 6) for r, b in zip(cols.ranks, cols.baseline)
+                                 if not np.isnan(b)},
     )
 
 
-def signature(w: WindowData, rank: int) -> list[SignalComparison]:
+def signature(table: SignalTable, rank: int) -> list[SignalComparison]:
     """The rank's hardware signals that stand apart from its peers' spread, largest first."""
-    doc = w.docs.get(rank)
-    if doc is None:
+    if rank not in table.row:
         return []
+    i = table.row[rank]
     out: list[tuple[float, SignalComparison]] = []
     for sig in (*HW_SIGNALS, *GPU_SIGNALS):
-        v = signal_value(doc, sig)
-        peers = [x for r, d in w.docs.items() if r != rank and (x := signal_value(d, sig)) is not None]
-        if v is None or not peers:
+        col = table.column(sig)
+        v = col[i]
+        peers = np.delete(col, i)
+        peers = peers[~np.isnan(peers)]
+        if np.isnan(v) or not len(peers):
             continue
         p10, med, p90 = _spread(peers)
         scale = max(abs(med), abs(p90 - p10), 1e-9)
@@ -121,35 +131,37 @@ def signature(w: WindowData, rank: int) -> list[SignalComparison]:
     return [s for _, s in out[:MAX_SIGNALS]]
 
 
-def function_signal(w: WindowData, rank: int, function: str | None) -> list[SignalComparison]:
+def function_signal(w: WindowData, cols: WindowColumns, rank: int, function: str | None) -> list[SignalComparison]:
     """The metric that matters for the finding's function (CPU rate, link bytes/s, SM clock) on
     the culprit beside the same function on its peers, and its duration per step."""
     if not function or rank not in w.docs:
         return []
-
-    def find(doc: PatternsDoc):  # type: ignore[no-untyped-def]
-        return next((f for f in doc.functions if f.name == function), None)
-
-    mine = find(w.docs[rank])
+    mine = next((f for f in w.docs[rank].functions if f.name == function), None)
     if mine is None:
         return []
+    j = cols.keys.index((mine.category, mine.name))
+    i = cols.row[rank]
+    peers = cols.present[:, j].copy()
+    peers[i] = False
     out = []
-    peers = [p for r, d in w.docs.items() if r != rank and (p := find(d)) is not None]
     n = max(len(w.docs[rank].step_times.during_seconds), 1)
-    durs = [p.critical_seconds / max(len(w.docs[r].step_times.during_seconds), 1)
-            for r, d in w.docs.items() if r != rank and (p := find(d)) is not None]
+    durs = (cols.critical[peers, j] / np.maximum(cols.n_steps[peers], 1)).tolist()
     if durs:
         p10, med, p90 = _spread(durs)
         out.append(SignalComparison(signal=f"{function}: s/step", value=round(mine.critical_seconds / n, 6),
                                     peer_median=round(med, 6), peer_p10=round(p10, 6), peer_p90=round(p90, 6)))
-    vals = [p.metric_mean for p in peers if p.metric_mean is not None and p.metric == mine.metric]
-    if mine.metric is not None and mine.metric_mean is not None and vals:
-        p10, med, p90 = _spread(vals)
+    if mine.metric is None or mine.metric_mean is None:
+        return out
+    same = peers & (cols.metric_code[:, j] == METRICS.index(mine.metric))
+    vals = cols.metric_mean[same, j]
+    if len(vals):
+        p10, med, p90 = _spread(vals.tolist())
         out.append(SignalComparison(signal=f"{function}: {mine.metric.value}", value=mine.metric_mean,
                                     peer_median=round(med, 4), peer_p10=round(p10, 4), peer_p90=round(p90, 4)))
         # steady or bursty: the spread of the metric while the function runs (a capped link is steady)
-        cvs = [p.metric_std / p.metric_mean for p in peers
-               if p.metric == mine.metric and p.metric_std is not None and p.metric_mean]
+        std, mean = cols.metric_std[same, j], cols.metric_mean[same, j]
+        ok = ~np.isnan(std) & (mean != 0)
+        cvs = (std[ok] / mean[ok]).tolist()
         if mine.metric_std is not None and mine.metric_mean and cvs:
             p10, med, p90 = _spread(cvs)
             out.append(SignalComparison(signal=f"{function}: {mine.metric.value} spread (std/mean)",
@@ -170,8 +182,11 @@ def cost(f: Finding, step_seconds: float | None, world: int) -> FindingCost | No
     )
 
 
-def enrich(findings: list[Finding], w: WindowData, step_seconds: float | None) -> list[Finding]:
+def enrich(findings: list[Finding], w: WindowData, analysis: PeerAnalysis,
+           step_seconds: float | None) -> list[Finding]:
     world = w.world_size or len(w.docs)
-    return [f.model_copy(update={"signals": (function_signal(w, f.ranks[0], f.function) + signature(w, f.ranks[0]))
-                                 if f.ranks else [],
+    cols = w.columns
+    table = analysis.signals or SignalTable(cols)
+    return [f.model_copy(update={"signals": (function_signal(w, cols, f.ranks[0], f.function)
+                                             + signature(table, f.ranks[0])) if f.ranks else [],
                                  "cost": cost(f, step_seconds, world)}) for f in findings]

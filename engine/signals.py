@@ -1,16 +1,23 @@
 """Whole-window hardware signals of a rank beside its peers, and the CPU load of its host.
 
-When a one-off spike step was left out of the comparison (engine/spikes.py), a signal is taken over
-the kept steps only, from the per-step values the collector keeps, so a 9 s stall in one step does
-not dilute (or fake) the signals of the other nine.
+Signals are read once per window into a `SignalTable` (one array per signal over the ranks), so
+a suspect is compared with 100,000 peers by one median, not 100,000 attribute reads. When a one-off
+spike step was left out of the comparison (engine/spikes.py), a signal is taken over the kept steps
+only, from the per-step values the collector keeps, so a 9 s stall in one step does not dilute (or
+fake) the signals of the other nine.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from eroica.collector.facts import PatternsDoc
 from eroica.engine.facts import Fact, HardwareSignal, HostCpuLoad, JobSlowdown
+
+if TYPE_CHECKING:
+    from eroica.engine.columns import WindowColumns
 
 HW_SIGNALS = (
     "cgroup_throttled_ratio",
@@ -59,20 +66,79 @@ def signal_value(doc: PatternsDoc, sig: str, keep: np.ndarray | None = None) -> 
     return getattr(doc.hardware, sig)
 
 
-def hw_signals(docs: dict[int, PatternsDoc], rank: int, ranks: list[int],
-               keep: np.ndarray | None = None, signals: tuple[str, ...] = (*HW_SIGNALS, *GPU_SIGNALS)) -> list[Fact]:
+class SignalTable:
+    """Each hardware signal of each rank of a window as one array over the window's rows (NaN where
+    a rank has none).
+
+    `column(sig, keep)` is the whole-window value, or, when a spike step was left out (`keep` has
+    a False), the time-weighted mean over the kept steps of the collector's per-step values, for
+    ranks that have one per step (what `signal_value` does for one document); cached per keep."""
+
+    def __init__(self, cols: WindowColumns) -> None:
+        self.cols = cols
+        self.ranks = cols.ranks
+        self.row = cols.row
+        self.hosts = cols.hosts()
+        self._cache: dict[tuple[str, bytes], np.ndarray] = {}
+
+    def rows(self, ranks: list[int]) -> np.ndarray:
+        return np.array([self.row[r] for r in ranks], dtype=int)
+
+    def column(self, sig: str, keep: np.ndarray | None = None) -> np.ndarray:
+        whole = self.cols.signals[sig]
+        if keep is None or keep.all() or sig not in self.cols.per_step_signals:
+            return whole
+        tag = np.packbits(keep).tobytes() + len(keep).to_bytes(4, "little")
+        col = self._cache.get((sig, tag))
+        if col is None:
+            n = len(keep)
+            ps = self.cols.per_step_signals[sig]
+            ok = (self.cols.per_step_len[sig] == n) & (self.cols.n_steps == n)
+            if ps.shape[1] < n or not ok.any():
+                col = whole
+            else:
+                v = ps[:, :n]
+                kept = keep[None, :] & ~np.isnan(v)
+                dur = self.cols.step[:, :n] * kept
+                wt = dur.sum(axis=1)
+                num = np.where(kept, np.nan_to_num(v) * dur, 0.0).sum(axis=1)
+                use = ok & kept.any(axis=1) & (wt > 0)
+                col = np.where(use, num / np.where(use, wt, 1.0), whole)
+            self._cache[(sig, tag)] = col
+        return col
+
+    def value(self, sig: str, rank: int, keep: np.ndarray | None = None) -> float | None:
+        v = self.column(sig, keep)[self.row[rank]]
+        return None if np.isnan(v) else float(v)
+
+
+def _median(x: np.ndarray) -> float | None:
+    x = x[~np.isnan(x)]
+    return float(np.median(x)) if len(x) else None
+
+
+def hw_signals(table: SignalTable, rank: int, peers: np.ndarray, keep: np.ndarray | None = None,
+               signals: tuple[str, ...] = (*HW_SIGNALS, *GPU_SIGNALS),
+               medians: dict[str, float | None] | None = None) -> list[Fact]:
+    """`rank`'s signals beside the median of `peers` (table rows); `medians` caches the peers'
+    medians when the same peers serve several suspects (a large group)."""
     out: list[Fact] = []
     for sig in signals:
-        v = signal_value(docs[rank], sig, keep)
-        peers = [signal_value(docs[p], sig, keep) for p in ranks if p != rank]
-        peers = [p for p in peers if p is not None]
-        if v is None or not peers:
+        v = table.value(sig, rank, keep)
+        if v is None:
             continue
-        med = float(np.median(peers))
+        if medians is not None and sig in medians:
+            med = medians[sig]
+        else:
+            med = _median(table.column(sig, keep)[peers])
+            if medians is not None:
+                medians[sig] = med
+        if med is None:
+            continue
         out.append(
             HardwareSignal(
-                rank=rank, signal=sig, value=round(float(v), 4), peer_median=round(med, 4),
-                delta=round(float(v) - med, 4), ratio_to_median=round(cap_ratio(float(v), med), 4),
+                rank=rank, signal=sig, value=round(v, 4), peer_median=round(med, 4),
+                delta=round(v - med, 4), ratio_to_median=round(cap_ratio(v, med), 4),
             )
         )
     return out
@@ -84,80 +150,96 @@ def cap_ratio(a: float, b: float) -> float:
     return float(min(a / b, 1000.0))
 
 
-def host_cpu_facts(docs: dict[int, PatternsDoc], rank: int, keep: np.ndarray | None = None) -> list[Fact]:
+def host_cpu_facts(table: SignalTable, rank: int, keep: np.ndarray | None = None) -> list[Fact]:
     """The busy cores of `rank`'s host, less what the job's reporting ranks on it use themselves."""
-    host = docs[rank].job.hostname
-    on_host = [d for d in docs.values() if d.job.hostname == host]
-    cores = len(docs[rank].hardware.per_core_util_ratio)
-    utils = [u for u in (signal_value(d, "system_cpu_util_ratio", keep) for d in on_host) if u is not None]
-    jobs = [signal_value(d, "process_cpu_cores", keep) for d in on_host]
-    if not cores or not utils or any(j is None for j in jobs):
+    i = table.row[rank]
+    host = table.cols.hostname[i]
+    on_host = table.hosts[host]
+    cores = int(table.cols.cores[i])
+    utils = table.column("system_cpu_util_ratio", keep)[on_host]
+    utils = utils[~np.isnan(utils)]
+    jobs = table.column("process_cpu_cores", keep)[on_host]
+    if not cores or not len(utils) or np.isnan(jobs).any():
         return []
     busy = float(np.median(utils)) * cores
-    job = float(sum(jobs))  # type: ignore[arg-type]
+    job = float(jobs.sum())
     return [HostCpuLoad(rank=rank, host=host, cores_total=cores, busy_cores=round(busy, 4), job_cores=round(job, 4),
                         other_cores=round(max(busy - job, 0.0), 4), busy_ratio=round(busy / cores, 4),
                         ranks_on_host=len(on_host))]
 
 
-def job_slowdown(docs: dict[int, PatternsDoc], ranks: list[int], rank: int, suspects: set[int],
+def job_slowdown(baseline_seconds: float | None, rank: int, suspects: set[int],
                  step_seconds: float) -> JobSlowdown | None:
     """The job's step over the window against the detector's baseline, stated on `rank`."""
-    base = [b for r in ranks if (b := docs[r].step_times.baseline_median_seconds)]
-    if not base or step_seconds <= 0:
+    if not baseline_seconds or step_seconds <= 0:
         return None
-    b = float(np.median(base))
+    b = baseline_seconds
     return JobSlowdown(
         rank=rank, step_seconds=round(step_seconds, 6), baseline_step_seconds=round(b, 6),
         step_ratio_to_baseline=round(step_seconds / b, 4) if b > 0 else 1.0,
         excess_step_ratio=round(max(step_seconds - b, 0.0) / step_seconds, 4), ranks_standing_out=len(suspects))
 
 
-def low_states(docs: dict[int, PatternsDoc], ranks: list[int]) -> dict[int, list[str]]:
+def baseline_step(cols: WindowColumns, rows: np.ndarray) -> float | None:
+    """The median of the ranks' step time before the window (the detector's baseline)."""
+    base = cols.baseline[rows]
+    base = base[~np.isnan(base) & (base != 0)]
+    return float(np.median(base)) if len(base) else None
+
+
+def low_states(table: SignalTable, rows: np.ndarray) -> dict[int, list[str]]:
     """Ranks with a GPU link state below their peers' median, and which states."""
     out: dict[int, list[str]] = {}
     for sig in STATE_SIGNALS:
-        values = {r: v for r in ranks if (v := signal_value(docs[r], sig)) is not None}
-        whole = float(np.median(list(values.values()))) if len(values) >= LARGE_GROUP else None
-        for r, v in values.items():
-            peers = [x for p, x in values.items() if p != r] if whole is None else None
-            med = whole if whole is not None else (float(np.median(peers)) if peers else None)
-            if med is not None and v < med:
-                out.setdefault(r, []).append(sig)
+        col = table.column(sig)[rows]
+        have = ~np.isnan(col)
+        vals, idx = col[have], rows[have]
+        if len(vals) >= LARGE_GROUP:
+            low = np.flatnonzero(vals < float(np.median(vals)))
+        else:
+            low = np.array([j for j in range(len(vals)) if len(vals) > 1
+                            and vals[j] < float(np.median(np.delete(vals, j)))], dtype=int)
+        for j in low:
+            out.setdefault(table.ranks[int(idx[j])], []).append(sig)
     return out
 
 
 CPU_WAIT_OUTLIER_DELTA = 0.15   # a rank waiting for a CPU this much more of the window than its peers
 
 
-def cpu_wait_rank(docs: dict[int, PatternsDoc], ranks: list[int], keep: np.ndarray) -> int | None:
+def cpu_wait_rank(table: SignalTable, rows: np.ndarray, keep: np.ndarray) -> int | None:
     """The rank that waits for a CPU most, when it stands out from the others' median."""
-    known = {r: v for r in ranks if (v := signal_value(docs[r], "runqueue_wait_ratio", keep)) is not None}
-    if len(known) < 3:
+    col = table.column("runqueue_wait_ratio", keep)[rows]
+    have = ~np.isnan(col)
+    vals, idx = col[have], rows[have]
+    if len(vals) < 3:
         return None
-    r = max(known, key=lambda k: known[k])
-    delta = known[r] - float(np.median([v for k, v in known.items() if k != r]))
-    return r if delta >= CPU_WAIT_OUTLIER_DELTA else None
+    j = int(np.argmax(vals))
+    delta = float(vals[j]) - float(np.median(np.delete(vals, j)))
+    return table.ranks[int(idx[j])] if delta >= CPU_WAIT_OUTLIER_DELTA else None
 
 
-def outlier_facts(docs: dict[int, PatternsDoc], ranks: list[int], keep: np.ndarray, suspects: set[int],
+def outlier_facts(table: SignalTable, ranks: list[int], keep: np.ndarray, suspects: set[int],
                   step_seconds: float) -> list[Fact]:
     """Ranks that matter though none needs to be late: a co-located process can slow every rank of a
     host alike while one of them waits for a CPU far more than the others; a degraded GPU link slows
     every rank of a collective alike. Each such rank gets the job's slowdown (to weigh it by) and,
     unless it is a suspect with all its signals already, the signals that single it out."""
-    waiting = cpu_wait_rank(docs, ranks, keep)
-    low = low_states(docs, ranks)
+    rows = table.rows(ranks)
+    waiting = cpu_wait_rank(table, rows, keep)
+    low = low_states(table, rows)
     out: list[Fact] = []
+    base = baseline_step(table.cols, rows) if low or waiting is not None else None
     for r in sorted(set(low) | ({waiting} if waiting is not None else set())):
-        job = job_slowdown(docs, ranks, r, suspects, step_seconds)
+        job = job_slowdown(base, r, suspects, step_seconds)
         if job is None:
             continue
         out.append(job)
         if r in suspects:
             continue
+        others = rows[rows != table.row[r]]
         if r == waiting:
-            out += hw_signals(docs, r, ranks, keep) + host_cpu_facts(docs, r, keep)
+            out += hw_signals(table, r, others, keep) + host_cpu_facts(table, r, keep)
         else:
-            out += hw_signals(docs, r, ranks, signals=(*low[r], "gpu_nvlink_errors_per_second"))
+            out += hw_signals(table, r, others, signals=(*low[r], "gpu_nvlink_errors_per_second"))
     return out

@@ -20,6 +20,7 @@ SPIKE_RATIO = 8.0          # a step this many times the window's median step tim
 MAX_SPIKE_SHARE = 0.1      # ... in at most this share of the window's steps (at least one) ...
 DOMINATES_RATIO = 1.0      # ... whose extra time is at least all the other steps' time together
 MIN_STEPS = 5              # fewer steps than this: no reliable median to compare with
+SPIKE_SIGNALS = ("io_wait_ratio", "runqueue_wait_ratio", "cpu_util_ratio")   # what the rank's thread did then
 
 
 def kept_steps(step: np.ndarray) -> np.ndarray:
@@ -41,10 +42,12 @@ def kept_steps(step: np.ndarray) -> np.ndarray:
 
 def spike_facts(
     ranks: list[int], start_step: int, step: np.ndarray, busy_steps: np.ndarray,
-    per_key: list[dict[tuple[str, str], np.ndarray]], keep: np.ndarray,
-    per_step_hw: list[dict[str, list[float | None]]] | None = None,
+    keys: list[tuple[str, str]], per_step: np.ndarray, present: np.ndarray, keep: np.ndarray,
+    per_step_hw: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> list[StepSpike]:
-    """A fact for each left-out step: the rank busiest in it, beside the others in that step."""
+    """A fact for each left-out step: the rank busiest in it, beside the others in that step.
+    `per_step` is [rank, key, step] critical seconds, `present` [rank, key] the keys each rank has;
+    `per_step_hw` the collector's per-step signals: signal -> ([rank, step] values, [rank] lengths)."""
     out: list[StepSpike] = []
     if not (~keep).any():
         return out
@@ -54,10 +57,13 @@ def spike_facts(
     for s in np.flatnonzero(~keep):
         i = int(np.argmax(busy_steps[:, s]))
         others = np.delete(busy_steps[:, s], i)
-        cands = [(float(v[s]), k) for k, v in per_key[i].items() if k[0] != "communication" and s < len(v)]
+        cands = [(float(per_step[i, j, s]), k) for j, k in enumerate(keys)
+                 if present[i, j] and k[0] != "communication" and s < per_step.shape[2]]
         sec, (cat, fn) = max(cands, default=(0.0, (None, None)))
-        hw = (per_step_hw or [{}] * len(ranks))[i]
-        at = {sig: v[s] for sig, v in hw.items() if s < len(v)}
+        at: dict[str, float | None] = {}
+        for sig, (vals, lens) in (per_step_hw or {}).items():
+            if s < lens[i]:
+                at[sig] = None if np.isnan(vals[i, s]) else float(vals[i, s])
         out.append(
             StepSpike(
                 rank=ranks[i], step_number=start_step + int(s), step_seconds=round(float(job[s]), 6),

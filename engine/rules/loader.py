@@ -13,6 +13,9 @@ from pydantic import ValidationError
 from eroica.engine.errors import RuleError
 from eroica.engine.rules.schema import RULE_SCHEMA, Rule
 
+#: libyaml's parser where PyYAML was built with it (several times faster), else the pure-Python one
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 @dataclass(frozen=True)
 class LoadedRule:
@@ -65,8 +68,8 @@ def rule_files(paths: list[Path]) -> list[Path]:
 def parse_rule_file(path: Path) -> tuple[LoadedRule | None, list[str]]:
     try:
         text = path.read_text()
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=SAFE_LOADER)
+        data = yaml.load(text, Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

@@ -1,6 +1,7 @@
 from patterns_factory import make_doc
 
 from eroica.collector.facts import ProcessGroupInfo
+from eroica.engine.columns import window_columns
 from eroica.engine.groups import peer_groups
 from eroica.engine.load import WindowData
 from eroica.engine.peer import analyze
@@ -15,19 +16,19 @@ def test_pipeline_stages_from_the_process_group_layout_are_separate_peer_groups(
     docs = {r: with_groups(make_doc(r, world=8), [ProcessGroupInfo(desc="pp", size=2, index=r // 4),
                                                   ProcessGroupInfo(desc="dp", size=4, index=r % 4)])
             for r in range(8)}
-    g = peer_groups(docs)
+    g = peer_groups(window_columns(docs.values()))
     assert [(x.name, x.ranks, x.how) for x in g] == [("worker/pp0", [0, 1, 2, 3], "process-group layout"),
                                                       ("worker/pp1", [4, 5, 6, 7], "process-group layout")]
     # DeviceMesh-style names are recognised too
     mesh = {r: with_groups(make_doc(r), [ProcessGroupInfo(desc="mesh_expert", size=2, index=r % 2)]) for r in range(4)}
-    assert [x.ranks for x in peer_groups(mesh)] == [[0, 2], [1, 3]]
+    assert [x.ranks for x in peer_groups(window_columns(mesh.values()))] == [[0, 2], [1, 3]]
 
 
 def test_without_roles_or_layout_ranks_running_different_ops_are_clustered_apart() -> None:
     stage_a = {"compute:embedding": 0.02, "compute:attention": 0.03}
     stage_b = {"compute:mlp": 0.02, "compute:cross_entropy": 0.03}
     docs = {r: make_doc(r, world=6, busy=stage_a if r < 3 else stage_b) for r in range(6)}
-    g = peer_groups(docs)
+    g = peer_groups(window_columns(docs.values()))
     assert [(x.ranks, x.how) for x in g] == [([0, 1, 2], "op-mix clustering"), ([3, 4, 5], "op-mix clustering")]
     a = analyze(WindowData("w000-s30", docs))
     assert all(x.valid and "op-mix clustering" in x.reason for x in a.groups)
@@ -36,15 +37,15 @@ def test_without_roles_or_layout_ranks_running_different_ops_are_clustered_apart
 def test_a_lone_rank_with_odd_ops_stays_with_its_peers_and_durations_never_split_a_group() -> None:
     docs = {r: make_doc(r, busy={"compute:forward": 0.02, "compute:backward": 0.03}) for r in range(4)}
     docs[2] = make_doc(2, busy={"compute:strange_op": 0.05})        # a fault, not a design
-    assert [x.ranks for x in peer_groups(docs)] == [[0, 1, 2, 3]]
+    assert [x.ranks for x in peer_groups(window_columns(docs.values()))] == [[0, 1, 2, 3]]
     slow = {r: make_doc(r, busy={"compute:forward": 0.02 if r < 2 else 0.08}) for r in range(4)}
-    assert [x.ranks for x in peer_groups(slow)] == [[0, 1, 2, 3]]
+    assert [x.ranks for x in peer_groups(window_columns(slow.values()))] == [[0, 1, 2, 3]]
 
 
 def test_a_declared_role_wins_over_clustering() -> None:
     docs = {r: make_doc(r, role="trainer", busy={"compute:a": 0.02} if r < 2 else {"compute:b": 0.02})
             for r in range(4)}
-    assert [(x.name, x.how) for x in peer_groups(docs)] == [("trainer", "declared role")]
+    assert [(x.name, x.how) for x in peer_groups(window_columns(docs.values()))] == [("trainer", "declared role")]
 
 
 def test_two_tight_modes_of_compute_work_are_found_and_a_fault_is_not_a_mode() -> None:

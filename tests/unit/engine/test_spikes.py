@@ -41,14 +41,15 @@ def test_the_fact_names_the_rank_that_was_busy_through_the_spike() -> None:
     step = steps(row)
     busy = np.full((4, 10), 0.05)
     busy[2, 4] = 5.9                   # rank 2 computed while ranks 0, 1, 3 waited in all_reduce
-    per = [{("compute", "fwd"): busy[i].copy(), ("communication", "all_reduce"): step[i] - busy[i]}
-           for i in range(4)]
+    keys = [("communication", "all_reduce"), ("compute", "fwd")]
+    per = np.stack([step - busy, busy], axis=1)          # [rank, key, step]
+    present = np.ones((4, 2), dtype=bool)
     keep = kept_steps(step)
-    (f,) = spike_facts([0, 1, 2, 3], 30, step, busy, per, keep)
+    (f,) = spike_facts([0, 1, 2, 3], 30, step, busy, keys, per, present, keep)
     assert (f.rank, f.step_number, f.function, f.category) == (2, 34, "fwd", "compute")
     assert f.busy_share_ratio > 0.95 and f.peer_median_busy_seconds == 0.05
     assert f.ratio_to_median == 30.0 and f.consistency_ratio == 0.1
-    assert spike_facts([0, 1, 2, 3], 30, step, busy, per, np.ones(10, dtype=bool)) == []
+    assert spike_facts([0, 1, 2, 3], 30, step, busy, keys, per, present, np.ones(10, dtype=bool)) == []
 
 
 def spiky_job():  # type: ignore[no-untyped-def]
