@@ -1,8 +1,10 @@
 """Diagnosis time and peak memory at fleet scale, on simulated windows (eroica simulate).
 
-Each size runs in its own process (peak RSS is per process): simulate N ranks with a GPU fault
-(pattern files packed one per host), then time `diagnose` alone.
-Usage: python bench/engine_scale.py [N ...]   (default 1000 10000)
+For each size: simulate N GPU ranks of a DP x TP=8 x PP=5 job with one throttled GPU (pattern files
+packed one per host, about 10 KB per rank), then, in a fresh process (peak RSS is per process),
+time `diagnose` alone (load, peer comparison, rules, report data) and rendering its JSON and HTML.
+The baseline of the ratio is the smallest size: time per rank should stay flat as N grows.
+Usage: python bench/engine_scale.py [N ...]   (default 1000 10000 100000; N a multiple of 40)
 """
 
 from __future__ import annotations
@@ -12,18 +14,27 @@ import subprocess
 import sys
 import tempfile
 
-CHILD = r"""
-import json, resource, sys, time
+SIMULATE = r"""
+import sys, time
 from pathlib import Path
 from eroica.cli.simulate import simulate
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
-n, out = int(sys.argv[1]), Path(sys.argv[2])
 t0 = time.perf_counter()
-truth = simulate(out, n, "gpu_throttled", seed=1, pp=4, packed=True)
-t_sim = time.perf_counter() - t0
+simulate(Path(sys.argv[2]), int(sys.argv[1]), "gpu_throttled", seed=1, tp=8, pp=5, packed=True)
+print(time.perf_counter() - t0)
+"""
+
+DIAGNOSE = r"""
+import json, resource, sys, time
+from pathlib import Path
+from eroica.engine.diagnose import diagnose
+from eroica.engine.render import render
+out = Path(sys.argv[1])
+truth = json.loads((out / "ground_truth.json").read_text())
 t0 = time.perf_counter(); d = diagnose(out); t_diag = time.perf_counter() - t0
+t0 = time.perf_counter(); js = render(d, "json"); html = render(d, "html"); t_render = time.perf_counter() - t0
 top = d.windows[0].findings[0] if d.windows[0].findings else None
-print(json.dumps({"ranks": n, "simulate_s": round(t_sim, 2), "diagnose_s": round(t_diag, 2),
+print(json.dumps({"diagnose_s": round(t_diag, 2), "render_s": round(t_render, 2),
+                  "json_mb": round(len(js) / 1e6, 1), "html_mb": round(len(html) / 1e6, 2),
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
                   "truth": truth["ranks"], "top": None if top is None else [top.root_cause, top.ranks,
                                                                            round(top.confidence, 2)]}))
@@ -31,17 +42,26 @@ print(json.dumps({"ranks": n, "simulate_s": round(t_sim, 2), "diagnose_s": round
 
 
 def main(sizes: list[int]) -> int:
+    base = None
     for n in sizes:
         with tempfile.TemporaryDirectory(prefix="eroica-scale-") as tmp:
-            res = subprocess.run([sys.executable, "-c", CHILD, str(n), tmp], capture_output=True, text=True)
+            sim = subprocess.run([sys.executable, "-c", SIMULATE, str(n), tmp], capture_output=True, text=True)
+            if sim.returncode != 0:
+                print(f"{n} ranks: simulate failed\n{sim.stderr[-2000:]}")
+                return 1
+            res = subprocess.run([sys.executable, "-c", DIAGNOSE, tmp], capture_output=True, text=True)
             if res.returncode != 0:
-                print(f"{n} ranks: failed\n{res.stderr[-2000:]}")
+                print(f"{n} ranks: diagnose failed\n{res.stderr[-2000:]}")
                 return 1
             r = json.loads(res.stdout.strip().splitlines()[-1])
-            print(f"{r['ranks']:>7} ranks: diagnose {r['diagnose_s']:7.2f} s, peak RSS {r['peak_rss_mb']:6d} MB "
-                  f"(simulate {r['simulate_s']:.1f} s); truth {r['truth']} -> top finding {r['top']}")
+            per_rank = r["diagnose_s"] / n * 1e6
+            base = base or per_rank
+            print(f"{n:>7} ranks: diagnose {r['diagnose_s']:7.2f} s ({per_rank:5.0f} us/rank, x{per_rank / base:.2f} "
+                  f"the smallest size's), peak RSS {r['peak_rss_mb']:6d} MB; render json+html {r['render_s']:.1f} s "
+                  f"({r['json_mb']} MB + {r['html_mb']} MB); simulate {float(sim.stdout):.0f} s; "
+                  f"truth {r['truth']} -> top finding {r['top']}", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main([int(a) for a in sys.argv[1:]] or [1000, 10000]))
+    raise SystemExit(main([int(a) for a in sys.argv[1:]] or [1000, 10000, 100000]))

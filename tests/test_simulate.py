@@ -47,3 +47,18 @@ def test_patterns_packed_per_host_read_like_files_per_rank(tmp_path: Path) -> No
     host.write_text("\n".join([lines[0][:50], *lines[1:]]) + "\n")
     w = diagnose(tmp_path / "p", DiagnoseOptions(in_process=True)).windows[0]
     assert len(w.coverage.ranks_reported) == 63 and any(f"{host.name}:1" in p for p in w.coverage.file_problems)
+
+
+def test_a_dp_tp_pp_ep_layout_compares_each_rank_with_its_pipeline_stage_and_expert_shard(tmp_path: Path) -> None:
+    """Experts of unequal load by design are never compared with each other; tensor-parallel
+    positions do the same work and are."""
+    assert main(["simulate", "--ranks", "512", "--tp", "8", "--pp", "4", "--ep", "2", "--fault", "gpu_throttled",
+                 "--seed", "4", "--packed", "-o", str(tmp_path)]) == 0
+    truth = json.loads((tmp_path / "ground_truth.json").read_text())
+    assert truth["layout"] == {"dp": 16, "tp": 8, "pp": 4, "ep": 2}
+    (w,) = diagnose(tmp_path, DiagnoseOptions(in_process=True)).windows
+    assert sorted(g.name for g in w.peer_groups) == [f"worker/pp{p}/ep{e}" for p in range(4) for e in range(2)]
+    assert all(g.valid and len(g.ranks) == 64 for g in w.peer_groups)
+    top = w.findings[0]
+    assert (top.root_cause, top.ranks) == ("gpu_throttled", truth["ranks"]) and top.confidence >= 0.5
+    assert main(["simulate", "--ranks", "100", "--tp", "8", "-o", str(tmp_path / "bad")]) == 2
