@@ -33,7 +33,8 @@ from eroica.collector.facts import (
 )
 from eroica.collector.kineto import write_doc
 
-FAULTS = ("none", "dataloader_stall", "workload_imbalance", "gpu_throttled", "pcie_degraded", "nvlink_degraded")
+FAULTS = ("none", "dataloader_stall", "workload_imbalance", "gpu_throttled", "pcie_degraded", "nvlink_degraded",
+          "gpu_hardware_error")
 STEPS = 8
 GPUS_PER_HOST = 8
 CORES_PER_HOST = 96
@@ -121,6 +122,8 @@ def _work(rank: int, lay: Layout, fault: str, culprit: bool, rng: random.Random)
             x *= 1.5
         if culprit and fault == "gpu_throttled" and cat == Category.kernel:
             x *= 1.4
+        if culprit and fault == "gpu_hardware_error" and cat == Category.kernel:   # memory retries, same clock
+            x *= 1.3
         if culprit and fault == "pcie_degraded" and cat == Category.memory:
             x *= 6
         if culprit and fault == "dataloader_stall" and cat == Category.data:
@@ -159,6 +162,8 @@ def rank_doc(rank: int, lay: Layout, fault: str, culprit: bool, slowest: list[fl
         width = 8.0
     if culprit and fault == "nvlink_degraded":
         links = 12.0
+    # XID 92 (high single-bit ECC error rate) and the corrected errors behind it
+    xid, ecc = (1.0, 40.0) if culprit and fault == "gpu_hardware_error" else (0.0, 0.0)
     comm = _comm_base(lay, fault)
     wait = [max(slowest[s] - busy[s], 0.0) for s in range(STEPS)]
     comm_steps = [[c * rng.lognormvariate(0, 0.03) + (wait[s] if j == 0 else 0.0) for s in range(STEPS)]
@@ -188,7 +193,9 @@ def rank_doc(rank: int, lay: Layout, fault: str, culprit: bool, slowest: list[fl
                               "gpu_pcie_max_width": 16.0, "gpu_util_ratio": 0.92, "gpu_mem_used_bytes": 1.1e11,
                               "gpu_nvlink_links_active": links,
                               "gpu_nvlink_errors_per_second": 3.0 if links < 18 else 0.0,
-                              "gpu_throttle_mask": 0x40 if thr else 0.0},
+                              "gpu_throttle_mask": 0x40 if thr else 0.0, "gpu_xid_events_total": xid,
+                              "gpu_xid_last": 92.0 if xid else 0.0, "gpu_ecc_corrected_per_second": ecc,
+                              "gpu_ecc_uncorrected_total": 0.0},
                          per_step=per_step)
     return PatternsDoc(
         job=JobInfo(rank=rank, world_size=lay.world, local_rank=rank % GPUS_PER_HOST,

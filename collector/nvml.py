@@ -75,6 +75,8 @@ class NvmlSource:
             "gpu_pcie_rx_kbps": lambda: n.nvmlDeviceGetPcieThroughput(self.handle, n.NVML_PCIE_UTIL_RX_BYTES),
             "gpu_ecc_uncorrected_total": lambda: n.nvmlDeviceGetTotalEccErrors(
                 self.handle, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
+            "gpu_ecc_corrected_total": lambda: n.nvmlDeviceGetTotalEccErrors(
+                self.handle, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
         }
         self._probes = {}
         for col, fn in probes.items():
@@ -134,6 +136,55 @@ class NvlinkSource:
         return float(up), float(len(self.links)), float(errors)
 
 
+@dataclass
+class XidSource:
+    """Critical XID errors of one GPU, from NVML's event set: how many arrived since the previous
+    read, and the last XID code (48 double-bit ECC, 63/64 row remapping, 79 fallen off the bus, 92
+    high single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP...). Polled without
+    waiting, every few samples (`slow`); events from before the source was set up are discarded."""
+
+    nvml: Any
+    index: int
+    name: str = "xid"
+    slow: bool = True
+    columns: tuple[str, ...] = ("gpu_xid_events", "gpu_xid_last")
+    unavailable: list[str] = field(default_factory=list)
+    max_drain: int = 64
+
+    def __post_init__(self) -> None:
+        n = self.nvml
+        n.nvmlInit()
+        self.handle = n.nvmlDeviceGetHandleByIndex(self.index)
+        self.events = n.nvmlEventSetCreate()
+        n.nvmlDeviceRegisterEvents(self.handle, n.nvmlEventTypeXidCriticalError, self.events)
+        self.last = 0.0
+        self._drain()
+
+    def _drain(self) -> int:
+        n, got = self.nvml, 0
+        for _ in range(self.max_drain):
+            try:
+                data = n.nvmlEventSetWait_v2(self.events, 0)
+            except Exception as exc:
+                if getattr(exc, "value", None) == n.NVML_ERROR_TIMEOUT:   # nothing (more) pending
+                    break
+                raise
+            got += 1
+            self.last = float(data.eventData)
+        return got
+
+    def read(self) -> tuple[float, ...]:
+        return float(self._drain()), self.last
+
+
+def open_xid_source(index: int | None = None) -> XidSource:
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise RuntimeError("nvidia-ml-py is not installed (pip install 'eroica[gpu]')") from exc
+    return XidSource(pynvml, gpu_index_for_rank() if index is None else index)
+
+
 def open_nvlink_source(index: int | None = None) -> NvlinkSource:
     try:
         import pynvml
@@ -164,22 +215,55 @@ class _Mem:
         self.used = used
 
 
+class _Event:
+    def __init__(self, xid: int) -> None:
+        self.eventType, self.eventData = 0x8, xid
+
+
+class ReplayNvmlError(Exception):
+    """pynvml's NVMLError shape: `value` is the NVML return code."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
 class ReplayNvml:
     """A REPLAY of recorded NVML samples behind pynvml's function names (no GPU involved).
 
     `samples` is a list of dicts with the columns of NvmlSource; each read of the SM clock
-    advances to the next sample (cycling), so one sampler tick sees one recorded sample.
+    advances to the next sample (cycling), so one sampler tick sees one recorded sample. A
+    sample's `xid_events` (a list of XID codes) arrive in the event set once, when that sample is
+    first reached.
     """
 
     NVML_CLOCK_SM = 1
     NVML_CLOCK_MEM = 2
     NVML_TEMPERATURE_GPU = 0
+    NVML_ERROR_TIMEOUT = 10
+    nvmlEventTypeXidCriticalError = 0x8
 
     def __init__(self, samples: Sequence[dict[str, Any]]) -> None:
         if not samples:
             raise ValueError("a replay needs at least one recorded sample")
         self.samples = list(samples)
         self.i = -1
+        self._queued_upto = -1
+        self._queue: list[int] = []
+
+    def nvmlEventSetCreate(self) -> object:  # noqa: N802
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, handle: int, types: int, events: object) -> None:  # noqa: N802
+        self._queued_upto = self.i        # events recorded before registration are not delivered
+
+    def nvmlEventSetWait_v2(self, events: object, timeout_ms: int) -> _Event:  # noqa: N802
+        for k in range(self._queued_upto + 1, min(self.i + 1, len(self.samples))):   # each event once
+            self._queue += list(self.samples[k].get("xid_events", []))
+        self._queued_upto = max(self._queued_upto, self.i)
+        if not self._queue:
+            raise ReplayNvmlError(self.NVML_ERROR_TIMEOUT)
+        return _Event(self._queue.pop(0))
 
     def _cur(self, key: str) -> Any:
         s = self.samples[max(self.i, 0) % len(self.samples)]
@@ -226,6 +310,7 @@ class ReplayNvml:
     NVML_NVLINK_MAX_LINKS = 18
     NVML_PCIE_UTIL_TX_BYTES = 0
     NVML_PCIE_UTIL_RX_BYTES = 1
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     NVML_VOLATILE_ECC = 0
 
@@ -239,7 +324,8 @@ class ReplayNvml:
         return self._cur("gpu_pcie_tx_kbps" if counter == self.NVML_PCIE_UTIL_TX_BYTES else "gpu_pcie_rx_kbps")
 
     def nvmlDeviceGetTotalEccErrors(self, handle: int, kind: int, counter: int) -> float:  # noqa: N802
-        return self._cur("gpu_ecc_uncorrected_total")
+        return self._cur("gpu_ecc_uncorrected_total" if kind == self.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+                         else "gpu_ecc_corrected_total")
 
     def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:  # noqa: N802
         """Recorded `nvlink_states`: one 0/1 per link present (links past it are absent)."""

@@ -397,6 +397,12 @@ def _nvlink() -> Source:
     return open_nvlink_source()
 
 
+def _xid() -> Source:
+    from eroica.collector.nvml import open_xid_source
+
+    return open_xid_source()
+
+
 def default_sources(pid: int, main_tid: int) -> tuple[list[Source], list[CollectorGap]]:
     """Every source this machine offers for process `pid` (training thread `main_tid`);
     the ones that cannot even be set up become gaps."""
@@ -415,6 +421,7 @@ def default_sources(pid: int, main_tid: int) -> tuple[list[Source], list[Collect
         ("nic", lambda: NetDev(pid)),
         ("nvml", _nvml),
         ("nvlink", _nvlink),
+        ("xid", _xid),
     ]
     for name, make in factories:
         try:

@@ -102,6 +102,14 @@ def hardware_summary(series: SampleSeries | None, wall_s: float) -> HardwareSumm
             continue
         if c == "gpu_nvlink_errors_total":
             gpu["gpu_nvlink_errors_per_second"] = round(float(ok[-1] - ok[0]) / span, 3)
+        elif c == "gpu_ecc_corrected_total":         # a counter since the driver loaded: its rate now
+            gpu["gpu_ecc_corrected_per_second"] = round(float(ok[-1] - ok[0]) / span, 3)
+        elif c == "gpu_ecc_uncorrected_total":
+            gpu[c] = float(ok.max())
+        elif c == "gpu_xid_events":                  # events since the previous read
+            gpu["gpu_xid_events_total"] = float(ok.sum())
+        elif c == "gpu_xid_last":
+            gpu[c] = float(ok[-1])
         elif c == "gpu_nvlink_links_active":
             gpu[c] = float(ok.min())     # the fewest links up at any sample
         elif c == "gpu_throttle_mask":

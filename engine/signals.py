@@ -45,6 +45,9 @@ GPU_SIGNALS = (
     "gpu_util_ratio",
     "gpu_nvlink_links_active",
     "gpu_nvlink_errors_per_second",
+    "gpu_xid_events_total",
+    "gpu_ecc_corrected_per_second",
+    "gpu_ecc_uncorrected_total",
 )
 #: discrete hardware states: a rank whose link runs below its peers' is stated even when it is not late
 #: (a degraded link slows every rank of a collective alike, so no rank stands out in busy time)

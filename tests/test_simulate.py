@@ -13,7 +13,7 @@ from eroica.engine.diagnose import DiagnoseOptions, diagnose
 
 
 @pytest.mark.parametrize("fault", ["dataloader_stall", "workload_imbalance", "gpu_throttled", "pcie_degraded",
-                                   "nvlink_degraded"])
+                                   "nvlink_degraded", "gpu_hardware_error"])
 def test_each_simulated_fault_is_named_on_its_rank(tmp_path: Path, fault: str) -> None:
     assert main(["simulate", "--ranks", "64", "--pp", "2", "--fault", fault, "--seed", "3", "-o", str(tmp_path)]) == 0
     truth = json.loads((tmp_path / "ground_truth.json").read_text())

@@ -104,3 +104,45 @@ def test_pcie_best_link_throughput_and_ecc_are_read_where_exposed() -> None:
     # a driver without them: listed as unavailable, the rest still sampled
     src2 = NvmlSource(ReplayNvml(RECORDED), 0)
     assert any(u.startswith("gpu_pcie_max_gen") for u in src2.unavailable) and "gpu_sm_clock_mhz" in src2.columns
+
+
+def test_xid_events_and_corrected_ecc_are_replayed_into_the_summary() -> None:
+    """XID 92 (high single-bit ECC rate) arrives through NVML's event set while the corrected-ECC
+    counter climbs; events recorded before the source was set up are not counted."""
+    from eroica.collector.nvml import XidSource
+
+    ecc = {"gpu_ecc_uncorrected_total": 0}
+    samples = [{**RECORDED[0], **ecc, "gpu_ecc_corrected_total": 100 + 10 * k,
+                "xid_events": [92] if k == 3 else []} for k in range(6)]
+    samples[0]["xid_events"] = [79]                       # before registration: discarded
+    replay = ReplayNvml(samples)
+    gpu = NvmlSource(replay, 0)
+    gpu.read()                                            # the replay now stands at sample 0
+    xid = XidSource(replay, 0)
+    assert xid.read() == (0.0, 0.0) and xid.slow
+    s = HardwareSampler([gpu, xid], 0.002, capacity=40)   # slow sources read every 10th sample
+    s.start()
+    import time
+
+    time.sleep(0.08)
+    hw = hardware_summary(s.stop(), 0.08)
+    assert hw.gpu["gpu_xid_events_total"] == 1.0 and hw.gpu["gpu_xid_last"] == 92.0
+    assert hw.gpu["gpu_ecc_corrected_per_second"] > 0 and hw.gpu["gpu_ecc_uncorrected_total"] == 0.0
+
+
+def test_an_nvml_error_other_than_a_timeout_is_raised_to_the_sampler() -> None:
+    from eroica.collector.nvml import ReplayNvmlError, XidSource
+
+    replay = ReplayNvml(RECORDED)
+
+    def broken(events: object, timeout_ms: int) -> None:
+        raise ReplayNvmlError(999)
+
+    xid = XidSource(replay, 0)
+    replay.nvmlEventSetWait_v2 = broken  # type: ignore[method-assign]
+    with pytest.raises(ReplayNvmlError):
+        xid.read()
+    s = HardwareSampler([xid], 0.002, capacity=10)        # the sampler turns it into a gap
+    s.start()
+    s.stop()
+    assert any(g.source == "xid" and "read failed" in g.reason for g in s.gaps)
