@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from eroica.cli import (
+    control_cmd,
     demo,
     diagnose_cmd,
     draft_cmd,
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest_cmd.add_parser(sub)
     simulate.add_parser(sub)
     policy_cmd.add_parser(sub)
+    control_cmd.add_parser(sub)
     return p
 
 

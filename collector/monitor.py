@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from eroica.collector.control import ControlAgent, ControlChange, apply_change
 from eroica.collector.critical import Execution
 from eroica.collector.detector import StepTimeDetector
 from eroica.collector.facts import Category, CollectorGap, JobInfo
@@ -116,6 +117,8 @@ class Monitor:
         self.config: dict[str, str] = {}
         self._privacy: Privacy | None = None
         self._gather: PatternGather | None = None
+        self._control: ControlAgent | None = None
+        self._window_t0 = 0.0
         try:
             self.policy = TriggerPolicy.from_env(policy)
             r, w, backend, job_store = _dist_info()
@@ -136,6 +139,7 @@ class Monitor:
                     self._gap("store", "no torch.distributed store: windows cannot be synchronized; detector off")
                 store = LocalStore()
             self._coord = WindowCoordinator(store, self.rank)
+            self._control = ControlAgent(store, self.rank, self.out_dir, self.policy.control_lead_steps)
             level = level_from(privacy)
             self._privacy = Privacy(level, agree_salt(store) if level != "keep" else "")
             if wanted(gather) and self.world_size > 1 and backend != "none":
@@ -174,6 +178,16 @@ class Monitor:
         finally:
             if t0:
                 self._record(Execution(t0, time.monotonic_ns(), Category.region, str(name)))
+
+    def request_window(self) -> None:
+        """Ask for a profiling window on every rank now (it opens `lead_steps` steps later, at the
+        same step everywhere); ignored while one is open or planned. `eroica control --window-now`
+        does the same from outside the job."""
+        try:
+            if self._window is None and self._pending is None and not self.disabled:
+                self._propose("requested")
+        except Exception as exc:
+            self._warn("request_window", exc)
 
     def step(self) -> None:
         """Call once per iteration, after the optimizer step."""
@@ -250,11 +264,16 @@ class Monitor:
         seconds = None if self._last_ns is None else (now - self._last_ns) / 1e9
         self._last_ns = now
         self._step += 1
+        self._runtime_control()
         in_window = self._window is not None
         if in_window:
             self._bounds.append(now)
             assert self._window is not None
-            if self._step >= self._window.start_step + self.policy.window_steps:
+            overdue = time.monotonic() - self._window_t0 > self.policy.max_window_seconds
+            if self._step >= self._window.start_step + self.policy.window_steps or overdue:
+                if overdue:
+                    self._gap("window", f"window {self._window.index} open longer than max_window_seconds "
+                                        f"({self.policy.max_window_seconds:g} s): closed at step {self._step}")
                 self._close_window()
                 self._exclude_next = True               # the next step carries the summary cost
                 self._last_ns = time.monotonic_ns()
@@ -275,16 +294,46 @@ class Monitor:
                                     f"seen at step {self._step}: started late")
             self._open_window(self._pending)
 
+    def _runtime_control(self) -> None:
+        """Read the published control changes every control_poll_steps; apply each at its step."""
+        if self._control is None:
+            return
+        if self._step % self.policy.control_poll_steps == 0:
+            try:
+                self._control.poll(self._step)
+            except Exception as exc:
+                self._warn("control.poll", exc)
+        for change in self._control.due(self._step):
+            self._apply_control(change)
+
+    def _apply_control(self, change: ControlChange) -> None:
+        self.policy, result = apply_change(self.policy, change)
+        self._detector.policy = self.policy
+        if change.request.window_now and result == "applied":
+            if self._window is None and self._pending is None:
+                self._propose("requested")
+            else:
+                result += "; window_now ignored: a window is already open or planned"
+        if self._step > change.effective_step:
+            self._gap("control", f"change {change.seq} read late: applied at step {self._step}, "
+                                 f"meant for step {change.effective_step}")
+        self.config["eroica.control"] = f"change {change.seq} by {change.request.who} at step {self._step}: {result}"
+        try:
+            assert self._control is not None
+            self._control.record(change, self._step, result)
+        except Exception as exc:
+            self._warn("control.log", exc)
+
     def _may_open(self) -> bool:
         cutoff = time.monotonic() - 3600
         while self._window_times and self._window_times[0] < cutoff:
             self._window_times.popleft()
         return len(self._window_times) < self.policy.max_windows_per_hour
 
-    def _propose(self) -> None:
+    def _propose(self, trigger: str = "detector") -> None:
         target = self._step + self.policy.lead_steps
         try:
-            self._pending = self._coord.propose(self._windows_opened, target)
+            self._pending = self._coord.propose(self._windows_opened, target, trigger)
         except Exception as exc:
             self._warn("store.propose", exc)
 
@@ -310,6 +359,7 @@ class Monitor:
         self._window = plan
         self._windows_opened = max(self._windows_opened, plan.index) + 1
         self._window_times.append(time.monotonic())
+        self._window_t0 = time.monotonic()
         self._detector.window_scheduled(plan.start_step + self.policy.window_steps)
         self._events = []
         self._events_dropped = 0

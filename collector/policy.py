@@ -42,6 +42,15 @@ class TriggerPolicy(BaseModel):
     poll_every_steps: int = Field(
         4, ge=1, description="how often ranks check the store for a planned window (one store round trip)"
     )
+    max_window_seconds: float = Field(
+        120.0, gt=0, description="a window still open after this long closes at the next step (a stalled job)"
+    )
+    control_poll_steps: int = Field(
+        16, ge=1, description="how often ranks read runtime-control changes from the store (one round trip)"
+    )
+    control_lead_steps: int = Field(
+        40, ge=3, description="steps between publishing a control change and every rank applying it"
+    )
     keep_raw_trace: bool = Field(False, description="keep a bounded Chrome trace of the window")
     raw_trace_max_bytes: int = Field(8 * 1024 * 1024, ge=0)
     enabled: bool = True
@@ -52,6 +61,11 @@ class TriggerPolicy(BaseModel):
             raise ValueError(
                 f"lead_steps ({self.lead_steps}) must be >= poll_every_steps + 2 ({self.poll_every_steps + 2}): "
                 "ranks poll the store every poll_every_steps and may be up to 2 steps apart"
+            )
+        if self.control_lead_steps < self.control_poll_steps + 2:
+            raise ValueError(
+                f"control_lead_steps ({self.control_lead_steps}) must be >= control_poll_steps + 2 "
+                f"({self.control_poll_steps + 2}): every rank must read a change before it applies"
             )
         return self
 

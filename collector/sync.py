@@ -73,3 +73,11 @@ class LocalStore:
 
     def get(self, key: str) -> bytes:
         return self.data[key].encode()
+
+    def set(self, key: str, value: str) -> None:
+        self.data[key] = value
+
+    def add(self, key: str, amount: int) -> int:
+        value = int(self.data.get(key, "0")) + amount
+        self.data[key] = str(value)
+        return value
