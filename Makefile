@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
-	$(BIN)/python bench/detector_overhead.py
+	$(BIN)/python bench/overhead.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs

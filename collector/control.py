@@ -173,7 +173,9 @@ class ControlAgent:
         self.requests = RequestFile(run_dir / REQUESTS_FILE) if rank == 0 else None
         self.pending: list[ControlChange] = []
 
-    def poll(self, step: int) -> None:
+    def poll(self, step: int) -> list[ControlChange]:
+        """The store round trips (run off the training thread): rank 0 publishes its step and the new
+        requests of the control file; every rank reads the changes published since its last poll."""
         if self.requests is not None:
             self.store.set(STEP_KEY, f"{step}:{self.lead}")
             for req, where in self.requests.new_requests():
@@ -181,7 +183,7 @@ class ControlAgent:
                     log_line(self.run_dir, {"result": f"rejected: {where}", "step": step})
                     continue
                 publish(self.store, req, step + self.lead)
-        self.pending += self.reader.poll()
+        return self.reader.poll()
 
     def due(self, step: int) -> list[ControlChange]:
         now = [c for c in self.pending if c.effective_step <= step]

@@ -20,33 +20,18 @@ from eroica.collector.detector import StepTimeDetector
 from eroica.collector.facts import Category, CollectorGap, JobInfo
 from eroica.collector.gather import PatternGather, wanted
 from eroica.collector.hooks.gc_hook import GcHook
+from eroica.collector.jobinfo import dist_info, framework_config
 from eroica.collector.layout import process_group_layout
 from eroica.collector.policy import TriggerPolicy
 from eroica.collector.privacy import Privacy, agree_salt, level_from
 from eroica.collector.sampler_proc import SamplerClient
+from eroica.collector.store_worker import StoreWorker
 from eroica.collector.summarize import WindowRecord, summarize
 from eroica.collector.sync import LocalStore, WindowCoordinator, WindowPlan
 from eroica.collector.torch_ops import TorchOpsRecorder
 
 log = logging.getLogger("eroica.collector")
 FORCE_ENV = "EROICA_FORCE_WINDOW_AT_STEP"
-
-
-def _dist_info() -> tuple[int, int, str, Any]:
-    """rank, world size, backend and the job's store, from torch.distributed when initialised."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            from torch.distributed import distributed_c10d as c10d
-
-            store = None
-            with contextlib.suppress(Exception):
-                store = c10d._get_default_store()
-            return dist.get_rank(), dist.get_world_size(), str(dist.get_backend()), store
-    except Exception:
-        pass
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), "none", None
 
 
 class _TimedLoader:
@@ -118,10 +103,11 @@ class Monitor:
         self._privacy: Privacy | None = None
         self._gather: PatternGather | None = None
         self._control: ControlAgent | None = None
+        self._store: StoreWorker | None = None
         self._window_t0 = 0.0
         try:
             self.policy = TriggerPolicy.from_env(policy)
-            r, w, backend, job_store = _dist_info()
+            r, w, backend, job_store = dist_info()
             self.rank = r if rank is None else rank
             self.world_size = w if world_size is None else world_size
             self.job = JobInfo(
@@ -139,6 +125,7 @@ class Monitor:
                     self._gap("store", "no torch.distributed store: windows cannot be synchronized; detector off")
                 store = LocalStore()
             self._coord = WindowCoordinator(store, self.rank)
+            self._store = StoreWorker()
             self._control = ControlAgent(store, self.rank, self.out_dir, self.policy.control_lead_steps)
             level = level_from(privacy)
             self._privacy = Privacy(level, agree_salt(store) if level != "keep" else "")
@@ -148,6 +135,7 @@ class Monitor:
                 except Exception as exc:
                     self._gap("gather", f"no gloo group to gather patterns ({exc!r}); each rank writes its own file")
             self._detector = StepTimeDetector(self.policy)
+            self._ops = TorchOpsRecorder(self.policy.op_detail)
             force = os.environ.get(FORCE_ENV)
             if force:
                 self._pending = WindowPlan(0, int(force), "forced", None)
@@ -214,6 +202,8 @@ class Monitor:
             self._gc.remove()
             if self._sampler is not None:
                 self._sampler.close()
+            if self._store is not None:
+                self._store.close()
 
     # ---------------------------------------------------------------- internals
     def _record(self, ex: Execution) -> None:
@@ -241,22 +231,8 @@ class Monitor:
             self._gc.remove()
 
     def _collect_config(self) -> None:
-        try:
-            import torch
-
-            self.config["torch.version"] = torch.__version__
-            self.config["torch.num_threads"] = str(torch.get_num_threads())
-            self.config["torch.num_interop_threads"] = str(torch.get_num_interop_threads())
-            self.config["torch.autograd.detect_anomaly"] = str(torch.is_anomaly_enabled())
-            self.config["torch.grad_enabled"] = str(torch.is_grad_enabled())
-        except Exception:
+        if not framework_config(self.config):
             self._gap("config", "torch not importable")
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NCCL_ALGO", "NCCL_PROTO", "CUDA_VISIBLE_DEVICES"):
-            if var in os.environ:
-                self.config[f"env.{var}"] = os.environ[var]
-        self.config["cpu.count"] = str(os.cpu_count())
-        with contextlib.suppress(Exception):
-            self.config["cpu.affinity_count"] = str(len(os.sched_getaffinity(0)))
 
     def _on_step(self) -> None:
         now = time.monotonic_ns()
@@ -264,6 +240,7 @@ class Monitor:
         seconds = None if self._last_ns is None else (now - self._last_ns) / 1e9
         self._last_ns = now
         self._step += 1
+        self._store_answers()
         self._runtime_control()
         in_window = self._window is not None
         if in_window:
@@ -294,15 +271,28 @@ class Monitor:
                                     f"seen at step {self._step}: started late")
             self._open_window(self._pending)
 
+    def _store_answers(self) -> None:
+        """Pick up what the store worker answered since the last step."""
+        if self._store is None:
+            return
+        for ans in self._store.answers():
+            if ans.error is not None:
+                self._warn(f"store.{ans.kind}", ans.error)
+            elif ans.kind == "control" and self._control is not None:
+                self._control.pending += ans.value
+            elif ans.value is not None and self._window is None and ans.value.index == self._windows_opened:
+                self._pending = ans.value          # a plan, polled or agreed on a proposal
+        for kind in self._store.stuck():
+            if f"store.{kind}.stuck" not in self._warned:
+                self._warn(f"store.{kind}.stuck", TimeoutError("the store has not answered for 30 s"))
+
     def _runtime_control(self) -> None:
         """Read the published control changes every control_poll_steps; apply each at its step."""
-        if self._control is None:
+        if self._control is None or self._store is None:
             return
         if self._step % self.policy.control_poll_steps == 0:
-            try:
-                self._control.poll(self._step)
-            except Exception as exc:
-                self._warn("control.poll", exc)
+            agent, step = self._control, self._step
+            self._store.submit("control", lambda: agent.poll(step))
         for change in self._control.due(self._step):
             self._apply_control(change)
 
@@ -331,20 +321,18 @@ class Monitor:
         return len(self._window_times) < self.policy.max_windows_per_hour
 
     def _propose(self, trigger: str = "detector") -> None:
-        target = self._step + self.policy.lead_steps
-        try:
-            self._pending = self._coord.propose(self._windows_opened, target, trigger)
-        except Exception as exc:
-            self._warn("store.propose", exc)
+        """Propose a window `lead_steps` ahead; the agreed plan (another rank may have won) arrives
+        through the store worker."""
+        if self._store is None:
+            return
+        coord, index, target = self._coord, self._windows_opened, self._step + self.policy.lead_steps
+        self._store.submit("propose", lambda: coord.propose(index, target, trigger))
 
     def _poll(self) -> None:
-        try:
-            plan = self._coord.poll(self._windows_opened)
-        except Exception as exc:
-            self._warn("store.poll", exc)
+        if self._store is None or self._store.in_flight("propose"):
             return
-        if plan is not None:
-            self._pending = plan
+        coord, index = self._coord, self._windows_opened
+        self._store.submit("poll", lambda: coord.poll(index))
 
     def _open_window(self, plan: WindowPlan) -> None:
         t_in = time.perf_counter()
@@ -368,6 +356,7 @@ class Monitor:
             self.policy.sample_interval_seconds, capacity=20_000, nic_interval=self.policy.nic_sample_interval_seconds
         ):
             self._window_gaps.append(CollectorGap(source="sampler", reason="hardware sampler unavailable"))
+        self._ops.detail = self.policy.op_detail       # runtime control may have changed it
         gap = self._ops.start()
         if gap is not None:
             self._window_gaps.append(gap)

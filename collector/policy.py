@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -29,7 +30,8 @@ class TriggerPolicy(BaseModel):
     )
     sustained_min_ratio: float = Field(1.08, gt=1.0, description="... and > reference * ratio")
     lead_steps: int = Field(
-        6, ge=1, description="steps between agreement and window start: >= poll_every_steps + 2 so every rank sees it"
+        8, ge=1, description="steps between agreement and window start: >= poll_every_steps + 3 so every rank "
+        "sees it (ranks may be 2 steps apart, and a poll's answer arrives a step later)"
     )
     window_steps: int = Field(10, ge=2, description="steps profiled per window")
     cooldown_steps: int = Field(20, ge=0, description="steps after a window before the detector re-arms")
@@ -51,16 +53,21 @@ class TriggerPolicy(BaseModel):
     control_lead_steps: int = Field(
         40, ge=3, description="steps between publishing a control change and every rank applying it"
     )
+    op_detail: Literal["framework", "all"] = Field(
+        "framework", description="framework: module/optimizer/collective wrappers, autograd nodes, user regions "
+        "(a tenth of the events); all: every aten operator too, at the profiler's full cost"
+    )
     keep_raw_trace: bool = Field(False, description="keep a bounded Chrome trace of the window")
     raw_trace_max_bytes: int = Field(8 * 1024 * 1024, ge=0)
     enabled: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> TriggerPolicy:
-        if self.lead_steps < self.poll_every_steps + 2:
+        if self.lead_steps < self.poll_every_steps + 3:
             raise ValueError(
-                f"lead_steps ({self.lead_steps}) must be >= poll_every_steps + 2 ({self.poll_every_steps + 2}): "
-                "ranks poll the store every poll_every_steps and may be up to 2 steps apart"
+                f"lead_steps ({self.lead_steps}) must be >= poll_every_steps + 3 ({self.poll_every_steps + 3}): "
+                "ranks poll the store every poll_every_steps, may be up to 2 steps apart, and see an answer "
+                "a step after they asked"
             )
         if self.control_lead_steps < self.control_poll_steps + 2:
             raise ValueError(

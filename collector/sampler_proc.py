@@ -21,6 +21,7 @@ import sys
 import time
 
 from eroica.collector.facts import CollectorGap
+from eroica.collector.netlinks import job_interfaces
 from eroica.collector.sampler import (
     HardwareSampler,
     NetDev,
@@ -43,8 +44,15 @@ def _series_to_dict(s: SampleSeries) -> dict:
     }
 
 
+HELPER_NICE = 10     # the helper yields to the training process when they compete for a CPU
+
+
 def helper_main(pid: int, tid: int) -> None:
     out = sys.stdout.buffer
+    try:
+        os.nice(HELPER_NICE)
+    except OSError:
+        pass
     sampler: HardwareSampler | None = None
     fast: HardwareSampler | None = None
     setup_gaps: list[CollectorGap] = []
@@ -68,9 +76,16 @@ def helper_main(pid: int, tid: int) -> None:
             nic_interval = float(cmd[3]) if len(cmd) > 3 else 0.0
             if nic_interval > 0:
                 try:
-                    # link signatures need ~1 kHz: NIC byte counters only, on their own thread
-                    fast = HardwareSampler([NetDev(pid)], nic_interval, int(cmd[2]) * 10)
-                    fast.start()
+                    # link signatures need ~1 kHz: the byte counters of the links the job's connections
+                    # use, on their own thread; a job that talks over loopback only has no link to sample
+                    links = sorted(job_interfaces(pid) - {"lo"})
+                    if links:
+                        fast = HardwareSampler([NetDev(pid, interfaces=tuple(links))], nic_interval,
+                                               int(cmd[2]) * 10)
+                        fast.start()
+                    else:
+                        setup_gaps.append(CollectorGap(source="nic_fast", reason="the job's connections all use "
+                                                       "loopback: no per-rank link to sample fast"))
                 except Exception as exc:
                     setup_gaps.append(CollectorGap(source="nic_fast", reason=repr(exc)[:200]))
             out.write(b"ok\n")

@@ -1,4 +1,14 @@
-"""Function executions from `torch.profiler` during a window (CPU ops; CUDA activities when a GPU exists)."""
+"""Function executions from the PyTorch profiler during a window (CPU ops; CUDA activities when a GPU exists).
+
+The profiler runs with a choice of RecordFunction scopes (`TriggerPolicy.op_detail`):
+- `framework` (default): the framework's own functions and the user's: module and optimizer
+  wrappers (`DistributedDataParallel.forward`, `Optimizer.step#SGD.step`), autograd nodes
+  (`AddmmBackward0`), collectives (`gloo:all_reduce`), `record_function` regions. About a tenth of
+  the events of every operator, so the window costs a fraction of what `torch.profiler` does
+  (bench/overhead.py); the nested aten operators they contain are not seen one by one;
+- `all`: every aten operator as well, at the profiler's full cost.
+CUDA activities (kernels, memcpy, memset) come from CUPTI either way.
+"""
 
 from __future__ import annotations
 
@@ -35,29 +45,61 @@ def _outermost(rows: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
     return out
 
 
-class TorchOpsRecorder:
-    """Starts/stops torch.profiler around a window and converts its events into executions."""
+class _Session:
+    """One profiler session through torch.autograd's profiler entry points (which, unlike
+    torch.profiler.profile, take the RecordFunction scopes to record)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool, detail: str) -> None:
+        import torch
+        from torch._C._profiler import (
+            ProfilerActivity,
+            ProfilerConfig,
+            ProfilerState,
+            RecordScope,
+            _ExperimentalConfig,
+        )
+
+        self._torch = torch
+        acts = {ProfilerActivity.CPU} | ({ProfilerActivity.CUDA} if cuda else set())
+        cfg = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
+        scopes = set() if detail == "all" else {RecordScope.USER_SCOPE, RecordScope.BACKWARD_FUNCTION}
+        torch.autograd._prepare_profiler(cfg, acts)
+        torch.autograd._enable_profiler(cfg, acts, scopes)
+        self.result: Any = None
+
+    def stop(self) -> None:
+        self.result = self._torch.autograd._disable_profiler()
+
+    def events(self) -> list[Any]:
+        return list(self.result.events())
+
+    def export_chrome_trace(self, path: str) -> None:
+        self.result.save(path)
+
+
+class TorchOpsRecorder:
+    """Starts/stops the profiler around a window and converts its events into executions."""
+
+    def __init__(self, detail: str = "framework") -> None:
         self._prof: Any = None
         self._marker: Any = None
         self._offset_ns = 0
         self.cuda = False
+        self.detail = detail
 
     def start(self) -> CollectorGap | None:
         try:
             import torch
-            from torch.profiler import ProfilerActivity, profile
         except Exception as exc:
             return CollectorGap(source="torch_profiler", reason=f"torch unavailable: {exc!r}"[:200])
-        acts = [ProfilerActivity.CPU]
         self.cuda = bool(torch.cuda.is_available())
-        if self.cuda:
-            acts.append(ProfilerActivity.CUDA)
         # kineto stamps events with the wall clock (ns); we work on the monotonic clock
         self._offset_ns = time.time_ns() - time.monotonic_ns()
-        self._prof = profile(activities=acts, record_shapes=False, with_stack=False)
-        self._prof.start()
+        try:
+            self._prof = _Session(self.cuda, self.detail)
+        except Exception as exc:   # another profiler already running, or an unsupported build
+            self._prof = None
+            return CollectorGap(source="torch_profiler", reason=f"profiler did not start: {exc!r}"[:200])
         return None
 
     def mark_step(self, step: int) -> None:
@@ -81,7 +123,7 @@ class TorchOpsRecorder:
         prof.stop()
         gaps: list[CollectorGap] = []
         raw_bytes = 0
-        events = prof.profiler.kineto_results.events()
+        events = prof.events()
         off = self._offset_ns
         main_tid = None
         for ev in events:

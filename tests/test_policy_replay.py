@@ -18,7 +18,7 @@ def series(healthy: int = 60, slow: int = 200, factor: float = 1.5, seed: int = 
 
 def test_a_slowdown_opens_one_window_after_the_lead_and_the_new_normal_does_not_refire() -> None:
     (w,) = replay(series())
-    assert 60 <= w.fired_at_step <= 64 and w.start_step == w.fired_at_step + 6 and w.end_step == w.start_step + 10
+    assert 60 <= w.fired_at_step <= 64 and w.start_step == w.fired_at_step + 8 and w.end_step == w.start_step + 10
     assert replay(series(slow=0)) == []                                   # healthy noise: nothing
     assert replay(series(), TriggerPolicy(enabled=False)) == []
 

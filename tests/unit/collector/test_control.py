@@ -23,7 +23,7 @@ from eroica.collector.facts import PatternsDoc
 from eroica.collector.sync import LocalStore
 
 torch = pytest.importorskip("torch")
-POLICY = TriggerPolicy(control_poll_steps=2, control_lead_steps=4, window_steps=3, lead_steps=6)
+POLICY = TriggerPolicy(control_poll_steps=2, control_lead_steps=4, window_steps=3, lead_steps=7)
 
 
 def test_a_published_change_reaches_every_reader_once_in_order() -> None:
@@ -66,9 +66,12 @@ def test_a_change_that_does_not_validate_leaves_the_policy_as_it_was() -> None:
 
 
 def run(mon: Monitor, steps: int) -> None:
+    import time
+
     model = torch.nn.Linear(16, 16)
     for _ in range(steps):
         model(torch.randn(8, 16)).sum().backward()
+        time.sleep(0.005)          # a step takes time: the store worker answers within one
         mon.step()
 
 
@@ -83,10 +86,10 @@ def test_a_running_monitor_applies_file_requests_at_their_step_and_logs_them(tmp
     assert mon.policy.enabled
     run(mon, 1)            # step 8: applied
     assert not mon.policy.enabled and mon.policy.threshold_min_ratio == 1.4
-    run(mon, 12)           # the requested window: planned at 8 + lead 6 = 14, three steps long
+    run(mon, 12)           # the requested window: planned at 8 + lead 7 = 15, three steps long
     mon.close()
-    doc = PatternsDoc.model_validate_json((tmp_path / "w000-s14" / "rank-0.json").read_text())
-    assert doc.window.trigger == "requested" and doc.window.start_step == 14
+    doc = PatternsDoc.model_validate_json((tmp_path / "w000-s15" / "rank-0.json").read_text())
+    assert doc.window.trigger == "requested" and doc.window.start_step == 15
     assert any(c.key == "eroica.control" and "by bob" in c.value for c in doc.config)
     log = [json.loads(x) for x in (tmp_path / "control.log.jsonl").read_text().splitlines()]
     assert [(x.get("who"), x["result"][:8]) for x in log] == [(None, "rejected"), ("alice", "applied"),
@@ -103,4 +106,4 @@ def test_a_broken_store_is_a_gap_not_an_exception(tmp_path: Path) -> None:
     mon = Monitor(out_dir=tmp_path, policy=POLICY, store=Broken())
     run(mon, 6)
     mon.close()
-    assert not mon.disabled and any(g.source == "control.poll" and "unreachable" in g.reason for g in mon.gaps)
+    assert not mon.disabled and any(g.source == "store.control" and "unreachable" in g.reason for g in mon.gaps)

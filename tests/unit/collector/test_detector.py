@@ -10,7 +10,7 @@ def feed(det: StepTimeDetector, times: list[float], start: int = 0) -> list[int]
 
 def policy(**kw: object) -> TriggerPolicy:
     base: dict[str, object] = dict(warmup_steps=2, baseline_steps=8, recent_steps=4, consecutive_breaches=3,
-                                   cooldown_steps=10, lead_steps=6)
+                                   cooldown_steps=10, lead_steps=7)
     base.update(kw)
     return TriggerPolicy(**base)
 

@@ -57,7 +57,7 @@ def test_monitor_never_raises_when_it_cannot_write(tmp_path, monkeypatch) -> Non
 
 
 def test_detector_opens_a_window_by_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    pol = TriggerPolicy(warmup_steps=2, baseline_steps=8, recent_steps=4, consecutive_breaches=3, lead_steps=3,
+    pol = TriggerPolicy(warmup_steps=2, baseline_steps=8, recent_steps=4, consecutive_breaches=3, lead_steps=4,
                         poll_every_steps=1, window_steps=3)
     mon = Monitor(out_dir=tmp_path, policy=pol)
     model = torch.nn.Linear(16, 16)

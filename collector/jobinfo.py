@@ -1,0 +1,47 @@
+"""What the Monitor reads about its process: its place in the job, and the settings that shape a step."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+
+def dist_info() -> tuple[int, int, str, Any]:
+    """rank, world size, backend and the job's store, from torch.distributed when initialised."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            from torch.distributed import distributed_c10d as c10d
+
+            store = None
+            with contextlib.suppress(Exception):
+                store = c10d._get_default_store()
+            return dist.get_rank(), dist.get_world_size(), str(dist.get_backend()), store
+    except Exception:
+        pass
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), "none", None
+
+
+def framework_config(config: dict[str, str]) -> bool:
+    """Fill `config` with the framework and environment settings peers should share (a rank whose
+    setting differs is a suspect); False when torch is not importable."""
+    ok = True
+    try:
+        import torch
+
+        config["torch.version"] = torch.__version__
+        config["torch.num_threads"] = str(torch.get_num_threads())
+        config["torch.num_interop_threads"] = str(torch.get_num_interop_threads())
+        config["torch.autograd.detect_anomaly"] = str(torch.is_anomaly_enabled())
+        config["torch.grad_enabled"] = str(torch.is_grad_enabled())
+    except Exception:
+        ok = False
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NCCL_ALGO", "NCCL_PROTO", "CUDA_VISIBLE_DEVICES"):
+        if var in os.environ:
+            config[f"env.{var}"] = os.environ[var]
+    config["cpu.count"] = str(os.cpu_count())
+    with contextlib.suppress(Exception):
+        config["cpu.affinity_count"] = str(len(os.sched_getaffinity(0)))
+    return ok
