@@ -47,8 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--note", default="", help="why (logged)")
     p.add_argument("--store", default=None, metavar="HOST:PORT",
                    help="publish through the job's torch.distributed store instead of RUN_DIR/control.jsonl")
-    p.add_argument("--store-prefix", default="default_pg",
-                   help="the prefix torch.distributed puts on the default group's store keys")
+    p.add_argument("--store-prefix", default="",
+                   help="a key prefix, when the job's store is shared with other systems (default: none)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to reach the store")
     p.add_argument("--show", action="store_true", help="print the control log of RUN_DIR and exit")
     p.set_defaults(func=run)

@@ -172,10 +172,16 @@ def launch(
     progress: bool = True,
     nic_rate_mbit: float = 300.0,
     storage_bps: int = 1024 * 1024,
+    stop_on_failure: bool = True,
+    log_dir: Path | None = None,
+    master_port: int | None = None,
 ) -> JobResult:
+    """`stop_on_failure`: when one rank exits non-zero, stop the others (as torchrun does); False lets
+    them run on (a job whose ranks do not depend on each other). `log_dir`: where each rank's output
+    goes (default `out_dir/logs`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    log_dir = out_dir / "logs"
-    log_dir.mkdir(exist_ok=True)
+    log_dir = log_dir or out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
     faults = fault.split(",")
     needs = next((f for f in faults if f in ("cpu_throttled", "cpu_contention")), None)
     cg = CpuCgroups.create(throttle_cores if "cpu_throttled" in faults else None, world_size, needs)
@@ -198,7 +204,7 @@ def launch(
         except Exception:
             cg.cleanup()
             raise
-    port = free_port()
+    port = master_port or free_port()
     procs: list[subprocess.Popen[bytes]] = []
     handles = []
     t0 = time.monotonic()
@@ -246,7 +252,7 @@ def launch(
                 if nets is not None and "injecting nic_degraded" in text:
                     nets.limit(r, nic_rate_mbit)     # the rank reached the fault step: cap its link now
                     nic_ranks.discard(r)
-            if any(p.poll() not in (None, 0) for p in procs):
+            if stop_on_failure and any(p.poll() not in (None, 0) for p in procs):
                 time.sleep(2.0)  # one rank died: give the rest a moment, then stop them
                 break
             time.sleep(0.2)

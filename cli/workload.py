@@ -33,6 +33,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections import deque
@@ -65,6 +66,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--read-mb", type=int, default=40, help="host_memory_pressure: shard bytes read per step")
     p.add_argument("--mem-limit-mb", type=int, default=96, help="host_memory_pressure: the rank's memory limit")
     p.add_argument("--stop-after-windows", type=int, default=1)
+    p.add_argument("--independent", action="store_true",
+                   help="each rank trains its own model (no DDP gradient all-reduce): ranks survive a peer's exit")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--hidden", type=int, default=384)
     p.add_argument("--layers", type=int, default=10, help="hidden layers (autograd nodes matter for some faults)")
@@ -207,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     layers: list[nn.Module] = [nn.Linear(256, h), nn.ReLU()]
     for _ in range(args.layers - 1):
         layers += [nn.Linear(h, h), nn.ReLU()]
-    model = DDP(nn.Sequential(*layers, nn.Linear(h, 10)))
+    net = nn.Sequential(*layers, nn.Linear(h, 10))
+    model = net if args.independent else DDP(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    fds_before = len(os.listdir("/proc/self/fd"))
     mon = Monitor(out_dir=args.out)
     batches = iter(mon.wrap_loader(loader))
     cache: deque[_Node] = deque(maxlen=10 * args.gc_objects)
@@ -217,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     shard = Shard(args.ckpt_dir, rank, args.shard_mb, args.read_mb) if "host_memory_pressure" in args.plan.values() \
         else None
     t_last = time.monotonic()
+    done = 0
     try:
         for step in range(args.steps):
             if fault == "framework_config" and fetch and step == args.fault_step:
@@ -266,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                 while time.perf_counter() < spin_until:   # CPU work outside every region and op
                     pass
             mon.step()
+            done = step + 1
             if rank == 0 and (step + 1) % 10 == 0:
                 now = time.monotonic()
                 print(f"[rank 0] step {step + 1}: {(now - t_last) / 10 * 1000:.0f} ms/step", flush=True)
@@ -281,7 +288,11 @@ def main(argv: list[str] | None = None) -> int:
             hog.send_signal(signal.SIGKILL)
             hog.wait()
     mon.close()
-    dist.barrier()
+    left = sorted(t.name for t in threading.enumerate() if t.name.startswith("eroica-"))
+    print(f"[rank {rank}] done: {done} steps; eroica threads left: {left}; "
+          f"open fds before the Monitor {fds_before}, after close {len(os.listdir('/proc/self/fd'))}", flush=True)
+    if not args.independent:
+        dist.barrier()
     dist.destroy_process_group()
     return 0
 

@@ -23,13 +23,13 @@ class PatternGather:
     """Created on every rank at the same point (a collective); `send` is called by every rank at
     each window's close, with its document's JSON text or None when it has none."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_seconds: float = TIMEOUT_SECONDS) -> None:
         import torch.distributed as dist
 
         self.dist = dist
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self.group: Any = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=TIMEOUT_SECONDS))
+        self.group: Any = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_seconds))
 
     def send(self, wdir: Path, text: str | None) -> int:
         """Gather to rank 0; returns the number of documents rank 0 wrote (0 on other ranks)."""
@@ -43,3 +43,12 @@ class PatternGather:
         tmp.write_text("".join(t + "\n" for t in docs))
         os.replace(tmp, wdir / "pack-gathered.jsonl")
         return len(docs)
+
+    def close(self) -> None:
+        """Release the group's connections (local: no other rank takes part)."""
+        group, self.group = self.group, None
+        if group is not None:
+            try:
+                self.dist.destroy_process_group(group)
+            except Exception:
+                pass

@@ -29,9 +29,11 @@ from eroica.collector.store_worker import StoreWorker
 from eroica.collector.summarize import WindowRecord, summarize
 from eroica.collector.sync import LocalStore, WindowCoordinator, WindowPlan
 from eroica.collector.torch_ops import TorchOpsRecorder
+from eroica.collector.writer import PatternWriter
 
 log = logging.getLogger("eroica.collector")
 FORCE_ENV = "EROICA_FORCE_WINDOW_AT_STEP"
+MAX_NAME = 200          # characters of a function or region name kept
 
 
 class _TimedLoader:
@@ -50,7 +52,7 @@ class _TimedLoader:
                 item = next(it)
             except StopIteration:
                 return
-            self._mon._record(Execution(t0, time.monotonic_ns(), Category.data, "DataLoader.__next__"))
+            self._mon._record_safely(t0, Category.data, "DataLoader.__next__")
             yield item
 
 
@@ -104,6 +106,7 @@ class Monitor:
         self._gather: PatternGather | None = None
         self._control: ControlAgent | None = None
         self._store: StoreWorker | None = None
+        self._writer: PatternWriter | None = None
         self._window_t0 = 0.0
         try:
             self.policy = TriggerPolicy.from_env(policy)
@@ -126,12 +129,15 @@ class Monitor:
                 store = LocalStore()
             self._coord = WindowCoordinator(store, self.rank)
             self._store = StoreWorker()
-            self._control = ControlAgent(store, self.rank, self.out_dir, self.policy.control_lead_steps)
+            # control keys go to the store itself, under the group prefixes torch adds: `eroica control
+            # --store HOST:PORT` reaches them without knowing the job's process-group names
+            raw = getattr(store, "_underlying_non_prefix_store", store)
+            self._control = ControlAgent(raw, self.rank, self.out_dir, self.policy.control_lead_steps)
             level = level_from(privacy)
             self._privacy = Privacy(level, agree_salt(store) if level != "keep" else "")
             if wanted(gather) and self.world_size > 1 and backend != "none":
                 try:   # every rank builds the group here, at the same point
-                    self._gather = PatternGather()
+                    self._gather = PatternGather(self.policy.gather_timeout_seconds)
                 except Exception as exc:
                     self._gap("gather", f"no gloo group to gather patterns ({exc!r}); each rank writes its own file")
             self._detector = StepTimeDetector(self.policy)
@@ -165,7 +171,7 @@ class Monitor:
             yield
         finally:
             if t0:
-                self._record(Execution(t0, time.monotonic_ns(), Category.region, str(name)))
+                self._record_safely(t0, Category.region, name)
 
     def request_window(self) -> None:
         """Ask for a profiling window on every rank now (it opens `lead_steps` steps later, at the
@@ -204,8 +210,22 @@ class Monitor:
                 self._sampler.close()
             if self._store is not None:
                 self._store.close()
+            if self._gather is not None:
+                self._gather.close()
+            if self._writer is not None and not self._writer.close(self.policy.close_timeout_seconds):
+                log.warning("eroica collector: pattern writes still pending after %.0f s; the job goes on without "
+                            "them", self.policy.close_timeout_seconds)
+            self._writer_errors()
 
     # ---------------------------------------------------------------- internals
+    def _record_safely(self, t0: int, cat: Category, name: str) -> None:
+        """From the user's code paths (regions, the loader): whatever happens stays here. Names are
+        cut to MAX_NAME characters, so the event buffer's bytes are bounded by its count cap."""
+        try:
+            self._record(Execution(t0, time.monotonic_ns(), cat, str(name)[:MAX_NAME]))
+        except Exception as exc:
+            self._warn("record", exc)
+
     def _record(self, ex: Execution) -> None:
         if not self._recording:
             return
@@ -272,7 +292,9 @@ class Monitor:
             self._open_window(self._pending)
 
     def _store_answers(self) -> None:
-        """Pick up what the store worker answered since the last step."""
+        """Pick up what the store worker answered, and what the writer failed to write, since the
+        last step."""
+        self._writer_errors()
         if self._store is None:
             return
         for ans in self._store.answers():
@@ -285,6 +307,12 @@ class Monitor:
         for kind in self._store.stuck():
             if f"store.{kind}.stuck" not in self._warned:
                 self._warn(f"store.{kind}.stuck", TimeoutError("the store has not answered for 30 s"))
+
+    def _writer_errors(self) -> None:
+        if self._writer is not None:
+            for path, exc in self._writer.errors():
+                self._warn("write", exc)
+                self._gap("write", f"{path}: {exc!r}"[:200])
 
     def _runtime_control(self) -> None:
         """Read the published control changes every control_poll_steps; apply each at its step."""
@@ -434,8 +462,11 @@ class Monitor:
                     self.windows_completed.append(wid)
                 return
             except Exception as exc:
+                self._gather.close()
                 self._gather = None
                 self._gap("gather", f"gathering patterns to rank 0 failed ({exc!r}); writing this rank's file")
+                if doc is not None:      # the fallback file says so too
+                    doc = doc.model_copy(update={"gaps": [*doc.gaps, self.gaps[-1]]})
         if doc is not None:
             self._write(wdir, doc)
             self.windows_completed.append(wid)
@@ -447,9 +478,9 @@ class Monitor:
         return json.dumps(data, separators=(",", ":"))
 
     def _write(self, wdir: Path, doc: Any) -> None:
-        wdir.mkdir(parents=True, exist_ok=True)
-        text = self._text(doc)
-        final = wdir / f"rank-{self.rank}.json"
-        tmp = wdir / f".rank-{self.rank}.json.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, final)
+        """Hand the document to the writer thread (a slow filesystem never stalls the step)."""
+        if self._writer is None:
+            self._writer = PatternWriter()
+        if not self._writer.submit(wdir / f"rank-{self.rank}.json", self._text(doc)):
+            self._gap("write", f"{wdir.name}: patterns dropped, earlier writes still pending (slow or hung "
+                               "filesystem)")

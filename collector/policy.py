@@ -53,6 +53,12 @@ class TriggerPolicy(BaseModel):
     control_lead_steps: int = Field(
         40, ge=3, description="steps between publishing a control change and every rank applying it"
     )
+    gather_timeout_seconds: float = Field(
+        60.0, gt=0, description="Monitor(gather=True): how long rank 0 waits for every rank's patterns (a rank gone)"
+    )
+    close_timeout_seconds: float = Field(
+        10.0, ge=0, description="at Monitor.close(): how long to wait for pattern writes still pending"
+    )
     op_detail: Literal["framework", "all"] = Field(
         "framework", description="framework: module/optimizer/collective wrappers, autograd nodes, user regions "
         "(a tenth of the events); all: every aten operator too, at the profiler's full cost"

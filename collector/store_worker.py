@@ -63,8 +63,10 @@ class StoreWorker:
         with self._lock:
             return kind in self._busy
 
-    def close(self) -> None:
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop the thread; a job stuck in a store that does not answer keeps it (a daemon) alive."""
         self._jobs.put(None)
+        self._thread.join(timeout)
 
     def _run(self) -> None:
         while True:

@@ -21,6 +21,7 @@ from eroica.collector.critical import Execution, device_first
 from eroica.collector.facts import Category, CollectorGap
 
 STEP_MARKER = "eroica.step"
+MAX_NAME = 200          # characters of an op or kernel name kept (kernel names can run to kilobytes)
 
 
 @dataclass
@@ -138,7 +139,7 @@ class TorchOpsRecorder:
             dur = ev.duration_ns()
             if dur <= 0:
                 continue
-            name = ev.name()
+            name = ev.name()[:MAX_NAME]
             if name.startswith(STEP_MARKER) or name.startswith("ProfilerStep#"):
                 continue
             n += 1

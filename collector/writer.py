@@ -1,0 +1,77 @@
+"""Pattern files are written off the training thread: a slow or hung filesystem (an NFS server
+that stalls, a disk that is full) must not stall training.
+
+One background thread writes each document atomically (a temporary file, then a rename; the
+temporary file is removed when the write fails). At most `max_pending` documents wait: when the
+filesystem cannot keep up, a new window's document is dropped and the Monitor records that, rather
+than holding kilobytes without bound or blocking the step. Failures come back as data, never raise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+
+
+class PatternWriter:
+    def __init__(self, max_pending: int = 2) -> None:
+        self._q: queue.Queue[tuple[Path, str, str] | None] = queue.Queue(maxsize=max_pending)
+        self._errors: list[tuple[str, BaseException]] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="eroica-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, path: Path, text: str) -> bool:
+        """Queue `text` for `path`; False (nothing queued) when `max_pending` writes already wait."""
+        try:
+            self._q.put_nowait((path, text, f".{path.name}.tmp"))
+            return True
+        except queue.Full:
+            return False
+
+    def errors(self) -> list[tuple[str, BaseException]]:
+        """(path, exception) of the writes that failed since the last call."""
+        with self._lock:
+            out, self._errors = self._errors, []
+        return out
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the queued writes; False when some are still pending."""
+        deadline = time.monotonic() + timeout
+        while self._q.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def close(self, timeout: float) -> bool:
+        done = self.flush(timeout)
+        with contextlib.suppress(queue.Full):
+            self._q.put_nowait(None)
+        if done:
+            self._thread.join(1.0)
+        return done
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                self._q.task_done()
+                return
+            path, text, tmp_name = item
+            tmp = path.parent / tmp_name
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(text)
+                os.replace(tmp, path)
+            except BaseException as exc:   # noqa: BLE001 - reported to the Monitor as data
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                with self._lock:
+                    self._errors.append((str(path), exc))
+            finally:
+                self._q.task_done()
