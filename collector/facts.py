@@ -16,7 +16,8 @@ PATTERNS_SCHEMA = "eroica.patterns/v1"
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # NaN and infinity are not measurements: a document carrying one is rejected, naming the field
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Category(str, Enum):
@@ -186,4 +187,4 @@ class PatternsDoc(Frozen):
     overhead: CollectorOverhead
     privacy: Literal["keep", "hash", "drop"] = "keep"   # what was done to names before writing
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)

@@ -452,9 +452,12 @@ class Monitor:
         if len(rec.step_bounds_ns) < 2:
             self._gap("window", f"window {wid} closed before a full step; nothing written")
         else:
-            doc = summarize(rec, t_sum, time.monotonic())
-            if self._privacy is not None:
-                doc = self._privacy.apply(doc)
+            try:   # a window that cannot be summarized is lost alone, the Monitor goes on
+                doc = summarize(rec, t_sum, time.monotonic())
+                if self._privacy is not None:
+                    doc = self._privacy.apply(doc)
+            except Exception as exc:
+                self._warn("summarize", exc)
         if self._gather is not None:
             try:   # every rank takes part, with or without a document
                 self._gather.send(wdir, None if doc is None else self._text(doc))
