@@ -45,3 +45,13 @@ def framework_config(config: dict[str, str]) -> bool:
     with contextlib.suppress(Exception):
         config["cpu.affinity_count"] = str(len(os.sched_getaffinity(0)))
     return ok
+
+
+JOB_NAME_ENV = ("EROICA_JOB_NAME", "SLURM_JOB_NAME", "TORCHELASTIC_RUN_ID")
+
+
+def job_name(given: str | None) -> str:
+    """The job's name for the policy's eligible_jobs: the Monitor's argument, else the scheduler's."""
+    if given is not None:
+        return given
+    return next((os.environ[v] for v in JOB_NAME_ENV if os.environ.get(v)), "")

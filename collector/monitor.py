@@ -20,7 +20,8 @@ from eroica.collector.detector import StepTimeDetector
 from eroica.collector.facts import Category, CollectorGap, JobInfo
 from eroica.collector.gather import PatternGather, wanted
 from eroica.collector.hooks.gc_hook import GcHook
-from eroica.collector.jobinfo import dist_info, framework_config
+from eroica.collector.hooks.loader import TimedLoader
+from eroica.collector.jobinfo import dist_info, framework_config, job_name
 from eroica.collector.layout import process_group_layout
 from eroica.collector.policy import TriggerPolicy
 from eroica.collector.privacy import Privacy, agree_salt, level_from
@@ -34,26 +35,6 @@ from eroica.collector.writer import PatternWriter
 log = logging.getLogger("eroica.collector")
 FORCE_ENV = "EROICA_FORCE_WINDOW_AT_STEP"
 MAX_NAME = 200          # characters of a function or region name kept
-
-
-class _TimedLoader:
-    def __init__(self, mon: Monitor, loader: Iterable[Any]) -> None:
-        self._mon = mon
-        self._loader = loader
-
-    def __len__(self) -> int:
-        return len(self._loader)  # type: ignore[arg-type]
-
-    def __iter__(self) -> Iterator[Any]:
-        it = iter(self._loader)
-        while True:
-            t0 = time.monotonic_ns()
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-            self._mon._record_safely(t0, Category.data, "DataLoader.__next__")
-            yield item
 
 
 class Monitor:
@@ -76,6 +57,7 @@ class Monitor:
         world_size: int | None = None,
         gather: bool | None = None,
         privacy: str | None = None,
+        job: str | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.gaps: list[CollectorGap] = []
@@ -105,6 +87,8 @@ class Monitor:
         self._privacy: Privacy | None = None
         self._gather: PatternGather | None = None
         self._control: ControlAgent | None = None
+        self._not_eligible: str | None = None
+        self.job_name = ""
         self._store: StoreWorker | None = None
         self._writer: PatternWriter | None = None
         self._window_t0 = 0.0
@@ -141,6 +125,10 @@ class Monitor:
                 except Exception as exc:
                     self._gap("gather", f"no gloo group to gather patterns ({exc!r}); each rank writes its own file")
             self._detector = StepTimeDetector(self.policy)
+            self.job_name = job_name(job)
+            self._not_eligible = self.policy.eligible(self.job_name, self.world_size)
+            if self._not_eligible:
+                self._gap("policy", f"detector off: {self._not_eligible}; requested windows still open")
             self._ops = TorchOpsRecorder(self.policy.op_detail)
             force = os.environ.get(FORCE_ENV)
             if force:
@@ -158,7 +146,7 @@ class Monitor:
             for attr in ("num_workers", "batch_size", "pin_memory", "prefetch_factor", "persistent_workers"):
                 if hasattr(loader, attr):
                     self.config[f"dataloader.{attr}"] = str(getattr(loader, attr))
-            return _TimedLoader(self, loader)
+            return TimedLoader(self._record_safely, loader)
         except Exception as exc:
             self._warn("wrap_loader", exc)
             return loader
@@ -276,7 +264,7 @@ class Monitor:
                 self._last_ns = time.monotonic_ns()
             else:
                 self._ops.mark_step(self._step)
-        if seconds is not None and self.policy.enabled:
+        if seconds is not None and self.policy.enabled and not self._not_eligible:
             excluded = in_window or self._exclude_next
             if not in_window:
                 self._exclude_next = False
@@ -327,6 +315,7 @@ class Monitor:
     def _apply_control(self, change: ControlChange) -> None:
         self.policy, result = apply_change(self.policy, change)
         self._detector.policy = self.policy
+        self._not_eligible = self.policy.eligible(self.job_name, self.world_size)
         if change.request.window_now and result == "applied":
             if self._window is None and self._pending is None:
                 self._propose("requested")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from typing import Literal
 
@@ -66,6 +67,19 @@ class TriggerPolicy(BaseModel):
     keep_raw_trace: bool = Field(False, description="keep a bounded Chrome trace of the window")
     raw_trace_max_bytes: int = Field(8 * 1024 * 1024, ge=0)
     enabled: bool = True
+    eligible_jobs: tuple[str, ...] = Field(
+        ("*",), description="job names (shell patterns) the detector watches; the name comes from "
+        "Monitor(job=...), EROICA_JOB_NAME, SLURM_JOB_NAME or TORCHELASTIC_RUN_ID (none: '')"
+    )
+    min_world_size: int = Field(1, ge=1, description="jobs with fewer ranks are not watched by the detector")
+
+    def eligible(self, job_name: str, world_size: int) -> str | None:
+        """None when the detector should watch this job, else why not (requested windows still open)."""
+        if world_size < self.min_world_size:
+            return f"world size {world_size} < min_world_size {self.min_world_size}"
+        if not any(fnmatch.fnmatchcase(job_name, pat) for pat in self.eligible_jobs):
+            return f"job {job_name!r} matches none of eligible_jobs {list(self.eligible_jobs)}"
+        return None
 
     @model_validator(mode="after")
     def _check(self) -> TriggerPolicy:
@@ -92,6 +106,8 @@ class TriggerPolicy(BaseModel):
                 continue
             if field.annotation is bool:
                 data[name] = raw.strip().lower() in ("1", "true", "yes", "on")
+            elif name == "eligible_jobs":
+                data[name] = tuple(p.strip() for p in raw.split(",") if p.strip())
             else:
                 data[name] = raw
         return cls.model_validate(data)

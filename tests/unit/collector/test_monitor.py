@@ -86,3 +86,25 @@ def test_raw_trace_escape_hatch_is_bounded(tmp_path, monkeypatch) -> None:  # ty
     assert not (tmp_path / "capped" / "w000-s2" / "rank-0.trace.json").exists()
     doc = json.loads((tmp_path / "capped" / "w000-s2" / "rank-0.json").read_text())
     assert any(g["source"] == "raw_trace" and "over cap" in g["reason"] for g in doc["gaps"])
+
+
+def test_a_job_the_policy_does_not_cover_is_not_watched_but_can_ask_for_a_window(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("EROICA_POLICY_ELIGIBLE_JOBS", "llm-*, moe-*")
+    pol = TriggerPolicy.from_env(TriggerPolicy(warmup_steps=2, baseline_steps=8, recent_steps=4, lead_steps=7,
+                                               window_steps=3))
+    assert pol.eligible_jobs == ("llm-*", "moe-*") and pol.eligible("llm-7b", 8) is None
+    assert "matches none" in (pol.eligible("resnet", 8) or "")
+    assert "min_world_size" in (pol.model_copy(update={"min_world_size": 16}).eligible("llm-7b", 8) or "")
+    mon = Monitor(out_dir=tmp_path, policy=pol, job="resnet-50")
+    model = torch.nn.Linear(16, 16)
+    for step in range(60):
+        time.sleep(0.03 if step >= 16 else 0.01)      # a slowdown the detector would catch
+        if step == 40:
+            mon.request_window()
+        model(torch.randn(4, 16)).sum().backward()
+        mon.step()
+    mon.close()
+    assert any(g.source == "policy" and "resnet-50" in g.reason for g in mon.gaps)
+    assert [w.split("-")[0] for w in mon.windows_completed] == ["w000"]      # only the requested one
+    doc = PatternsDoc.model_validate_json((tmp_path / mon.windows_completed[0] / "rank-0.json").read_text())
+    assert doc.window.trigger == "requested"
