@@ -127,8 +127,9 @@ class Monitor:
             self._detector = StepTimeDetector(self.policy)
             self.job_name = job_name(job)
             self._not_eligible = self.policy.eligible(self.job_name, self.world_size)
-            if self._not_eligible:
-                self._gap("policy", f"detector off: {self._not_eligible}; requested windows still open")
+            if self._not_eligible:   # the job's name stays in the process unless names are kept
+                why = self._not_eligible if level == "keep" else "not covered by eligible_jobs/min_world_size"
+                self._gap("policy", f"detector off: {why}; requested windows still open")
             self._ops = TorchOpsRecorder(self.policy.op_detail)
             force = os.environ.get(FORCE_ENV)
             if force:
