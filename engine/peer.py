@@ -196,8 +196,9 @@ def analyze(window: WindowData) -> PeerAnalysis:
             cands = [i for i in cands if cat_flag[i] or cap_ratio(float(busy[i]), float(ref_busy[i]))
                      >= SMALL_GROUP_MIN_RATIO]
         if cands:
-            facts.extend(_suspect_facts(cands, g, gname, table, fmat, busy, busy_steps, comm, ref_busy, z,
-                                        excess, excess_ratio, clean, ref_clean, floor, valid, keep))
+            stats = GroupStats(gname, valid, keep, fmat, busy, busy_steps, comm, ref_busy, z, excess, excess_ratio,
+                               clean, ref_clean, floor)
+            facts.extend(_suspect_facts(cands, g, stats, table))
         suspects = {f.rank for f in facts if isinstance(f, RankSlowness) and f.group == gname}
         facts.extend(outlier_facts(table, ranks, keep, suspects, float(np.median(step))))
         facts.extend(link_facts(cols, ranks, {r: float(comm[i]) for i, r in enumerate(ranks)}))
@@ -245,51 +246,84 @@ def compute_work(g: GroupView, fmat: np.ndarray) -> np.ndarray:
     return np.where(f > 0, f * rate, 0.0).sum(axis=1)
 
 
-def _suspect_facts(cands, g, gname, table, fmat, busy, busy_steps, comm, ref_busy, z, excess,  # type: ignore[no-untyped-def]
-                   excess_ratio, clean, ref_clean, floor, valid, keep) -> list[Fact]:
+@dataclass
+class GroupStats:
+    """One group's per-member numbers over the kept steps, and its references."""
+
+    name: str
+    valid: bool
+    keep: np.ndarray            # [S] steps kept (a one-off spike left out)
+    fmat: np.ndarray            # [n, K] critical seconds per step of each function
+    busy: np.ndarray            # [n] busy seconds per step (step minus communication wait)
+    busy_steps: np.ndarray      # [n, S]
+    comm: np.ndarray            # [n] communication wait per step
+    ref_busy: np.ndarray        # [n] each member's reference busy time
+    z: np.ndarray               # [n] its robust z against it
+    excess: np.ndarray          # [n] seconds per step above the reference
+    excess_ratio: np.ndarray    # [n] that, as a share of the median step
+    clean: np.ndarray           # [n] not a suspect
+    ref_clean: np.ndarray | None   # the members references are taken over (None: fewer than MIN_GROUP)
+    floor: float                # the smallest spread a z is measured in
+
+
+@dataclass
+class CategoryRefs:
+    """Per category (communication aside): its keys, each member's sum over them, the references."""
+
+    idx: dict[str, list[int]]
+    sums: dict[str, np.ndarray]
+    refs: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, keys: list[tuple[str, str]], fmat: np.ndarray, floor: float, clean: np.ndarray | None) -> CategoryRefs:
+        cats = sorted({k[0] for k in keys} - {Category.communication.value})
+        idx = {c: [j for j, k in enumerate(keys) if k[0] == c] for c in cats}
+        sums = {c: fmat[:, ix].sum(axis=1) for c, ix in idx.items()}
+        return cls(idx, sums, {c: references(v, floor, clean)[0] for c, v in sums.items()})
+
+
+def _suspect_facts(cands: list[int], g: GroupView, st: GroupStats, table: SignalTable) -> list[Fact]:
+    fmat, busy, busy_steps, comm, ref_busy, clean = st.fmat, st.busy, st.busy_steps, st.comm, st.ref_busy, st.clean
     n = len(g.ranks)
     out: list[Fact] = []
     min_comm = float(comm.min())
     med_comm = float(np.median(comm[clean]))
     med_busy_steps = np.median(busy_steps[clean] if clean.any() else busy_steps, axis=0)
-    fmed_all, fz_all = references(fmat, floor, ref_clean)
-    cats = sorted({k[0] for k in g.keys} - {Category.communication.value})
-    cat_idx = {c: [j for j, k in enumerate(g.keys) if k[0] == c] for c in cats}
-    cat_sums = {c: fmat[:, idx].sum(axis=1) for c, idx in cat_idx.items()}
-    cat_ref = {c: references(s, floor, ref_clean)[0] for c, s in cat_sums.items()}
+    fmed_all, fz_all = references(fmat, st.floor, st.ref_clean)
+    cats = CategoryRefs.of(g.keys, fmat, st.floor, st.ref_clean)
     large = n >= LARGE_GROUP
     hw_medians: dict[str, float | None] | None = {} if large else None
     votes = _ConfigVotes(table.cols, g, clean)
     clean_rows = g.rows[clean]
     for i in cands:
         r = g.ranks[i]
-        ex = float(excess[i])
+        ex = float(st.excess[i])
         consistency = float(np.mean(busy_steps[i] > med_busy_steps + 0.5 * ex))
         out.append(
             RankSlowness(
-                rank=r, group=gname,
+                rank=r, group=st.name,
                 busy_seconds_per_step=round(float(busy[i]), 6),
                 peer_median_busy_seconds_per_step=round(float(ref_busy[i]), 6),
                 excess_seconds_per_step=round(ex, 6),
-                excess_step_ratio=round(float(excess_ratio[i]), 4),
+                excess_step_ratio=round(float(st.excess_ratio[i]), 4),
                 busy_ratio_to_median=round(cap_ratio(float(busy[i]), float(ref_busy[i])), 4),
                 comm_wait_ratio_to_median=round(cap_ratio(float(comm[i]), med_comm), 4),
                 least_waiting=bool(comm[i] <= min_comm + 1e-9),
-                robust_z=round(float(min(z[i], 1e6)), 3),
+                robust_z=round(float(min(st.z[i], 1e6)), 3),
                 consistency_ratio=round(consistency, 4),
-                peers=n, group_valid=valid,
+                peers=n, group_valid=st.valid,
             )
         )
         others = np.arange(n) != i
         out.extend(_function_outliers(g, i, fmat[i], fmed_all[i], fz_all[i], ex, others))
-        out.extend(_category_excess(g, i, fmat[i], fmed_all[i], ex, cat_idx, cat_sums, cat_ref, others))
+        out.extend(_category_excess(g, i, fmat[i], fmed_all[i], ex, cats, others))
         peers = g.rows[clean & others]
         if not len(peers):
             peers = g.rows[others]
         if large:          # one peer set serves every suspect of a large group
             peers = clean_rows
-        out.extend(hw_signals(table, r, peers, keep, medians=hw_medians))
-        out.extend(host_cpu_facts(table, r, keep))
+        out.extend(hw_signals(table, r, peers, st.keep, medians=hw_medians))
+        out.extend(host_cpu_facts(table, r, st.keep))
         out.extend(votes.deviations(i))
     return out
 
@@ -356,16 +390,16 @@ def _function_outliers(g: GroupView, i: int, row: np.ndarray, fmed: np.ndarray, 
     return out
 
 
-def _category_excess(g: GroupView, i: int, row: np.ndarray, fmed: np.ndarray, excess: float,  # type: ignore[no-untyped-def]
-                     cat_idx, cat_sums, cat_ref, others: np.ndarray) -> list[Fact]:
+def _category_excess(g: GroupView, i: int, row: np.ndarray, fmed: np.ndarray, excess: float, cats: CategoryRefs,
+                     others: np.ndarray) -> list[Fact]:
     """Per category: this rank's summed critical time vs the peers' reference of the sums
     (`fmed`: the per-function references of this rank)."""
     out: list[Fact] = []
     if excess <= 0:
         return out
-    for cat, idx in cat_idx.items():
-        mine = float(cat_sums[cat][i])
-        med = float(cat_ref[cat][i])
+    for cat, idx in cats.idx.items():
+        mine = float(cats.sums[cat][i])
+        med = float(cats.refs[cat][i])
         cx = mine - med
         if cx / excess < FUNCTION_MIN_EXPLAINS:
             continue
