@@ -232,6 +232,8 @@ def simulate(out: Path, ranks: int, fault: str, seed: int = 0, pp: int = 1, pack
     lines: list[str] = []
     for r in range(ranks):
         doc = rank_doc(r, lay, fault, r in culprits, slowest, healthy, seeds[r])
+        size = len(doc.model_dump_json(by_alias=True))     # as the collector states its own size
+        doc = doc.model_copy(update={"overhead": doc.overhead.model_copy(update={"pattern_bytes": size})})
         if packed:
             lines.append(doc.model_dump_json(by_alias=True))
             if (r + 1) % GPUS_PER_HOST == 0 or r == ranks - 1:
