@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from eroica.collector.policy import TriggerPolicy
+from eroica.collector.policy import TriggerPolicy, first_error
 from eroica.collector.replay import read_step_times, replay
 
 
@@ -34,8 +34,7 @@ def load_policy(path: Path | None) -> TriggerPolicy:
     try:
         return TriggerPolicy.model_validate(data)
     except ValidationError as exc:
-        e = exc.errors()[0]
-        raise ValueError(f"{path}: field {'.'.join(map(str, e['loc'])) or '(policy)'}: {e['msg']}") from exc
+        raise ValueError(f"{path}: {first_error(exc)}") from exc
 
 
 def run_replay(args: argparse.Namespace) -> int:

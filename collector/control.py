@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from eroica.collector.policy import TriggerPolicy
+from eroica.collector.policy import TriggerPolicy, first_error
 
 PREFIX = "eroica/control/"
 SEQ_KEY = PREFIX + "seq"
@@ -138,9 +138,7 @@ class RequestFile:
             try:
                 out.append((ControlRequest.model_validate_json(line), where))
             except ValidationError as exc:
-                err = exc.errors()[0]
-                field = ".".join(str(x) for x in err["loc"]) or "(line)"
-                out.append((None, f"{where}: field {field}: {err['msg']}"))
+                out.append((None, f"{where}: {first_error(exc, '(line)')}"))
         return out
 
 
@@ -185,7 +183,13 @@ class ControlAgent:
                 publish(self.store, req, step + self.lead)
         return self.reader.poll()
 
+    def add(self, changes: list[ControlChange]) -> None:
+        """Changes the store worker read (poll's answer), to apply when their step comes."""
+        self.pending += changes
+
     def due(self, step: int) -> list[ControlChange]:
+        if not self.pending:          # every step: nothing to build when nothing waits
+            return []
         now = [c for c in self.pending if c.effective_step <= step]
         self.pending = [c for c in self.pending if c.effective_step > step]
         return sorted(now, key=lambda c: c.seq)
@@ -209,5 +213,4 @@ def apply_change(policy: TriggerPolicy, change: ControlChange) -> tuple[TriggerP
     try:
         return TriggerPolicy.model_validate({**policy.model_dump(), **fields}), "applied"
     except ValidationError as exc:
-        err = exc.errors()[0]
-        return policy, f"rejected: field {'.'.join(str(x) for x in err['loc']) or '(policy)'}: {err['msg']}"
+        return policy, f"rejected: {first_error(exc)}"

@@ -187,4 +187,4 @@ class PatternsDoc(Frozen):
     overhead: CollectorOverhead
     privacy: Literal["keep", "hash", "drop"] = "keep"   # what was done to names before writing
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
+    model_config = ConfigDict(populate_by_name=True)    # and Frozen's, which pydantic merges in

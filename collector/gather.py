@@ -1,18 +1,18 @@
 """Getting the patterns to one place without a shared filesystem: at a window's close every rank
 sends its document (kilobytes) to rank 0 over a separate gloo process group of the job's own
-torch.distributed (so NCCL streams are untouched), and rank 0 writes them as one packed file
-`<window>/pack-gathered.jsonl`. Any failure (a rank gone, a timeout) becomes a gap and the rank
-falls back to writing its own file."""
+torch.distributed (so NCCL streams are untouched), and rank 0 writes them (through the Monitor's
+pattern writer) as one packed file `<window>/pack-gathered.jsonl`. Any failure (a rank gone, a
+timeout) becomes a gap and the rank falls back to writing its own file."""
 
 from __future__ import annotations
 
 import datetime
 import os
-from pathlib import Path
 from typing import Any
 
 ENV = "EROICA_GATHER"
 TIMEOUT_SECONDS = 60
+PACKED_NAME = "pack-gathered.jsonl"
 
 
 def wanted(flag: bool | None) -> bool:
@@ -31,18 +31,13 @@ class PatternGather:
         self.world = dist.get_world_size()
         self.group: Any = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_seconds))
 
-    def send(self, wdir: Path, text: str | None) -> int:
-        """Gather to rank 0; returns the number of documents rank 0 wrote (0 on other ranks)."""
+    def send(self, text: str | None) -> str | None:
+        """Gather to rank 0; on rank 0 the packed file's text (one document per line), else None."""
         out: list[str | None] | None = [None] * self.world if self.rank == 0 else None
         self.dist.gather_object(text, out, dst=0, group=self.group)
         if self.rank != 0 or out is None:
-            return 0
-        docs = [t for t in out if t]
-        wdir.mkdir(parents=True, exist_ok=True)
-        tmp = wdir / ".pack-gathered.jsonl.tmp"
-        tmp.write_text("".join(t + "\n" for t in docs))
-        os.replace(tmp, wdir / "pack-gathered.jsonl")
-        return len(docs)
+            return None
+        return "".join(t + "\n" for t in out if t)
 
     def close(self) -> None:
         """Release the group's connections (local: no other rank takes part)."""

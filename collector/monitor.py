@@ -18,7 +18,7 @@ from eroica.collector.control import ControlAgent, ControlChange, apply_change
 from eroica.collector.critical import Execution
 from eroica.collector.detector import StepTimeDetector
 from eroica.collector.facts import Category, CollectorGap, JobInfo
-from eroica.collector.gather import PatternGather, wanted
+from eroica.collector.gather import PACKED_NAME, PatternGather, wanted
 from eroica.collector.hooks.gc_hook import GcHook
 from eroica.collector.hooks.loader import TimedLoader
 from eroica.collector.jobinfo import dist_info, framework_config, job_name
@@ -91,7 +91,6 @@ class Monitor:
         self.job_name = ""
         self._store: StoreWorker | None = None
         self._writer: PatternWriter | None = None
-        self._window_t0 = 0.0
         try:
             self.policy = TriggerPolicy.from_env(policy)
             r, w, backend, job_store = dist_info()
@@ -130,7 +129,6 @@ class Monitor:
             if self._not_eligible:   # the job's name stays in the process unless names are kept
                 why = self._not_eligible if level == "keep" else "not covered by eligible_jobs/min_world_size"
                 self._gap("policy", f"detector off: {why}; requested windows still open")
-            self._ops = TorchOpsRecorder(self.policy.op_detail)
             force = os.environ.get(FORCE_ENV)
             if force:
                 self._pending = WindowPlan(0, int(force), "forced", None)
@@ -249,13 +247,14 @@ class Monitor:
         seconds = None if self._last_ns is None else (now - self._last_ns) / 1e9
         self._last_ns = now
         self._step += 1
+        self._writer_errors()
         self._store_answers()
         self._runtime_control()
         in_window = self._window is not None
         if in_window:
             self._bounds.append(now)
             assert self._window is not None
-            overdue = time.monotonic() - self._window_t0 > self.policy.max_window_seconds
+            overdue = time.monotonic() - self._window_times[-1] > self.policy.max_window_seconds
             if self._step >= self._window.start_step + self.policy.window_steps or overdue:
                 if overdue:
                     self._gap("window", f"window {self._window.index} open longer than max_window_seconds "
@@ -281,18 +280,18 @@ class Monitor:
             self._open_window(self._pending)
 
     def _store_answers(self) -> None:
-        """Pick up what the store worker answered, and what the writer failed to write, since the
-        last step."""
-        self._writer_errors()
+        """Pick up what the store worker answered since the last step."""
         if self._store is None:
             return
         for ans in self._store.answers():
             if ans.error is not None:
                 self._warn(f"store.{ans.kind}", ans.error)
             elif ans.kind == "control" and self._control is not None:
-                self._control.pending += ans.value
+                self._control.add(ans.value)
             elif ans.value is not None and self._window is None and ans.value.index == self._windows_opened:
                 self._pending = ans.value          # a plan, polled or agreed on a proposal
+        if self._step % self.policy.poll_every_steps:
+            return
         for kind in self._store.stuck():
             if f"store.{kind}.stuck" not in self._warned:
                 self._warn(f"store.{kind}.stuck", TimeoutError("the store has not answered for 30 s"))
@@ -364,8 +363,7 @@ class Monitor:
         self._collect_config()          # configuration can change while the job runs
         self._window = plan
         self._windows_opened = max(self._windows_opened, plan.index) + 1
-        self._window_times.append(time.monotonic())
-        self._window_t0 = time.monotonic()
+        self._window_times.append(time.monotonic())      # also when this window opened
         self._detector.window_scheduled(plan.start_step + self.policy.window_steps)
         self._events = []
         self._events_dropped = 0
@@ -374,8 +372,7 @@ class Monitor:
             self.policy.sample_interval_seconds, capacity=20_000, nic_interval=self.policy.nic_sample_interval_seconds
         ):
             self._window_gaps.append(CollectorGap(source="sampler", reason="hardware sampler unavailable"))
-        self._ops.detail = self.policy.op_detail       # runtime control may have changed it
-        gap = self._ops.start()
+        gap = self._ops.start(self.policy.op_detail)
         if gap is not None:
             self._window_gaps.append(gap)
         self._gc.install()
@@ -450,7 +447,9 @@ class Monitor:
                 self._warn("summarize", exc)
         if self._gather is not None:
             try:   # every rank takes part, with or without a document
-                self._gather.send(wdir, None if doc is None else self._text(doc))
+                packed = self._gather.send(None if doc is None else self._text(doc))
+                if packed:
+                    self._submit(wdir / PACKED_NAME, packed)
                 if doc is not None:
                     self.windows_completed.append(wid)
                 return
@@ -461,7 +460,7 @@ class Monitor:
                 if doc is not None:      # the fallback file says so too
                     doc = doc.model_copy(update={"gaps": [*doc.gaps, self.gaps[-1]]})
         if doc is not None:
-            self._write(wdir, doc)
+            self._submit(wdir / f"rank-{self.rank}.json", self._text(doc))
             self.windows_completed.append(wid)
 
     @staticmethod
@@ -470,10 +469,10 @@ class Monitor:
         data["overhead"]["pattern_bytes"] = len(json.dumps(data, separators=(",", ":")).encode())
         return json.dumps(data, separators=(",", ":"))
 
-    def _write(self, wdir: Path, doc: Any) -> None:
-        """Hand the document to the writer thread (a slow filesystem never stalls the step)."""
+    def _submit(self, path: Path, text: str) -> None:
+        """Hand a pattern file to the writer thread (a slow filesystem never stalls the step)."""
         if self._writer is None:
             self._writer = PatternWriter()
-        if not self._writer.submit(wdir / f"rank-{self.rank}.json", self._text(doc)):
-            self._gap("write", f"{wdir.name}: patterns dropped, earlier writes still pending (slow or hung "
-                               "filesystem)")
+        if not self._writer.submit(path, text):
+            self._gap("write", f"{path.parent.name}/{path.name}: patterns dropped, earlier writes still pending "
+                               "(slow or hung filesystem)")

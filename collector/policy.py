@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from typing import Literal
+from typing import Literal, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+def first_error(exc: ValidationError, whole: str = "(policy)") -> str:
+    """`field a.b: why` for the first problem of a validation error (`whole` when it is not one field's)."""
+    err = exc.errors()[0]
+    return f"field {'.'.join(str(x) for x in err['loc']) or whole}: {err['msg']}"
 
 
 class TriggerPolicy(BaseModel):
@@ -106,7 +112,7 @@ class TriggerPolicy(BaseModel):
                 continue
             if field.annotation is bool:
                 data[name] = raw.strip().lower() in ("1", "true", "yes", "on")
-            elif name == "eligible_jobs":
+            elif get_origin(field.annotation) is tuple:     # a comma-separated list
                 data[name] = tuple(p.strip() for p in raw.split(",") if p.strip())
             else:
                 data[name] = raw

@@ -81,14 +81,14 @@ class _Session:
 class TorchOpsRecorder:
     """Starts/stops the profiler around a window and converts its events into executions."""
 
-    def __init__(self, detail: str = "framework") -> None:
+    def __init__(self) -> None:
         self._prof: Any = None
         self._marker: Any = None
         self._offset_ns = 0
         self.cuda = False
-        self.detail = detail
 
-    def start(self) -> CollectorGap | None:
+    def start(self, detail: str = "framework") -> CollectorGap | None:
+        """`detail`: the policy's `op_detail` at the window's start ("framework" or "all")."""
         try:
             import torch
         except Exception as exc:
@@ -97,7 +97,7 @@ class TorchOpsRecorder:
         # kineto stamps events with the wall clock (ns); we work on the monotonic clock
         self._offset_ns = time.time_ns() - time.monotonic_ns()
         try:
-            self._prof = _Session(self.cuda, self.detail)
+            self._prof = _Session(self.cuda, detail)
         except Exception as exc:   # another profiler already running, or an unsupported build
             self._prof = None
             return CollectorGap(source="torch_profiler", reason=f"profiler did not start: {exc!r}"[:200])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 class PatternWriter:
     def __init__(self, max_pending: int = 2) -> None:
-        self._q: queue.Queue[tuple[Path, str, str] | None] = queue.Queue(maxsize=max_pending)
+        self._q: queue.Queue[tuple[Path, str] | None] = queue.Queue(maxsize=max_pending)
         self._errors: list[tuple[str, BaseException]] = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="eroica-writer", daemon=True)
@@ -28,13 +28,15 @@ class PatternWriter:
     def submit(self, path: Path, text: str) -> bool:
         """Queue `text` for `path`; False (nothing queued) when `max_pending` writes already wait."""
         try:
-            self._q.put_nowait((path, text, f".{path.name}.tmp"))
+            self._q.put_nowait((path, text))
             return True
         except queue.Full:
             return False
 
     def errors(self) -> list[tuple[str, BaseException]]:
         """(path, exception) of the writes that failed since the last call."""
+        if not self._errors:          # asked every step: no lock when there is nothing
+            return []
         with self._lock:
             out, self._errors = self._errors, []
         return out
@@ -62,8 +64,8 @@ class PatternWriter:
             if item is None:
                 self._q.task_done()
                 return
-            path, text, tmp_name = item
-            tmp = path.parent / tmp_name
+            path, text = item
+            tmp = path.parent / f".{path.name}.tmp"
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp.write_text(text)

@@ -129,8 +129,19 @@ def parse_doc(text: str | bytes, where: str, one_line: bool = False) -> Patterns
     return PatternsDoc.model_validate(raw)
 
 
-def load_doc(path: Path) -> PatternsDoc:
-    return parse_doc(path.read_bytes(), str(path))
+def _parse_or_report(w: WindowData, read: Callable[[], bytes], where: str,
+                     one_line: bool = False) -> PatternsDoc | None:
+    """The document `read` returns, or None with its problems (file and field) added to `w`."""
+    try:
+        return parse_doc(read(), where, one_line)
+    except RunDirError as exc:
+        w.problems.append(LoadProblem(where, exc.field or "", exc.message))
+    except ValidationError as exc:
+        for err in exc.errors()[:5]:
+            w.problems.append(LoadProblem(where, ".".join(str(x) for x in err["loc"]), err["msg"]))
+    except OSError as exc:
+        w.problems.append(LoadProblem(where, "", f"cannot read: {exc.strerror}"))
+    return None
 
 
 def load_window(wdir: Path, cache_limit: int = 4096) -> WindowData:
@@ -157,18 +168,8 @@ def load_window(wdir: Path, cache_limit: int = 4096) -> WindowData:
             m = RANK_FILE.match(f.name)
             if not m:
                 continue
-            try:
-                doc = load_doc(f)
-            except RunDirError as exc:
-                w.problems.append(LoadProblem(str(f), exc.field or "", exc.message))
-                continue
-            except ValidationError as exc:
-                for err in exc.errors()[:5]:
-                    loc = ".".join(str(x) for x in err["loc"])
-                    w.problems.append(LoadProblem(str(f), loc, err["msg"]))
-                continue
-            except OSError as exc:
-                w.problems.append(LoadProblem(str(f), "", f"cannot read: {exc.strerror}"))
+            doc = _parse_or_report(w, f.read_bytes, str(f))
+            if doc is None:
                 continue
             rank = doc.job.rank
             if int(m.group(1)) != rank:
@@ -206,16 +207,9 @@ def _load_packed(w: WindowData, f: Path, keep: Callable[[PatternsDoc, tuple[str,
             if not line.strip():
                 continue
             where = f"{f}:{n}"
-            try:
-                doc = parse_doc(line, where, one_line=True)
-            except RunDirError as exc:
-                w.problems.append(LoadProblem(where, exc.field or "", exc.message))
-                continue
-            except ValidationError as exc:
-                for err in exc.errors()[:5]:
-                    w.problems.append(LoadProblem(where, ".".join(str(x) for x in err["loc"]), err["msg"]))
-                continue
-            keep(doc, (str(f), start, len(line)), where)
+            doc = _parse_or_report(w, lambda: line, where, one_line=True)
+            if doc is not None:
+                keep(doc, (str(f), start, len(line)), where)
 
 
 def load_run(run_dir: Path, window: str | None = None, cache_limit: int = 4096) -> list[WindowData]:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from eroica.collector.facts import PatternsDoc
 from eroica.engine.facts import Fact, HardwareSignal, HostCpuLoad, JobSlowdown
 
 if TYPE_CHECKING:
@@ -54,20 +53,6 @@ GPU_SIGNALS = (
 STATE_SIGNALS = ("gpu_nvlink_links_active", "gpu_pcie_width", "gpu_pcie_gen")
 LARGE_GROUP = 64    # from this many members, leave-one-out statistics equal the whole group's
 
-def signal_value(doc: PatternsDoc, sig: str, keep: np.ndarray | None = None) -> float | None:
-    """A whole-window signal; over the kept steps only (time-weighted) when a spike step was left
-    out and the document has the signal per step."""
-    if sig in GPU_SIGNALS:
-        return doc.hardware.gpu.get(sig)
-    steps = doc.hardware.per_step.get(sig)
-    dur = doc.step_times.during_seconds
-    if keep is not None and not keep.all() and steps is not None and len(steps) == len(keep) == len(dur):
-        pairs = [(v, d) for v, d, k in zip(steps, dur, keep) if k and v is not None]
-        w = sum(d for _, d in pairs)
-        if pairs and w > 0:
-            return sum(v * d for v, d in pairs) / w
-    return getattr(doc.hardware, sig)
-
 
 class SignalTable:
     """Each hardware signal of each rank of a window as one array over the window's rows (NaN where
@@ -75,7 +60,7 @@ class SignalTable:
 
     `column(sig, keep)` is the whole-window value, or, when a spike step was left out (`keep` has
     a False), the time-weighted mean over the kept steps of the collector's per-step values, for
-    ranks that have one per step (what `signal_value` does for one document); cached per keep."""
+    ranks that have one per step; cached per keep."""
 
     def __init__(self, cols: WindowColumns) -> None:
         self.cols = cols

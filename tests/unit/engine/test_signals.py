@@ -3,7 +3,7 @@ from patterns_factory import make_doc
 
 from eroica.engine.columns import window_columns
 from eroica.engine.facts import HardwareSignal, HostCpuLoad, JobSlowdown
-from eroica.engine.signals import SignalTable, host_cpu_facts, outlier_facts, signal_value
+from eroica.engine.signals import SignalTable, host_cpu_facts, outlier_facts
 
 
 def loaded(rank: int, proc: float, rq: float, sys_util: float = 0.99, step: float = 0.15):  # type: ignore[no-untyped-def]
@@ -46,9 +46,10 @@ def test_a_left_out_step_is_left_out_of_the_signals() -> None:
     d = d.model_copy(update={"hardware": hw, "step_times": d.step_times.model_copy(
         update={"during_seconds": [0.1, 0.1, 5.0, 0.1, 0.1, 0.1]})})
     keep = np.array([True, True, False, True, True, True])
-    assert abs(signal_value(d, "runqueue_wait_ratio", keep) - 0.4) < 1e-9
-    assert signal_value(d, "runqueue_wait_ratio") == 0.1                      # the whole window
-    assert signal_value(d, "io_wait_ratio", keep) is None                     # not sampled at all
+    table = SignalTable(window_columns([d]))
+    assert abs(table.value("runqueue_wait_ratio", 0, keep) - 0.4) < 1e-9
+    assert table.value("runqueue_wait_ratio", 0) == 0.1                       # the whole window
+    assert table.value("io_wait_ratio", 0, keep) is None                      # not sampled at all
 
 
 def test_a_gpu_with_links_down_is_named_though_no_rank_is_late(tmp_path) -> None:  # type: ignore[no-untyped-def]
