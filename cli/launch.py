@@ -175,10 +175,14 @@ def launch(
     stop_on_failure: bool = True,
     log_dir: Path | None = None,
     master_port: int | None = None,
+    module: str = "eroica.cli.workload",
+    netns: bool = False,
 ) -> JobResult:
     """`stop_on_failure`: when one rank exits non-zero, stop the others (as torchrun does); False lets
     them run on (a job whose ranks do not depend on each other). `log_dir`: where each rank's output
-    goes (default `out_dir/logs`)."""
+    goes (default `out_dir/logs`). `module`: the training script run on each rank (the demo workload, or
+    `eroica.cli.workload_lm`, the held-out one). `netns`: every rank in its own network namespace even
+    without `nic_degraded` (links of their own, none capped)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = log_dir or out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -193,7 +197,7 @@ def launch(
         raise
     nets: RankNetworks | None = None
     nic_ranks: set[int] = set()
-    if "nic_degraded" in faults:
+    if "nic_degraded" in faults or netns:
         ok, why = netns_available()
         if not ok:
             cg.cleanup()
@@ -231,7 +235,7 @@ def launch(
                 penv["EROICA_MEMORY_CGROUP"] = str(memcg.path)
             penv.update(env or {})
             cmd = ([] if nets is None else nets.prefix(rank)) + [
-                sys.executable, "-m", "eroica.cli.workload", "--out", str(out_dir),
+                sys.executable, "-m", module, "--out", str(out_dir),
                 "--steps", str(steps), "--fault", fault, "--fault-rank", str(fault_rank),
                 "--fault-step", str(fault_step), *(extra_args or []),
             ]

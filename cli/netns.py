@@ -75,6 +75,10 @@ class RankNetworks:
         _run("ip", "netns", "exec", self.namespaces[rank], "tc", "qdisc", "add", "dev", "eth0", "root", *spec)
 
     def prefix(self, rank: int) -> list[str]:
+        # nsenter joins the network namespace only; `ip netns exec` would also remount /sys, hiding
+        # the cgroup hierarchy the other faults (blkio, cpu, memory) are injected through
+        if shutil.which("nsenter"):
+            return ["nsenter", f"--net=/var/run/netns/{self.namespaces[rank]}", "--"]
         return ["ip", "netns", "exec", self.namespaces[rank]]
 
     def cleanup(self) -> list[str]:

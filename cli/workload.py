@@ -56,6 +56,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--uneven-by-design", type=int, default=1, metavar="FACTOR",
                    help="the upper half of the ranks processes FACTOR times the samples of the lower half, "
                         "by design and from the first step (ranks that do different work: no valid peer group)")
+    p.add_argument("--graded-by-design", action="store_true",
+                   help="rank r runs its last hidden layer round(layers * r / 3) extra times (depths 1x, 1.33x, 1.67x, "
+                        "2x): work that differs by design in several levels, from the first step (no valid peer group)")
+    p.add_argument("--ckpt-every", type=int, default=1, help="slow_storage: write the checkpoint shard every N steps")
+    p.add_argument("--pin-rank", type=int, default=None,
+                   help="this rank runs pinned to one CPU from the start (a different CPU affinity, harmless alone)")
+    p.add_argument("--bump-step", type=int, default=None,
+                   help="every rank sleeps --bump-seconds per step for 4 steps from this step (a small job-wide bump "
+                        "that opens a window before the fault begins)")
+    p.add_argument("--bump-seconds", type=float, default=0.03)
     p.add_argument("--gc-objects", type=int, default=60_000)
     p.add_argument("--hogs", type=int, default=3)
     p.add_argument("--config-fault", choices=("workers", "anomaly"), default="workers")
@@ -160,6 +170,34 @@ class CheckpointWriter:
         os.unlink(self.path)
 
 
+def join_cgroup(env_var: str) -> None:
+    """Move this process into the cgroup the launcher made for the fault (its path in `env_var`)."""
+    with open(os.path.join(os.environ[env_var], "cgroup.procs"), "w") as fh:
+        fh.write(str(os.getpid()))
+
+
+def start_fault(fault: str, rank: int, step: int, args: argparse.Namespace, hogs: list[subprocess.Popen[bytes]],
+                shard: Shard | None) -> None:
+    """The one-time part of a fault at its onset (the launcher reads the `injecting` line: it caps a
+    link then). Faults that act every step are applied by the workload itself."""
+    print(f"[rank {rank}] step {step}: injecting {fault}", flush=True)
+    if fault == "cpu_throttled":
+        join_cgroup("EROICA_THROTTLE_CGROUP")
+    elif fault == "cpu_contention":
+        # a host service started by this rank's container: it shares the rank's CPU cgroup
+        for _ in range(args.hogs):
+            hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+    elif fault == "framework_config" and args.config_fault == "anomaly":
+        import torch
+
+        torch.autograd.set_detect_anomaly(True)
+    elif fault == "host_memory_pressure":
+        assert shard is not None
+        shard.squeeze(os.environ["EROICA_MEMORY_CGROUP"], args.mem_limit_mb)
+    elif fault == "slow_storage":
+        join_cgroup("EROICA_BLKIO_CGROUP")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import torch
@@ -175,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(1234 + rank)
+    if args.pin_rank == rank:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     fault = args.plan.get(rank, "none")
     state = {"step": 0}
 
@@ -210,7 +250,24 @@ def main(argv: list[str] | None = None) -> int:
     layers: list[nn.Module] = [nn.Linear(256, h), nn.ReLU()]
     for _ in range(args.layers - 1):
         layers += [nn.Linear(h, h), nn.ReLU()]
-    net = nn.Sequential(*layers, nn.Linear(h, 10))
+    class Deeper(nn.Sequential):
+        """Its last hidden layer runs `extra` more times (the same weights: DDP sees one model)."""
+
+        def __init__(self, *mods: nn.Module, extra: int) -> None:
+            super().__init__(*mods)
+            self.extra = extra
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            body = list(self)
+            for layer in body[:-1]:
+                x = layer(x)
+            for _ in range(self.extra):
+                x = body[-2](body[-3](x))
+            return body[-1](x)
+
+    # depth by design: rank r is round(layers * r / 3) layers deeper (1x, 1.33x, 1.67x, 2x)
+    extra = round(args.layers * rank / 3) if args.graded_by_design else 0
+    net = Deeper(*layers, nn.Linear(h, 10), extra=extra)
     model = net if args.independent else DDP(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     fds_before = len(os.listdir("/proc/self/fd"))
@@ -231,24 +288,11 @@ def main(argv: list[str] | None = None) -> int:
             x, y = next(batches)
             state["step"] = step + 1
             if fault != "none" and step == args.fault_step:
-                print(f"[rank {rank}] step {step}: injecting {fault}", flush=True)
-                if fault == "cpu_throttled":
-                    with open(os.path.join(os.environ["EROICA_THROTTLE_CGROUP"], "cgroup.procs"), "w") as fh:
-                        fh.write(str(os.getpid()))
-                elif fault == "cpu_contention":
-                    # a host service started by this rank's container: it shares the rank's CPU cgroup
-                    for _ in range(args.hogs):
-                        hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
-                elif fault == "framework_config" and args.config_fault == "anomaly":
-                    torch.autograd.set_detect_anomaly(True)
-                elif fault == "host_memory_pressure":
-                    assert shard is not None
-                    shard.squeeze(os.environ["EROICA_MEMORY_CGROUP"], args.mem_limit_mb)
-                elif fault == "slow_storage":
-                    with open(os.path.join(os.environ["EROICA_BLKIO_CGROUP"], "cgroup.procs"), "w") as fh:
-                        fh.write(str(os.getpid()))
+                start_fault(fault, rank, step, args, hogs, shard)
             if args.uneven_by_design > 1 and rank >= dist.get_world_size() // 2:
                 x, y = x.repeat(args.uneven_by_design, 1), y.repeat(args.uneven_by_design)
+            if args.bump_step is not None and args.bump_step <= step < args.bump_step + 4:
+                time.sleep(args.bump_seconds)
             if active(step):
                 if fault == "workload_imbalance":
                     x = x.repeat(args.imbalance_factor, 1)    # this rank's shard holds more samples
@@ -261,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
             opt.step()
-            if ckpt is not None:
+            if ckpt is not None and (step + 1) % args.ckpt_every == 0:
                 with mon.region("save_checkpoint"):
                     ckpt.write()
             with mon.region("log_metrics"):
