@@ -10,7 +10,7 @@ from statistics import median
 
 from eroica.engine.diagnose import DiagnoseOptions
 from eroica.engine.errors import EngineError
-from eroica.engine.evaluate import IncidentResult, evaluate_incident, find_incidents
+from eroica.engine.evaluate import HELDOUT, IncidentResult, evaluate_incident, find_heldout, find_incidents
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -23,11 +23,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def table(results: list[IncidentResult]) -> str:
     by: dict[str, list[IncidentResult]] = defaultdict(list)
     for r in results:
-        for c in r.causes or ["(healthy)"]:
+        for c in r.causes or ["(heterogeneous)" if r.heterogeneous else "(healthy)"]:
             by[c].append(r)
     lines = [f"{'root cause':<22}{'incidents':>10}{'correct':>9}{'yield':>8}{'false':>7}"
              f"{'onset->window (steps)':>24}{'window':>8}"]
-    for cause in sorted(by, key=lambda c: (c == "(healthy)", c)):
+    for cause in sorted(by, key=lambda c: (c.startswith("("), c)):
         rs = by[cause]
         ok = sum(r.correct for r in rs)
         false = sum(r.false_findings for r in rs)
@@ -37,13 +37,23 @@ def table(results: list[IncidentResult]) -> str:
         lines.append(f"{cause:<22}{len(rs):>10}{ok:>9}{ok / len(rs):>8.0%}{false:>7}{lat_s:>24}"
                      f"{(f'{median(win):.0f}' if win else '-'):>8}")
     faulty = [r for r in results if not r.healthy]
-    healthy = [r for r in results if r.healthy]
+    healthy = [r for r in results if r.healthy and not r.heterogeneous]
+    hetero = [r for r in results if r.healthy and r.heterogeneous]
     ok = sum(r.correct for r in faulty)
     lines.append("")
     lines.append(f"faulty incidents diagnosed correctly: {ok}/{len(faulty)}"
                  f" ({ok / len(faulty):.1%})" if faulty else "no faulty incidents")
     lines.append(f"healthy runs with a finding at >= min confidence: "
-                 f"{sum(1 for r in healthy if r.false_findings)}/{len(healthy)}")
+                 f"{sum(1 for r in healthy if r.false_findings)}/{len(healthy)}"
+                 f" ({sum(r.false_findings for r in healthy)} finding(s))")
+    if hetero:
+        lines.append(f"by-design heterogeneous runs with a finding at >= min confidence: "
+                     f"{sum(1 for r in hetero if r.false_findings)}/{len(hetero)}"
+                     f" ({sum(r.false_findings for r in hetero)} finding(s))")
+    before = sum(r.false_findings for r in faulty)
+    if before:
+        lines.append(f"confident false findings in faulty runs (other ranks or causes, or before the onset): "
+                     f"{before}")
     total = sum(r.correct for r in results)
     lines.append(f"overall yield: {total}/{len(results)} ({total / len(results):.1%})" if results else "")
     return "\n".join(lines)
@@ -52,19 +62,34 @@ def table(results: list[IncidentResult]) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         incs = find_incidents(args.dir)
+        held = find_heldout(args.dir)
     except EngineError as exc:
         print(f"eroica eval: {exc}", file=sys.stderr)
         return 2
-    if not incs:
+    if not incs and not held:
         print(f"eroica eval: no incidents (folders with expected.yaml) under {args.dir}", file=sys.stderr)
         return 2
+    results = _replay(incs, args.verbose, "library")
+    if incs:
+        print(f"library ({args.dir}: the incidents the rules are written and tested against)")
+        print(table(results))
+    if held:
+        held_results = _replay(held, args.verbose, "held-out")
+        print()
+        print(f"held-out ({args.dir / HELDOUT}: another job, never tuned on; reported, not gating)")
+        print(table(held_results))
+    # the library gates; the held-out yield is a measurement
+    return 0 if all(r.correct for r in results) else 1
+
+
+def _replay(incs: list[Path], verbose: bool, label: str) -> list[IncidentResult]:
     results = []
     for i, inc in enumerate(incs, 1):
         r = evaluate_incident(inc, DiagnoseOptions(in_process=True))
         results.append(r)
-        if args.verbose or not r.correct:
+        if verbose or not r.correct:
             mark = "ok  " if r.correct else "FAIL"
-            print(f"[{i}/{len(incs)}] {mark} {r.id} ({', '.join(r.causes) or 'healthy'})"
-                  + ("" if r.correct else ": " + "; ".join(r.reasons)))
-    print(table(results))
-    return 0 if all(r.correct for r in results) else 1
+            kind = ', '.join(r.causes) or ("heterogeneous" if r.heterogeneous else "healthy")
+            why = "" if r.correct else ": " + "; ".join(r.reasons)
+            print(f"[{label} {i}/{len(incs)}] {mark} {r.id} ({kind}){why}")
+    return results

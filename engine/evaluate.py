@@ -12,6 +12,10 @@ An incident is `incidents/<ID>/` with `patterns/<window>/rank-<R>.json`, `contex
       - {ranks_other_than: [1]}
 
 A healthy incident has `expect: []` (then any finding at >= min_confidence is a false finding).
+An incident may hold several windows of one job (`context.yaml` `injected.from_step` says when the
+fault began): they are diagnosed together, the first window at or after the onset is judged, and
+the windows before it are the job's healthy past. `incidents/heldout/` holds incidents of another
+job, recorded before the rules were changed and never tuned on; `eroica eval` scores it apart.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class IncidentResult:
     reasons: list[str] = field(default_factory=list)
     onset_to_window_steps: int | None = None
     window_steps: int | None = None
+    heterogeneous: bool = False       # ranks do different work by design (a healthy run all the same)
 
     @property
     def healthy(self) -> bool:
@@ -85,25 +90,45 @@ def load_expected(path: Path) -> Expected:
 
 
 def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None) -> IncidentResult:
+    """Diagnose the incident's windows (all at once: earlier windows are the job's history) and
+    judge the first window that opened at or after the fault's onset; windows before it are the
+    job's healthy past, and a confident finding there is a false finding."""
     exp = load_expected(inc / "expected.yaml")
     causes = [e.root_cause for e in exp.expect]
-    res = IncidentResult(inc.name, causes, correct=False, false_findings=0)
+    ctx = _context(inc)
+    res = IncidentResult(inc.name, causes, correct=False, false_findings=0,
+                         heterogeneous=bool((ctx.get("job") or {}).get("heterogeneous")))
+    pdir = inc / "patterns"
+    if causes and pdir.is_dir() and not any(pdir.iterdir()):
+        res.reasons.append("no window opened after the fault began: a missed slowdown")
+        return res
     try:
-        d = diagnose(inc / "patterns", opts)
+        d = diagnose(pdir, opts)
     except EngineError as exc:
         res.reasons.append(f"diagnosis failed: {exc}")
         return res
-    if len(d.windows) != 1:
-        res.reasons.append(f"expected one window, found {len(d.windows)}")
+    if not d.windows:
+        res.reasons.append("no window to judge")
         return res
-    w = d.windows[0]
+    onset = (ctx.get("injected") or {}).get("from_step")
+    onset = int(onset) if onset is not None and causes else None
+    after = [w for w in d.windows if onset is None or w.start_step >= onset]
+    if onset is not None and not after:
+        res.reasons.append(f"no window opened at or after the fault's onset (step {onset}): a missed slowdown")
+        return res
+    w = after[0] if onset is not None else d.windows[-1]
+    history = [h for h in d.windows if h.start_step < w.start_step]
     res.window_steps = w.end_step - w.start_step
-    ctx = _context(inc)
-    onset = ctx.get("injected", {}).get("from_step")
-    if onset is not None and causes:
-        res.onset_to_window_steps = w.start_step - int(onset)
+    if onset is not None:
+        res.onset_to_window_steps = w.start_step - onset
+    for h in history:      # the job before the fault: healthy
+        fs = [f for f in h.findings if f.confidence >= exp.min_confidence]
+        if fs:
+            res.false_findings += len(fs)
+            res.reasons.append(f"window {h.window} before the fault has {len(fs)} finding(s) at >= "
+                               f"{exp.min_confidence}: {[(f.root_cause, f.ranks) for f in fs]}")
     confident = [f for f in w.findings if f.confidence >= exp.min_confidence]
-    ok = True
+    ok = not res.false_findings
     for i, e in enumerate(exp.expect):
         lo = exp.min_confidence if e.min_confidence is None else e.min_confidence
         hi = 1.0 if e.max_confidence is None else e.max_confidence
@@ -116,7 +141,7 @@ def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None) -> Inciden
             ok = False
             res.reasons.append(f"{e.root_cause} found but not the top finding ({w.findings[0].root_cause})")
     unexplained = [f for f in confident if not any(_matches(f, e) for e in exp.expect)]
-    res.false_findings = len(unexplained)
+    res.false_findings += len(unexplained)
     for f in confident:
         for m in exp.must_not:
             if _forbidden(f, m) and not any(_matches(f, e) for e in exp.expect):
@@ -124,7 +149,8 @@ def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None) -> Inciden
                 res.reasons.append(f"forbidden finding {f.root_cause} on ranks {f.ranks} ({f.confidence:.2f})")
     if not causes and unexplained:
         ok = False
-        res.reasons.append(f"healthy run has {len(unexplained)} finding(s) at >= {exp.min_confidence}")
+        res.reasons.append(f"{'heterogeneous' if res.heterogeneous else 'healthy'} run has {len(unexplained)} "
+                           f"finding(s) at >= {exp.min_confidence}: {[(f.root_cause, f.ranks) for f in unexplained]}")
     res.correct = ok
     return res
 
@@ -138,10 +164,20 @@ def _context(inc: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+HELDOUT = "heldout"     # incidents of a job the rules were not written on: measured, never tuned on
+
+
 def find_incidents(root: Path) -> list[Path]:
+    """The incidents directly under `root` (or `root` itself); `root/heldout/` is not among them."""
     root = Path(root)
     if (root / "expected.yaml").exists():
         return [root]
     if not root.is_dir():
         raise RunDirError("not an incident directory or a folder of incidents", path=str(root))
     return sorted(p for p in root.iterdir() if (p / "expected.yaml").exists())
+
+
+def find_heldout(root: Path) -> list[Path]:
+    """The held-out incidents beside a library (`root/heldout/`), none when there is no such folder."""
+    held = Path(root) / HELDOUT
+    return find_incidents(held) if held.is_dir() and not (Path(root) / "expected.yaml").exists() else []

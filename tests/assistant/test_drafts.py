@@ -40,8 +40,9 @@ def software_incidents() -> list[Path]:
     out = []
     for inc in find_incidents(ROOT / "incidents"):
         exp = load_expected(inc / "expected.yaml").expect
-        if exp and exp[0].root_cause in ("dataloader_stall", "gc_pause", "framework_config", "user_code",
-                                         "cpu_contention", "workload_imbalance", "unknown"):
+        confident = not exp or exp[0].max_confidence is None or exp[0].max_confidence > 0.5   # drafts need one
+        if exp and confident and exp[0].root_cause in ("dataloader_stall", "gc_pause", "framework_config", "user_code",
+                                                       "cpu_contention", "workload_imbalance", "unknown"):
             out.append(inc)
     return out
 

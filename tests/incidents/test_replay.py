@@ -54,3 +54,36 @@ def test_an_expectation_can_bound_its_own_confidence(tmp_path: Path) -> None:
                                        "{root_cause: transient_stall, ranks: [3], max_confidence: 0.2, "
                                        "min_confidence: 0.0}]\n")
     assert not evaluate_incident(inc, opts).correct
+
+
+def test_eval_scores_the_heldout_set_apart_and_only_the_library_gates(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    shutil.copytree(ROOT / "INC-0001", tmp_path / "INC-0001")
+    held = tmp_path / "heldout"
+    shutil.copytree(ROOT / "INC-0005", held / "HO-0001")                      # a healthy run: right
+    shutil.copytree(ROOT / "INC-0001", held / "HO-0002")
+    (held / "HO-0002" / "expected.yaml").write_text("expect: [{root_cause: gc_pause, ranks: [3]}]\n")   # a miss
+    assert main(["eval", str(tmp_path)]) == 0                                  # held-out misses do not gate
+    out = capsys.readouterr().out
+    lib, _, ho = out.partition("held-out (")
+    assert "overall yield: 1/1" in lib and "overall yield: 1/2" in ho and "FAIL HO-0002" in out
+
+
+def test_an_incident_of_several_windows_is_judged_on_the_first_after_the_onset(tmp_path: Path) -> None:
+    import shutil
+
+    inc = tmp_path / "INC-9997"
+    shutil.copytree(ROOT / "INC-0042", inc)            # a window on a bump (healthy), then the fault's
+    r = evaluate_incident(inc, DiagnoseOptions(in_process=True))
+    assert r.correct and r.onset_to_window_steps is not None and r.onset_to_window_steps > 0
+    # a slowdown no window saw is a missed diagnosis, not a pass
+    for w in (inc / "patterns").iterdir():
+        if w.name.startswith("w001"):
+            shutil.rmtree(w)
+    r = evaluate_incident(inc, DiagnoseOptions(in_process=True))
+    assert not r.correct and "no window opened at or after the fault's onset" in r.reasons[0]
+    shutil.rmtree(inc / "patterns")
+    (inc / "patterns").mkdir()
+    r = evaluate_incident(inc, DiagnoseOptions(in_process=True))
+    assert not r.correct and "missed slowdown" in r.reasons[0]
