@@ -13,6 +13,13 @@ faster reference. Two tests:
   hiccup, but it moves with intermittent faults, which a median would ignore) above the same
   statistic of the reference by `sustained_mad * sigma / sqrt(n)` and by `sustained_min_ratio`
   (a 10-20% slowdown that no single step shows).
+
+A window buys no silence. When one is scheduled, the reference it was judged against (the last
+healthy one) is kept as an anchor: after the cooldown, steps are judged against the anchor, not
+against a lagged reference that has drifted into a slowdown which began during the cooldown, so a
+slowdown that persists or grows opens another window. The anchor is let go when the job runs
+under its threshold for `baseline_steps` steps (it recovered), or after `rearm_windows` windows
+against it (the slower level is the job's new normal).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from eroica.collector.policy import TriggerPolicy
 
 MAD_TO_SIGMA = 1.4826
 MIN_REFERENCE = 8
+HISTORY_STEPS = 96          # the always-on series a window carries (periodic work shows at its period)
 
 
 @dataclass
@@ -67,7 +75,12 @@ class StepTimeDetector:
     _ref_stats: tuple[float, float, float] | None = None
     _consecutive: int = 0
     _quiet_until_step: int = -1
-    history: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    # the last healthy reference, kept while a slowdown persists after a window (see the module doc)
+    _anchor: tuple[float, float, float] | None = None
+    _anchor_windows: int = 0
+    _under_anchor: int = 0
+    _fired_against: tuple[float, float, float] | None = None   # the reference of the last firing step
+    history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))
 
     def _reference(self) -> list[float]:
         h = list(self._hist)
@@ -89,16 +102,21 @@ class StepTimeDetector:
         med = median(ref)
         self._ref_stats = (med, median(abs(x - med) for x in ref) * MAD_TO_SIGMA, central_mean(ref))
 
+    def _judged_against(self) -> tuple[float, float, float] | None:
+        return self._anchor if self._anchor is not None else self._ref_stats
+
     def threshold_seconds(self) -> float | None:
-        if self._ref_stats is None:
+        ref = self._judged_against()
+        if ref is None:
             return None
-        med, sigma, _ = self._ref_stats
+        med, sigma, _ = ref
         return max(med + self.policy.threshold_mad * sigma, med * self.policy.threshold_min_ratio)
 
     def sustained_threshold_seconds(self) -> float | None:
-        if self._ref_stats is None:
+        ref = self._judged_against()
+        if ref is None:
             return None
-        _, sigma, ref_level = self._ref_stats
+        _, sigma, ref_level = ref
         n = self.policy.recent_steps - 1
         return max(ref_level + self.policy.sustained_mad * sigma / sqrt(n), ref_level * self.policy.sustained_min_ratio)
 
@@ -108,6 +126,7 @@ class StepTimeDetector:
             return Decision(False, False, self.threshold_seconds())
         threshold = self.threshold_seconds()
         sustained_thr = self.sustained_threshold_seconds()
+        judged = self._judged_against()
         self._hist.append(seconds)
         while len(self._hist) > self.policy.baseline_steps + self.policy.recent_steps:
             self._hist.popleft()
@@ -116,18 +135,31 @@ class StepTimeDetector:
             return Decision(False, False, None)
         breach = seconds > threshold
         self._consecutive = self._consecutive + 1 if breach else 0
+        if self._anchor is not None:
+            self._under_anchor = 0 if breach else self._under_anchor + 1
+            if self._under_anchor >= self.policy.baseline_steps:
+                self._anchor = None          # the job runs as it did before: back to the lagged reference
         if step <= self._quiet_until_step:
             self._consecutive = 0            # after the cooldown, fresh breaches are needed
             return Decision(breach, False, threshold)
         if self._consecutive >= self.policy.consecutive_breaches:
+            self._fired_against = judged
             return Decision(breach, True, threshold, f"{self._consecutive} steps in a row above {threshold:.4f} s")
         recent = self._recent()
         level = trimmed_mean(recent)
         if len(recent) >= self.policy.recent_steps and level > sustained_thr:
+            self._fired_against = judged
             return Decision(breach, True, threshold, f"recent steps average {level:.4f} s above {sustained_thr:.4f} s")
         return Decision(breach, False, threshold)
 
     def window_scheduled(self, end_step: int) -> None:
-        """A window is set to end at `end_step`: stay quiet until the cooldown after it."""
+        """A window is set to end at `end_step`: stay quiet until the cooldown after it, then judge
+        against the reference of this moment (the anchor) while the slowdown persists."""
         self._quiet_until_step = end_step + self.policy.cooldown_steps
         self._consecutive = 0
+        self._under_anchor = 0
+        if self._anchor is None:   # the reference the detector fired against, before the slow steps entered it
+            self._anchor, self._anchor_windows = self._fired_against or self._ref_stats, 0
+        self._anchor_windows += 1
+        if self._anchor_windows >= self.policy.rearm_windows:
+            self._anchor = None              # that many windows against it: the slower level is the new normal

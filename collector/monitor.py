@@ -412,7 +412,7 @@ class Monitor:
                     self.gaps.append(g)
         history = list(self._detector.history)
         n_window = len(self._bounds) - 1
-        before = history[: max(len(history) - n_window, 0)][-20:]
+        before = history[: max(len(history) - n_window, 0)]   # the job's recent series: periods, its level
         layout = process_group_layout()
         if layout:
             self.job = self.job.model_copy(update={"process_groups": layout})

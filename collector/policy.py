@@ -42,6 +42,10 @@ class TriggerPolicy(BaseModel):
     )
     window_steps: int = Field(10, ge=2, description="steps profiled per window")
     cooldown_steps: int = Field(20, ge=0, description="steps after a window before the detector re-arms")
+    rearm_windows: int = Field(
+        3, ge=1, description="windows opened against the last healthy reference while a slowdown persists "
+        "(a window buys no silence); after the last, the slower level is taken as the new normal"
+    )
     max_windows_per_hour: int = Field(6, ge=0)
     sample_interval_seconds: float = Field(0.01, gt=0, le=1.0, description="hardware sampler period")
     nic_sample_interval_seconds: float = Field(

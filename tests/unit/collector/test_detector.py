@@ -78,13 +78,43 @@ def test_one_hiccup_does_not_fire() -> None:
     assert feed(det, [0.1, 0.1, 0.9, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1], start=30) == []
 
 
-def test_cooldown_silences_after_a_window_and_a_persisting_slowdown_becomes_the_reference() -> None:
-    det = StepTimeDetector(policy(cooldown_steps=5, sustained_min_ratio=50.0))
+def test_cooldown_silences_then_a_persisting_slowdown_opens_another_window_against_the_healthy_reference() -> None:
+    det = StepTimeDetector(policy(cooldown_steps=5, sustained_min_ratio=50.0, rearm_windows=3))
     feed(det, [0.1] * 14)
     det.window_scheduled(end_step=16)
-    assert feed(det, [0.3] * 7, start=14) == []              # steps 14..20 <= 16 + 5
-    assert feed(det, [0.3] * 8, start=21) == []              # the same slowdown is not profiled again
-    assert feed(det, [0.9] * 4, start=29)[0] == 31         # a new one is: three fresh breaches
+    assert feed(det, [0.3] * 7, start=14) == []              # steps 14..20 <= 16 + 5: the cooldown
+    # the lagged reference has drifted into the slowdown; the healthy one has not: it fires again
+    assert feed(det, [0.3] * 8, start=21)[0] == 24            # three fresh breaches after step 21
+    det.window_scheduled(end_step=34)
+    assert feed(det, [0.3] * 10, start=29) == []             # cooling down
+    assert feed(det, [0.3] * 5, start=39)[0] == 42
+    # after `rearm_windows` windows against it, the slower level is the job's new normal
+    det.window_scheduled(end_step=52)
+    assert feed(det, [0.3] * 30, start=44) == []
+    assert feed(det, [0.9] * 4, start=74)[0] == 76           # a new slowdown is seen: three fresh breaches
+
+
+def test_a_slowdown_that_starts_during_the_cooldown_of_a_window_on_a_bump_is_seen() -> None:
+    """Class 6 of issue 13: a window fired on a small bump (nothing found); the fault began while
+    the detector cooled down, and its lagged reference absorbed the slower steps."""
+    det = StepTimeDetector(policy(cooldown_steps=20))
+    times = noisy(40, rel=0.03, seed=3)
+    assert feed(det, times) == []
+    fired = feed(det, [0.125] * 4 + [0.1] * 4, start=40)      # a bump: a window is scheduled
+    assert fired
+    det.window_scheduled(end_step=fired[0] + 8 + 10)
+    slow = [x * 1.4 for x in noisy(120, rel=0.03, seed=4)]   # the fault, from step 48 on
+    refired = feed(det, slow, start=48)
+    assert refired and refired[0] <= fired[0] + 18 + 20 + 4, refired
+
+
+def test_the_anchor_is_let_go_when_the_job_recovers() -> None:
+    det = StepTimeDetector(policy(cooldown_steps=5, baseline_steps=20))
+    feed(det, [0.1] * 30)
+    det.window_scheduled(end_step=32)
+    feed(det, [0.1] * 30, start=30)                          # healthy after the window
+    assert det._anchor is None
+    assert feed(det, [0.08] * 40, start=60) == []             # faster: a new reference, no window
 
 
 def test_excluded_steps_neither_breach_nor_enter_the_reference() -> None:
