@@ -3,7 +3,11 @@
 In a ring all-reduce every rank's step and collective time grow alike when one link is capped,
 so durations cannot name the culprit. The link's byte-rate signature during communication can:
 the capped link runs steady and low (small sigma relative to its mean), the other links of the
-ring are bursty (they idle, then catch up after every chunk). Needs the collector's ~1 kHz NIC
+ring are bursty (they idle, then catch up after every chunk). Steadiness is relative (one link of
+N is always the steadiest), so each fact also carries absolute evidence: the link's own peak rate
+(mean + 2 sigma) against the peak its peers reach in the same collectives. A capped link never
+gets near its peers' bursts; a healthy link of a rank that is late for another reason (it never
+waits, so it sends steadily) runs at the peers' peak. Needs the collector's ~1 kHz NIC
 sampling and ranks with their own interfaces (not one shared loopback).
 """
 
@@ -70,6 +74,7 @@ def link_facts(cols: WindowColumns, ranks: list[int], comm_wait: dict[int, float
     large = len(order) >= LARGE_GROUP        # one rank cannot move the others' median: the whole one
     whole_cv, whole_wait = float(np.median(cvs)), float(np.median(waits))
     med_mean = float(np.median(means))
+    peaks = means * (1.0 + 2.0 * cvs)          # the rate a link reaches in its bursts
     out: list[Fact] = []
     for k in np.flatnonzero(cvs <= MAX_CV_RATIO * (whole_cv if large else np.inf)):
         r, mean, cv = order[k], float(means[k]), float(cvs[k])
@@ -79,6 +84,7 @@ def link_facts(cols: WindowColumns, ranks: list[int], comm_wait: dict[int, float
             continue
         wait_med = whole_wait if large else float(np.median(waits[np.array(ranks) != r]))
         wait = comm_wait.get(r, 0.0)
+        peer_peak = float(np.median(peaks)) if large else float(np.median(np.delete(peaks, k)))
         out.append(
             LinkSignature(
                 rank=r, function=cols.link_top[int(sig_rows[k])], mean_bytes_per_second=round(mean, 1),
@@ -87,6 +93,8 @@ def link_facts(cols: WindowColumns, ranks: list[int], comm_wait: dict[int, float
                 comm_share_ratio=round(share, 4), excess_step_ratio=round(share, 4),
                 steadiest=bool(cv <= cvs.min() + 1e-12),
                 comm_wait_ratio_to_median=round(wait / wait_med if wait_med > 0 else 1.0, 4),
+                peak_bytes_per_second=round(float(peaks[k]), 1), peer_median_peak_bytes_per_second=round(peer_peak, 1),
+                peak_ratio_to_peers=round(float(peaks[k]) / peer_peak, 4) if peer_peak > 0 else 1.0,
             )
         )
     return out
