@@ -34,7 +34,7 @@ from eroica.collector.facts import (
 from eroica.collector.kineto import write_doc
 
 FAULTS = ("none", "dataloader_stall", "workload_imbalance", "gpu_throttled", "pcie_degraded", "nvlink_degraded",
-          "gpu_hardware_error")
+          "gpu_hardware_error", "host_launch_bound")
 STEPS = 8
 GPUS_PER_HOST = 8
 CORES_PER_HOST = 96
@@ -129,6 +129,10 @@ def _work(rank: int, lay: Layout, fault: str, culprit: bool, rng: random.Random)
         if culprit and fault == "dataloader_stall" and cat == Category.data:
             x = 0.050
         out.append((cat, name, [x * rng.lognormvariate(0, 0.03) for _ in range(STEPS)], calls))
+    if culprit and fault == "host_launch_bound":
+        # the host issues kernels late: launch calls hold the critical path while the device idles
+        out.append((Category.compute, "cudaLaunchKernel", [0.045 * rng.lognormvariate(0, 0.03) for _ in range(STEPS)],
+                    700))
     if lay.ep > 1:          # experts of unequal load by design: each expert-parallel index its own work
         x = 0.008 * (1.0 + 0.25 * ep) * (1.4 if culprit and fault == "gpu_throttled" else 1.0)
         out.append((Category.kernel, MOE_KERNEL, [x * rng.lognormvariate(0, 0.03) for _ in range(STEPS)], 24))
@@ -213,11 +217,12 @@ def rank_doc(rank: int, lay: Layout, fault: str, culprit: bool, slowest: list[fl
 
 
 def simulate(out: Path, ranks: int, fault: str, seed: int = 0, pp: int = 1, packed: bool = False,
-             tp: int = 1, ep: int = 1) -> dict[str, object]:
-    """`packed`: one `host-<name>.jsonl` per host (one document per line) instead of a file per rank."""
+             tp: int = 1, ep: int = 1, culprits_total: int = 1) -> dict[str, object]:
+    """`packed`: one `host-<name>.jsonl` per host (one document per line) instead of a file per rank;
+    `culprits_total`: how many ranks the fault hits (the same fault on each)."""
     lay = Layout(ranks, tp=tp, pp=pp, ep=ep)
     rng = random.Random(seed)
-    culprits = [] if fault == "none" else sorted(rng.sample(range(ranks), 1))
+    culprits = [] if fault == "none" else sorted(rng.sample(range(ranks), culprits_total))
     seeds = [seed * 1_000_003 + r for r in range(ranks)]
     # first pass: every rank's busy time per step, for the slowest one that everyone waits for
     slowest = [0.0] * STEPS
@@ -256,6 +261,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel group size (ranks of a host share one)")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel groups: experts of unequal load by design")
     p.add_argument("--packed", action="store_true", help="one host-<name>.jsonl per host instead of a file per rank")
+    p.add_argument("--culprits", type=int, default=1, help="ranks the fault hits (the same fault on each)")
     p.add_argument("-o", "--output", type=Path, required=True)
     p.set_defaults(func=run)
 
@@ -267,7 +273,11 @@ def run(args: argparse.Namespace) -> int:
     if (args.ranks // (args.pp * args.tp)) % args.ep:
         print("eroica simulate: the data-parallel size (ranks / (pp x tp)) must be a multiple of --ep")
         return 2
-    truth = simulate(args.output, args.ranks, args.fault, args.seed, args.pp, args.packed, args.tp, args.ep)
+    if not 1 <= args.culprits <= args.ranks:
+        print("eroica simulate: --culprits must be between 1 and --ranks")
+        return 2
+    truth = simulate(args.output, args.ranks, args.fault, args.seed, args.pp, args.packed, args.tp, args.ep,
+                     args.culprits)
     print(f"simulated {args.ranks} ranks, fault {args.fault} on ranks {truth['ranks']}: {args.output} "
           f"(ground truth in ground_truth.json)")
     return 0

@@ -22,6 +22,7 @@ from eroica.engine.diagnosis import (
     WindowDiagnosis,
 )
 from eroica.engine.facts import CategoryExcess, FunctionOutlier, HardwareSignal, RankSlowness
+from eroica.engine.history import mark_history
 from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
 from eroica.engine.report_data import enrich, heatmap, step_series
@@ -250,9 +251,35 @@ def build_findings(
                           for f in c["facts"] if f.get("kind") == "config_deviation"],
             )
         )
-    findings = _explain_away(findings, taxonomy)
+    findings = _same_cause(_explain_away(findings, taxonomy))
     findings.sort(key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
     return findings
+
+
+def _same_cause(findings: list[Finding]) -> list[Finding]:
+    """Several ranks late for the same cause in the same function are one finding (one ticket, one
+    fix), at the confidence of the surest; each rank's own evidence is kept, its rank named."""
+    groups: dict[tuple[str, str | None], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault((f.root_cause, f.function), []).append(f)
+    out = []
+    for fs in groups.values():
+        if len(fs) == 1:
+            out.append(fs[0])
+            continue
+        fs.sort(key=lambda f: (-f.confidence, f.ranks))
+        top = fs[0]
+        ranks = sorted({r for f in fs for r in f.ranks})
+        evidence = [f"ranks {', '.join(map(str, ranks))} show the same cause in {top.function}"]
+        for f in fs:
+            evidence += [line if line.startswith(f"rank {f.ranks[0]} ") else f"rank {f.ranks[0]}: {line}"
+                         for line in f.evidence]
+        out.append(top.model_copy(update={
+            "ranks": ranks, "hosts": sorted({h for f in fs for h in f.hosts}), "evidence": evidence,
+            "excess_seconds_per_step": max(f.excess_seconds_per_step for f in fs),
+            "rule_ids": sorted({r for f in fs for r in f.rule_ids}),
+            "settings": [s for f in fs for s in f.settings]}))
+    return out
 
 
 def _explain_away(findings: list[Finding], taxonomy: dict[str, TaxonomyEntry]) -> list[Finding]:
@@ -299,6 +326,7 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
     taxonomy = load_taxonomy()
     windows = load_run(Path(run_dir), opts.window, opts.doc_cache)
     analyses = {w.window_id: analyze(w) for w in windows}
+    mark_history(windows, analyses)
     facts: dict[str, list[dict[str, Any]]] = {wid: _facts_for_rules(a) for wid, a in analyses.items()}
     conclusions = evaluate(rules, {k: v for k, v in facts.items() if v}, in_process=opts.in_process) if any(
         facts.values()) else {}

@@ -92,6 +92,11 @@ class LinkSignature(Fact):
     excess_step_ratio: float                 # what the finding costs the job (here: the communication share)
     steadiest: bool
     comm_wait_ratio_to_median: float         # ~1 for a capped link (everyone waits), << 1 for a late rank
+    # absolute evidence: the link's own peak rate (mean + 2 sigma) against the peak its peers reach
+    # during the same collectives; a capped link never gets near it, a merely steady one does
+    peak_bytes_per_second: float = 0.0
+    peer_median_peak_bytes_per_second: float = 0.0
+    peak_ratio_to_peers: float = 1.0
 
 
 class ConfigDeviation(Fact):
@@ -101,6 +106,10 @@ class ConfigDeviation(Fact):
     key: str
     value: str
     peer_value: str
+    # the job's history: an earlier window of the run showed the same difference on this rank while
+    # it was not slow; a difference that was there when the job was healthy cannot explain a slowdown
+    seen_while_healthy: bool = False
+    seen_in_window: str | None = None
 
 
 class StepSpike(Fact):
@@ -171,9 +180,24 @@ class StepShare(Fact):
     group_valid: bool
 
 
+class DeviceIdle(Fact):
+    """On a device (GPU) rank: how long per step its device sat idle while host-side work held the
+    critical path (launches, CPU ops, Python), against its peers. A rank whose host is slow to
+    launch work leaves its device idle between kernels while the peers wait for it in collectives."""
+
+    kind: Literal["device_idle"] = "device_idle"
+    seconds_per_step: float                  # host work on the critical path while the device idled
+    peer_median_seconds_per_step: float
+    excess_seconds_per_step: float
+    explains_ratio: float = Field(ge=0, le=1)   # share of the rank's excess busy time it explains
+    idle_ratio_of_step: float = Field(ge=0, le=1)
+    top_category: str                        # the host-side category that grew most (compute, python, data...)
+    top_function: str
+
+
 AnyFact = Annotated[
     RankSlowness | FunctionOutlier | CategoryExcess | HardwareSignal | ConfigDeviation | LinkSignature | StepSpike
-    | HostCpuLoad | JobSlowdown | StepShare,
+    | HostCpuLoad | JobSlowdown | StepShare | DeviceIdle,
     Field(discriminator="kind"),
 ]
 
@@ -188,4 +212,5 @@ FACT_TYPES: dict[str, type[Fact]] = {
     "host_cpu": HostCpuLoad,
     "job_slowdown": JobSlowdown,
     "step_share": StepShare,
+    "device_idle": DeviceIdle,
 }

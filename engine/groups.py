@@ -41,10 +41,17 @@ def partition(doc: PatternsDoc) -> str:
     return "/".join(f"{g.desc}{g.index}" for g in doc.job.process_groups if PARTITION_DESC.search(g.desc))
 
 
+DEVICE_OP_KINDS = {Category.kernel, Category.memory}
+
+
 def op_set(doc: PatternsDoc) -> frozenset[str]:
     # every op the collector kept (it drops those under 0.5% of the critical path); an op flapping
-    # around that cut moves the similarity a little, not below SAME_OPS_JACCARD
-    return frozenset(f.name for f in doc.functions if f.category in OP_KINDS)
+    # around that cut moves the similarity a little, not below SAME_OPS_JACCARD. On a device rank
+    # only the device's ops count: host-side ops reach the critical path only where the device idles
+    # (device_first), so which of them are kept is timing, and a late host (a fault on two ranks)
+    # would otherwise form a group of its own
+    kinds = DEVICE_OP_KINDS if any(f.category == Category.kernel for f in doc.functions) else OP_KINDS
+    return frozenset(f.name for f in doc.functions if f.category in kinds)
 
 
 def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:

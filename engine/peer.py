@@ -18,21 +18,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from eroica.collector.facts import Category, MetricName
+from eroica.collector.facts import Category
 from eroica.engine.columns import METRICS, WindowColumns, merged_key
 from eroica.engine.facts import (
     CategoryExcess,
     ConfigDeviation,
+    DeviceIdle,
     Fact,
     FunctionOutlier,
     RankSlowness,
     StepShare,
 )
-from eroica.engine.groups import bimodal_split, peer_groups
+from eroica.engine.groups import peer_groups
 from eroica.engine.links import link_facts
 from eroica.engine.load import WindowData
 from eroica.engine.robust import (
-    MAD_TO_SIGMA,
     MIN_GROUP,
     SUSPECT_EXCESS_STEP_RATIO,
     SUSPECT_Z,
@@ -42,15 +42,13 @@ from eroica.engine.robust import (
     references,
 )
 from eroica.engine.signals import LARGE_GROUP, SignalTable, cap_ratio, host_cpu_facts, hw_signals, outlier_facts
-from eroica.engine.spikes import SPIKE_SIGNALS, kept_steps, spike_facts
+from eroica.engine.spikes import SPIKE_SIGNALS, kept_steps, scheduled_steps, spike_facts
+from eroica.engine.validity import validity
 
-MAX_DISPERSION = 0.35          # peers' busy-time MAD / median above this: heterogeneous group
 SMALL_GROUP_MIN_RATIO = 1.1        # below 3 members: busy at least this much more than the other
 SUSPECT_T = 4.0                    # or: excess consistent across the window's steps (paired t statistic)
 FUNCTION_MIN_EXPLAINS = 0.1
-COMPUTE_KINDS = {Category.compute.value, Category.kernel.value}
 CONFIG_KEYS_IGNORED = ("torch.version",)
-CPU_UTIL = METRICS.index(MetricName.cpu_util_ratio)
 
 
 @dataclass
@@ -95,6 +93,7 @@ class GroupView:
     metric_code: np.ndarray        # [n, K] -1 without a metric
     metric_mean: np.ndarray        # [n, K] critical-time-weighted over the merged functions, NaN without
     occurrences: np.ndarray        # [n, K]
+    n_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))   # [n] steps each member's counts cover
     cat_metric: dict[str, np.ndarray] = field(default_factory=dict)   # [n] per category, NaN without
 
 
@@ -124,7 +123,8 @@ def group_view(cols: WindowColumns, ranks: list[int]) -> GroupView:
         occ[:, k] = mo[:, idx].sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(w > 0, wsum / np.where(w > 0, w, 1.0), np.nan)
-    view = GroupView(ranks, rows, keys, present, per_step, cols.step[rows, :n_steps], code, mean, occ)
+    view = GroupView(ranks, rows, keys, present, per_step, cols.step[rows, :n_steps], code, mean, occ,
+                     n_steps=cols.n_steps[rows].astype(float))
     # the category's metric over its functions that held the critical path (critical-time-weighted)
     crit = cols.critical[rows]
     for cat in {k[0] for k in keys}:
@@ -156,7 +156,8 @@ def analyze(window: WindowData) -> PeerAnalysis:
         comm_steps = g.per_step[:, comm_idx, :].sum(axis=1)
         busy_steps = np.maximum(step - comm_steps, 0.0)
         # a rare one-off spike step is reported on its own and left out of the comparison
-        keep = kept_steps(step)
+        scheduled = scheduled_steps(g.per_step, keys)
+        keep = kept_steps(step, scheduled)
         if not keep.all():
             hw = {s: (cols.per_step_signals[s][g.rows], cols.per_step_len[s][g.rows]) for s in SPIKE_SIGNALS}
             facts.extend(spike_facts(ranks, int(cols.start_step[g.rows].min()), step, busy_steps, keys, g.per_step,
@@ -175,7 +176,7 @@ def analyze(window: WindowData) -> PeerAnalysis:
         cat_flag, cat_excess = category_suspects(keys, fmat, med_step, floor)
         if n >= MIN_GROUP and (~cat_flag).sum() >= max(n // 2, 1):
             clean &= ~cat_flag
-        valid, reason, disp = _validity(g, gname, grouping.how, fmat, busy, clean, floor)
+        valid, reason, disp = validity(g, gname, grouping.how, fmat, busy, clean, floor)
         groups.append(PeerGroup(gname, ranks, valid, reason, round(disp, 4)))
         if not valid:   # no peers to compare with: state the step's make-up for expected-range rules
             facts.extend(step_shares(ranks, keys, fmat, step_mean))
@@ -197,53 +198,12 @@ def analyze(window: WindowData) -> PeerAnalysis:
                      >= SMALL_GROUP_MIN_RATIO]
         if cands:
             stats = GroupStats(gname, valid, keep, fmat, busy, busy_steps, comm, ref_busy, z, excess, excess_ratio,
-                               clean, ref_clean, floor)
+                               clean, ref_clean, floor, [m[keep] for m in scheduled])
             facts.extend(_suspect_facts(cands, g, stats, table))
         suspects = {f.rank for f in facts if isinstance(f, RankSlowness) and f.group == gname}
         facts.extend(outlier_facts(table, ranks, keep, suspects, float(np.median(step))))
         facts.extend(link_facts(cols, ranks, {r: float(comm[i]) for i, r in enumerate(ranks)}))
     return PeerAnalysis(window.window_id, groups, facts, rows, cols, table)
-
-
-def _validity(g: GroupView, gname: str, how: str, fmat: np.ndarray, busy: np.ndarray, clean: np.ndarray,
-              floor: float) -> tuple[bool, str, float]:
-    """Is this a group of equals? (valid, reason, busy-time dispersion of the clean members)."""
-    n = len(g.ranks)
-    disp = 0.0
-    if n >= 3:
-        cb = busy[clean]
-        tmed = float(np.median(cb))
-        disp = float(np.median(np.abs(cb - tmed)) * MAD_TO_SIGMA / tmed) if tmed > 0 else 0.0
-    # the work each rank's compute does per step (CPU-seconds: contention stretches the wall time of
-    # the same work, and by-design heterogeneity is more work); two tight modes = different work
-    work = compute_work(g, fmat)
-    modes = bimodal_split(work, floor) if n >= 4 and work.any() else None
-    if n < MIN_GROUP:
-        return False, f"only {n} rank(s) in group {gname!r} ({how}): too few peers to compare", disp
-    if modes is not None:
-        lo, hi = modes
-        cl, ch = (float(np.median(work[idx])) for idx in (lo, hi))
-        his, los = (", ".join(str(g.ranks[j]) for j in idx) for idx in (hi, lo))
-        return False, (
-            f"peers in group {gname!r} ({how}) disagree: ranks {his} do {ch / cl:.1f}x the compute "
-            f"work (CPU-seconds) of ranks {los} (two modes): different work by design, or half the group "
-            f"affected; declare roles to compare like with like"), disp
-    if disp > MAX_DISPERSION:
-        return False, (f"peers in group {gname!r} ({how}) disagree (busy-time dispersion "
-                       f"{disp:.0%}): they do different work; declare roles to compare like with like"), disp
-    return True, f"{n} ranks in group {gname!r} ({how}) doing the same work", disp
-
-
-def compute_work(g: GroupView, fmat: np.ndarray) -> np.ndarray:
-    """Compute work per step of each member: critical seconds of compute ops times their CPU rate
-    (on-CPU share) where the metric is the CPU rate; GPU kernels count their time."""
-    idx = [j for j, k in enumerate(g.keys) if k[0] in COMPUTE_KINDS]
-    if not idx:
-        return np.zeros(len(g.ranks))
-    f = fmat[:, idx]
-    rate = np.where((g.metric_code[:, idx] == CPU_UTIL) & ~np.isnan(g.metric_mean[:, idx]),
-                    g.metric_mean[:, idx], 1.0)
-    return np.where(f > 0, f * rate, 0.0).sum(axis=1)
 
 
 @dataclass
@@ -264,6 +224,7 @@ class GroupStats:
     clean: np.ndarray           # [n] not a suspect
     ref_clean: np.ndarray | None   # the members references are taken over (None: fewer than MIN_GROUP)
     floor: float                # the smallest spread a z is measured in
+    scheduled: list[np.ndarray] = field(default_factory=list)   # [S] masks: steps of each scheduled work
 
 
 @dataclass
@@ -298,7 +259,14 @@ def _suspect_facts(cands: list[int], g: GroupView, st: GroupStats, table: Signal
     for i in cands:
         r = g.ranks[i]
         ex = float(st.excess[i])
-        consistency = float(np.mean(busy_steps[i] > med_busy_steps + 0.5 * ex))
+        slow_steps = busy_steps[i] > med_busy_steps + 0.5 * ex
+        consistency = float(np.mean(slow_steps))
+        over = np.maximum(busy_steps[i] - med_busy_steps, 0.0)
+        for sched in st.scheduled:
+            # excess that sits in the steps of one scheduled work (a slow checkpoint) is judged by them
+            if ex > 0 and sched.any() and float(over[sched].sum()) >= 0.8 * float(over.sum()):
+                consistency = float(np.mean(over[sched] > 0.5 * ex))
+                break
         out.append(
             RankSlowness(
                 rank=r, group=st.name,
@@ -317,6 +285,7 @@ def _suspect_facts(cands: list[int], g: GroupView, st: GroupStats, table: Signal
         others = np.arange(n) != i
         out.extend(_function_outliers(g, i, fmat[i], fmed_all[i], fz_all[i], ex, others))
         out.extend(_category_excess(g, i, fmat[i], fmed_all[i], ex, cats, others))
+        out.extend(_device_idle(g, i, fmat[i], fmed_all[i], ex, cats, float(np.median(g.step[i]))))
         peers = g.rows[clean & others]
         if not len(peers):
             peers = g.rows[others]
@@ -416,6 +385,31 @@ def _category_excess(g: GroupView, i: int, row: np.ndarray, fmed: np.ndarray, ex
             )
         )
     return out
+
+
+DEVICE_KINDS = (Category.kernel.value, Category.memory.value, Category.communication.value)
+
+
+def _device_idle(g: GroupView, i: int, row: np.ndarray, fmed: np.ndarray, excess: float, cats: CategoryRefs,
+                 step: float) -> list[Fact]:
+    """On a device rank (its group runs kernels), the host-side work that held the critical path
+    while the device idled (device_first attribution), against the peers' references."""
+    if excess <= 0 or not any(k[0] == Category.kernel.value for k in g.keys):
+        return []
+    host = [c for c in cats.idx if c not in DEVICE_KINDS]
+    if not host:
+        return []
+    mine = sum(float(cats.sums[c][i]) for c in host)
+    ref = sum(float(cats.refs[c][i]) for c in host)
+    top_cat = max(host, key=lambda c: float(cats.sums[c][i] - cats.refs[c][i]))
+    idx = cats.idx[top_cat]
+    top = idx[int(np.argmax((row - fmed)[idx]))]
+    return [DeviceIdle(
+        rank=g.ranks[i], seconds_per_step=round(mine, 6), peer_median_seconds_per_step=round(ref, 6),
+        excess_seconds_per_step=round(mine - ref, 6),
+        explains_ratio=round(float(np.clip((mine - ref) / excess, 0.0, 1.0)), 4),
+        idle_ratio_of_step=round(float(np.clip(mine / step, 0.0, 1.0)) if step > 0 else 0.0, 4),
+        top_category=top_cat, top_function=g.keys[top][1])]
 
 
 class _ConfigVotes:

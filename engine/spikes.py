@@ -8,6 +8,12 @@ median step, and longer than the window's other steps together) is taken out of
 the peer comparison and reported on its own, as a `step_spike` fact naming the rank that was busy
 while the others waited, and what held its critical path. Spikes that recur are a pattern (an
 intermittent fault) and stay in the comparison.
+
+A spike in a step where the job runs *scheduled* work is not a one-off either: a checkpoint written
+every N steps, or an evaluation pass, lands once in a window of fewer than N steps, but every rank
+runs it in that same step and in no other. Such a step stays in the comparison (its function, I/O
+wait and CPU are the evidence), and a rank whose excess sits in the scheduled steps is judged by
+those steps alone: slow in every checkpoint it wrote is consistent, not a 1-in-10 fluke.
 """
 
 from __future__ import annotations
@@ -23,8 +29,33 @@ MIN_STEPS = 5              # fewer steps than this: no reliable median to compar
 SPIKE_SIGNALS = ("io_wait_ratio", "runqueue_wait_ratio", "cpu_util_ratio")   # what the rank's thread did then
 
 
-def kept_steps(step: np.ndarray) -> np.ndarray:
-    """Mask over the window's steps of those the peer comparison keeps; `step` is [rank, step]."""
+MAX_SCHEDULED_SHARE = 0.34   # scheduled work runs in at most a third of the window's steps
+
+
+def scheduled_steps(per_step: np.ndarray, keys: list[tuple[str, str]]) -> list[np.ndarray]:
+    """The step masks of the job's scheduled work in the window, one per distinct schedule: a
+    function (not communication) that every rank runs in the same few steps and in no other
+    (`per_step` is [rank, key, step] critical seconds)."""
+    n_steps = per_step.shape[2] if per_step.ndim == 3 else 0
+    out: list[np.ndarray] = []
+    if n_steps < MIN_STEPS or per_step.shape[0] < 2:
+        return out
+    ran = per_step > 0
+    for j, k in enumerate(keys):
+        if k[0] == "communication":
+            continue
+        steps = ran[:, j, :]
+        first = steps[0]
+        if not first.any() or first.sum() > MAX_SCHEDULED_SHARE * n_steps:
+            continue
+        if (steps == first[None, :]).all() and not any((m == first).all() for m in out):
+            out.append(first.copy())     # every rank, the same steps
+    return out
+
+
+def kept_steps(step: np.ndarray, scheduled: list[np.ndarray] | None = None) -> np.ndarray:
+    """Mask over the window's steps of those the peer comparison keeps; `step` is [rank, step];
+    `scheduled` marks the steps of scheduled work, whose spikes are kept (they are evidence)."""
     n = step.shape[1] if step.ndim == 2 else 0
     keep = np.ones(n, dtype=bool)
     if n < MIN_STEPS or step.shape[0] == 0:
@@ -37,6 +68,9 @@ def kept_steps(step: np.ndarray) -> np.ndarray:
     extra = float((job[spikes] - med).sum())
     if 0 < int(spikes.sum()) <= max(1, int(n * MAX_SPIKE_SHARE)) and extra >= DOMINATES_RATIO * job[~spikes].sum():
         keep = ~spikes
+        for m in scheduled or []:
+            if len(m) == n:
+                keep |= m
     return keep
 
 

@@ -48,6 +48,26 @@ def test_the_8_rank_dlrm_set_is_ingested_and_diagnosed(tmp_path: Path) -> None:
 
 
 @NEEDS
+def test_ranks_whose_host_launches_late_are_one_host_launch_bound_finding(tmp_path: Path) -> None:
+    """Issue 13, class 5, on a TRANSFORMED copy of the real 8-GPU trace (tests/kineto_transform.py):
+    ranks 2 and 6 launch every kernel 40 us late, their devices idle, the others wait in NCCL."""
+    from kineto_transform import delay_launches
+
+    files = delay_launches(TRACES / "param" / "dlrm_kineto_8rank", tmp_path / "traces", [2, 6])
+    assert all(f.name.endswith(".delayed-launches.json.gz") for f in files)
+    assert main(["ingest", "kineto", str(tmp_path / "traces"), "-o", str(tmp_path / "run")]) == 0
+    (w,) = diagnose(tmp_path / "run", OPTS).windows
+    top = w.findings[0]
+    assert (top.root_cause, top.ranks, top.function) == ("host_launch_bound", [2, 6], "cudaLaunchKernel")
+    assert top.confidence >= 0.5 and all(g.valid for g in w.peer_groups)
+    assert not any(f.confidence >= 0.5 for f in w.findings[1:])
+    # the untransformed trace: no rank is late for the others; nothing is named host_launch_bound
+    assert main(["ingest", "kineto", str(TRACES / "param" / "dlrm_kineto_8rank"), "-o", str(tmp_path / "orig")]) == 0
+    (w,) = diagnose(tmp_path / "orig", OPTS).windows
+    assert not any(f.root_cause == "host_launch_bound" for f in w.findings)
+
+
+@NEEDS
 def test_rccl_and_the_older_flow_category_are_read(tmp_path: Path) -> None:
     f = TRACES / "tracelens" / "single_rank" / "mi300_resnet_act_checkpoint.json.gz"
     (doc,) = kineto.ingest_file(f)

@@ -27,6 +27,17 @@ def test_each_simulated_fault_is_named_on_its_rank(tmp_path: Path, fault: str) -
                                                                               ("worker/pp1", 32, True)]
 
 
+def test_two_ranks_whose_host_launches_late_are_one_finding(tmp_path: Path) -> None:
+    assert main(["simulate", "--ranks", "64", "--tp", "8", "--fault", "host_launch_bound", "--culprits", "2",
+                 "--seed", "5", "-o", str(tmp_path)]) == 0
+    truth = json.loads((tmp_path / "ground_truth.json").read_text())
+    (w,) = diagnose(tmp_path, DiagnoseOptions(in_process=True)).windows
+    top = w.findings[0]
+    assert (top.root_cause, top.ranks, top.function) == ("host_launch_bound", truth["ranks"], "cudaLaunchKernel")
+    assert top.confidence >= 0.5 and len(truth["ranks"]) == 2
+    assert not any(f.confidence >= 0.5 for f in w.findings[1:])
+
+
 def test_a_healthy_simulated_fleet_is_healthy(tmp_path: Path) -> None:
     assert main(["simulate", "--ranks", "256", "--fault", "none", "-o", str(tmp_path)]) == 0
     (w,) = diagnose(tmp_path, DiagnoseOptions(in_process=True)).windows

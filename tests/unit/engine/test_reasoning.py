@@ -1,0 +1,129 @@
+"""Issue 13's reasoning, unit by unit: structural peer validity, scheduled work, absolute link
+evidence, the job's own history. (The recorded incidents INC-0037..INC-0042 test them end to end.)"""
+
+from __future__ import annotations
+
+import numpy as np
+from patterns_factory import STEPS, fn, make_doc
+
+from eroica.collector.facts import Category
+from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.facts import ConfigDeviation, RankSlowness, StepSpike
+from eroica.engine.history import mark_history
+from eroica.engine.load import WindowData
+from eroica.engine.peer import analyze
+from eroica.engine.spikes import kept_steps, scheduled_steps
+from eroica.engine.validity import work_dispersion
+
+
+def window(docs, wid: str = "w000-s30"):  # type: ignore[no-untyped-def]
+    return WindowData(wid, {d.job.rank: d for d in docs})
+
+
+def with_functions(doc, extra):  # type: ignore[no-untyped-def]
+    return doc.model_copy(update={"functions": [*doc.functions, *extra]})
+
+
+def test_models_of_different_depth_by_design_are_no_peers_and_get_no_confident_finding() -> None:
+    # rank r runs (11 + 3r) linear layers' backward nodes per step: a deeper model, by design
+    docs = [with_functions(make_doc(r, busy={"compute:forward": 0.02 * (1 + r / 3)}),
+                           [fn(Category.compute, "AddmmBackward0", 0.01 * (1 + r / 3), n=(11 + 3 * r) * STEPS)])
+            for r in range(4)]
+    a = analyze(window(docs))
+    assert not a.groups[0].valid
+    assert "different programs" in a.groups[0].reason and "AddmmBackward0" in a.groups[0].reason
+    d = diagnose_docs(docs)
+    assert all(f.confidence < 0.5 for f in d.findings), [(f.root_cause, f.confidence) for f in d.findings]
+
+
+def test_a_culprit_with_more_samples_runs_the_same_operations_and_keeps_a_valid_group() -> None:
+    docs = [with_functions(make_doc(r), [fn(Category.compute, "AddmmBackward0", 0.01, n=11 * STEPS)])
+            for r in range(4)]
+    docs[2] = with_functions(make_doc(2, busy={"compute:forward": 0.08, "compute:backward": 0.03}),
+                             [fn(Category.compute, "AddmmBackward0", 0.04, n=11 * STEPS)])
+    a = analyze(window(docs))
+    assert a.groups[0].valid, a.groups[0].reason
+    assert [f.rank for f in a.facts if isinstance(f, RankSlowness)] == [2]
+
+
+def test_work_dispersion_tells_graded_levels_from_one_culprit() -> None:
+    assert work_dispersion(np.array([1.0, 1.33, 1.67, 2.0])) > 0.28          # several levels
+    assert work_dispersion(np.array([1.0, 1.02, 2.5, 0.97])) < 0.1           # one rank stands out
+    assert work_dispersion(np.array([1.08, 0.92, 1.22, 0.8])) < 0.28         # noise and a culprit
+    assert work_dispersion(np.zeros(4)) == 0.0
+
+
+def test_scheduled_work_runs_in_the_same_steps_on_every_rank() -> None:
+    per_step = np.zeros((4, 3, 10))
+    per_step[:, 0, :] = 0.02                     # forward: every step
+    per_step[:, 1, 4] = 0.005                    # checkpoint: step 4 on every rank
+    per_step[2, 1, 4] = 1.0                      # ... slow on rank 2
+    per_step[1, 2, 7] = 0.3                      # a stall on one rank only: not scheduled
+    keys = [("compute", "forward"), ("region", "save_checkpoint"), ("compute", "other")]
+    (mask,) = scheduled_steps(per_step, keys)
+    assert mask.tolist() == [i == 4 for i in range(10)]
+    step = 0.05 + per_step.sum(axis=1).max(axis=0)[None, :].repeat(4, axis=0)
+    assert not kept_steps(step)[4]               # alone, the spike would be left out as a one-off
+    assert kept_steps(step, [mask]).all()        # a scheduled step is evidence: kept
+
+
+def test_a_slow_checkpoint_in_one_step_of_ten_is_consistent_slowness_not_a_one_off() -> None:
+    steps = [0.1] * 10
+    steps[4] = 1.05
+    docs = []
+    for r in range(4):
+        ckpt = [0.0] * 10
+        ckpt[4] = 1.0 if r == 2 else 0.005
+        work = [fn(Category.compute, "forward", 0.05), fn(Category.region, "save_checkpoint", 0.1, n=1)]
+        work = [work[0].model_copy(update={"critical_per_step_seconds": [0.05] * 10, "critical_seconds": 0.5}),
+                work[1].model_copy(update={"critical_per_step_seconds": ckpt, "critical_seconds": sum(ckpt)})]
+        comm = [s - 0.05 - c for s, c in zip(steps, ckpt)]      # the others wait for rank 2 in step 4
+        wait = fn(Category.communication, "gloo:all_reduce", 0.05, metric=3e8)
+        wait = wait.model_copy(update={"critical_per_step_seconds": comm, "critical_seconds": sum(comm)})
+        d = make_doc(r)
+        docs.append(d.model_copy(update={
+            "functions": [*work, wait], "step_times": d.step_times.model_copy(update={"during_seconds": steps})}))
+    a = analyze(window(docs))
+    assert not [f for f in a.facts if isinstance(f, StepSpike)]       # not a one-off: scheduled work
+    (slow,) = [f for f in a.facts if isinstance(f, RankSlowness)]
+    assert slow.rank == 2 and slow.consistency_ratio == 1.0           # slow in every checkpoint it wrote
+
+
+def test_a_config_difference_the_rank_had_while_healthy_cannot_explain_a_later_slowdown() -> None:
+    def docs(wid: str, slow: bool):  # type: ignore[no-untyped-def]
+        out = []
+        for r in range(4):
+            busy = {"compute:forward": 0.08 if (slow and r == 3) else 0.02, "compute:backward": 0.03}
+            d = make_doc(r, busy=busy, window=wid)
+            d = d.model_copy(update={"window": d.window.model_copy(update={"start_step": int(wid.split("-s")[1])})})
+            cfg = [c for c in d.config] + [make_cfg("cpu.affinity_count", "1" if r == 3 else "2")]
+            out.append(d.model_copy(update={"config": cfg}))
+        return out
+
+    early, late = window(docs("w000-s15", False), "w000-s15"), window(docs("w001-s56", True), "w001-s56")
+    analyses = {w.window_id: analyze(w) for w in (early, late)}
+    mark_history([late, early], analyses)
+    (dev,) = [f for f in analyses["w001-s56"].facts if isinstance(f, ConfigDeviation)]
+    assert dev.seen_while_healthy and dev.seen_in_window == "w000-s15"
+    # without the healthy window the same difference is a lead
+    alone = {"w001-s56": analyze(late)}
+    mark_history([late], alone)
+    (dev,) = [f for f in alone["w001-s56"].facts if isinstance(f, ConfigDeviation)]
+    assert not dev.seen_while_healthy
+
+
+def make_cfg(key: str, value: str):  # type: ignore[no-untyped-def]
+    from eroica.collector.facts import ConfigFact
+
+    return ConfigFact(key=key, value=value)
+
+
+def diagnose_docs(docs):  # type: ignore[no-untyped-def]
+    import tempfile
+    from pathlib import Path
+
+    from patterns_factory import write_run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = diagnose(write_run(Path(tmp), docs), DiagnoseOptions(in_process=True))
+    return d.windows[0]
