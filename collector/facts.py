@@ -86,6 +86,9 @@ class HardwareSummary(Frozen):
     cgroup_throttled_ratio: float | None = None       # throttled time / window time
     cgroup_nr_throttled_total: int | None = None
     cgroup_cpu_quota_cores: float | None = None       # quota / period; None when unlimited
+    # CPU of the other processes in the rank's CPU cgroup (its container): loader workers and any
+    # co-located process, in cores; compared with the peers, whose workers are alike
+    cgroup_others_cpu_cores: float | None = None
     system_cpu_util_ratio: float | None = None        # all cores, 0..1
     per_core_util_ratio: list[float] = Field(default_factory=list)
     rss_bytes: float | None = None

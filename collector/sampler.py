@@ -171,6 +171,46 @@ class CgroupCpu:
         return float(vals["nr_throttled"]), float(vals["throttled_usec"]) * 1000.0
 
 
+MAX_CGROUP_NEIGHBOURS = 32     # processes read per sample; a crowded cgroup is read in part
+
+
+@dataclass
+class CgroupOthers:
+    """CPU seconds used by the other processes of this rank's CPU cgroup (its container): its loader
+    workers, and whatever else runs there. A counter over the window: each process counts from its
+    first sighting (its CPU before then is not the window's), and a process that exits keeps what
+    it used. Read every SLOW_EVERY samples."""
+
+    pid: int
+    name: str = "cgroup_others"
+    columns: tuple[str, ...] = ("cg_others_cpu_s", "cg_others_procs")
+    slow: bool = True
+
+    def __post_init__(self) -> None:
+        directory, _ = cgroup_cpu_dir(self.pid)
+        if (directory / "cgroup.sane_behavior").exists() or directory == Path("/sys/fs/cgroup"):
+            # the hierarchy's root: the process has no container; the host's load is host_cpu's
+            raise OSError(f"the process is in the root CPU cgroup ({directory}): no container of its own")
+        self.procs_path = directory / "cgroup.procs"
+        self.seen: dict[int, float] = {}
+        self.total = 0.0
+
+    def read(self) -> tuple[float, ...]:
+        pids = [int(x) for x in self.procs_path.read_text().split()]
+        others = [p for p in pids if p != self.pid][:MAX_CGROUP_NEIGHBOURS]
+        for p in others:
+            try:
+                raw = Path(f"/proc/{p}/stat").read_text()
+            except OSError:
+                continue                       # it exited between the listing and the read
+            f = raw[raw.rindex(")") + 2 :].split()
+            cpu = (float(f[11]) + float(f[12])) / CLK_TCK
+            if p in self.seen:
+                self.total += max(cpu - self.seen[p], 0.0)
+            self.seen[p] = cpu
+        return self.total, float(len(others))
+
+
 @dataclass
 class CgroupMemory:
     """Usage against the limit of the process's memory cgroup, and how often the limit was hit."""
@@ -416,6 +456,7 @@ def default_sources(pid: int, main_tid: int) -> tuple[list[Source], list[Collect
         ("thread_state", lambda: ThreadState(pid, main_tid)),
         ("ctx_switches", lambda: ThreadCtx(pid, main_tid)),
         ("cgroup_cpu", lambda: CgroupCpu(pid)),
+        ("cgroup_others", lambda: CgroupOthers(pid)),
         ("memory", lambda: ProcMem(pid)),
         ("cgroup_memory", lambda: CgroupMemory(pid)),
         ("disk_io", lambda: ProcIO(pid)),

@@ -95,6 +95,7 @@ def hardware_summary(series: SampleSeries | None, wall_s: float) -> HardwareSumm
     busy, total = _delta(series, "sys_busy"), _delta(series, "sys_total")
     nics = {c.split(":", 1)[1]: round(per_s(c) or 0.0, 1) for c in series.columns if c.startswith("nic:")}
     proc_cpu = _delta(series, "proc_cpu_s")
+    others = _delta(series, "cg_others_cpu_s")
     gpu: dict[str, float] = {}
     for c, v in series.columns.items():
         ok = v[np.isfinite(v)]
@@ -132,6 +133,7 @@ def hardware_summary(series: SampleSeries | None, wall_s: float) -> HardwareSumm
         cgroup_throttled_ratio=_r(None if thr is None else min(thr / 1e9 / span, 1.0)),
         cgroup_nr_throttled_total=None if nr is None else int(nr),
         cgroup_cpu_quota_cores=_r(series.extras.get("cgroup_cpu_quota_cores")),  # type: ignore[arg-type]
+        cgroup_others_cpu_cores=_r(None if others is None else others / span),
         system_cpu_util_ratio=_r(None if not total else busy / total),  # type: ignore[operator]
         per_core_util_ratio=list(series.extras.get("per_core_util_ratio", [])),  # type: ignore[call-overload]
         rss_bytes=_r(_mean(series, "rss_bytes"), 0),

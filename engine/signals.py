@@ -32,6 +32,7 @@ HW_SIGNALS = (
     "disk_write_bytes_per_second",
     "disk_read_bytes_per_second",
     "process_cpu_cores",
+    "cgroup_others_cpu_cores",
 )
 #: NVML signals (HardwareSummary.gpu), compared like the others when the ranks have GPUs
 GPU_SIGNALS = (
@@ -207,18 +208,37 @@ def cpu_wait_rank(table: SignalTable, rows: np.ndarray, keep: np.ndarray) -> int
     return table.ranks[int(idx[j])] if delta >= CPU_WAIT_OUTLIER_DELTA else None
 
 
+CONTAINER_OTHERS_DELTA = 0.5   # cores used by other processes in a rank's container beyond its peers'
+
+
+def crowded_rank(table: SignalTable, rows: np.ndarray) -> int | None:
+    """The rank whose container (CPU cgroup) holds other processes using at least half a core more
+    than its peers' containers do: something co-located competes with it, though it need not be late."""
+    col = table.column("cgroup_others_cpu_cores")[rows]
+    have = ~np.isnan(col)
+    vals, idx = col[have], rows[have]
+    if len(vals) < 3:
+        return None
+    j = int(np.argmax(vals))
+    delta = float(vals[j]) - float(np.median(np.delete(vals, j)))
+    return table.ranks[int(idx[j])] if delta >= CONTAINER_OTHERS_DELTA else None
+
+
 def outlier_facts(table: SignalTable, ranks: list[int], keep: np.ndarray, suspects: set[int],
                   step_seconds: float) -> list[Fact]:
     """Ranks that matter though none needs to be late: a co-located process can slow every rank of a
-    host alike while one of them waits for a CPU far more than the others; a degraded GPU link slows
+    host alike while one of them waits for a CPU far more than the others, or shares its container
+    with the process (absolute evidence: the CPU that process uses); a degraded GPU link slows
     every rank of a collective alike. Each such rank gets the job's slowdown (to weigh it by) and,
     unless it is a suspect with all its signals already, the signals that single it out."""
     rows = table.rows(ranks)
     waiting = cpu_wait_rank(table, rows, keep)
+    crowded = crowded_rank(table, rows)
     low = low_states(table, rows)
     out: list[Fact] = []
-    base = baseline_step(table.cols, rows) if low or waiting is not None else None
-    for r in sorted(set(low) | ({waiting} if waiting is not None else set())):
+    cpu_ranks = {r for r in (waiting, crowded) if r is not None}
+    base = baseline_step(table.cols, rows) if low or cpu_ranks else None
+    for r in sorted(set(low) | cpu_ranks):
         job = job_slowdown(base, r, suspects, step_seconds)
         if job is None:
             continue
@@ -226,7 +246,7 @@ def outlier_facts(table: SignalTable, ranks: list[int], keep: np.ndarray, suspec
         if r in suspects:
             continue
         others = rows[rows != table.row[r]]
-        if r == waiting:
+        if r in cpu_ranks:
             out += hw_signals(table, r, others, keep) + host_cpu_facts(table, r, keep)
         else:
             out += hw_signals(table, r, others, signals=(*low[r], "gpu_nvlink_errors_per_second"))
