@@ -14,6 +14,14 @@ faster reference. Two tests:
   statistic of the reference by `sustained_mad * sigma / sqrt(n)` and by `sustained_min_ratio`
   (a 10-20% slowdown that no single step shows).
 
+- periodic: the same spike every P steps (a checkpoint every P steps that became slow), which
+  neither test sees when P is longer than the recent steps (one spike among them is dropped as a
+  hiccup): at least three spikes above the threshold at a regular period in the job's recent
+  series, which were not there (or were half as large) in the first period of that series (work
+  the job always did at that period is its design, not a slowdown), costing at least
+  `sustained_min_ratio` of the job's time. The decision carries the period, so the window can
+  cover a whole one.
+
 A window buys no silence. When one is scheduled, the reference it was judged against (the last
 healthy one) is kept as an anchor: after the cooldown, steps are judged against the anchor, not
 against a lagged reference that has drifted into a slowdown which began during the cooldown, so a
@@ -42,6 +50,40 @@ class Decision:
     fire: bool
     threshold_seconds: float | None
     reason: str = ""
+    period_steps: int | None = None      # a periodic slowdown's period: the window should cover one
+
+
+def periodic_spikes(series: list[float], threshold: float, level: float, min_period: int,
+                    min_cost_ratio: float) -> tuple[int, float] | None:
+    """(period, share of the job's time the spikes cost) when the last three or more steps above
+    `threshold` in `series` are evenly spaced (+-1 step) at a period of at least `min_period`, cost
+    at least `min_cost_ratio` of the time over their span, and are new: the first period of the
+    series had no spike at least half as large. None otherwise."""
+    idx = [i for i, x in enumerate(series) if x > threshold]
+    if len(idx) < 3:
+        return None
+    gaps = [b - a for a, b in zip(idx, idx[1:])]
+    p = gaps[-1]
+    tail = [idx[-1]]
+    for g, i in zip(reversed(gaps), reversed(idx[:-1])):
+        if abs(g - p) > 1:
+            break
+        tail.append(i)
+    if len(tail) < 3 or p < min_period:
+        return None
+    first, last = min(tail), max(tail)
+    if last + p + 1 < len(series):      # the last spike is more than a period ago: it stopped
+        return None
+    excess = sum(series[i] - level for i in tail)
+    span = sum(series[first:last + 1]) or 1.0
+    if excess / span < min_cost_ratio:
+        return None
+    before = series[:first]             # the job's series before the periodic spikes began
+    if len(before) < p:
+        return None                     # no period without them to compare with: maybe by design
+    if max(before) - level >= 0.5 * (min(series[i] for i in tail) - level):
+        return None                     # the same work was there before, as large: by design
+    return p, excess / span
 
 
 def central_mean(values: list[float], cut: float = 0.2) -> float:
@@ -80,6 +122,7 @@ class StepTimeDetector:
     _anchor_windows: int = 0
     _under_anchor: int = 0
     _fired_against: tuple[float, float, float] | None = None   # the reference of the last firing step
+    _judged: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))   # judged steps only
     history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))
 
     def _reference(self) -> list[float]:
@@ -128,6 +171,7 @@ class StepTimeDetector:
         sustained_thr = self.sustained_threshold_seconds()
         judged = self._judged_against()
         self._hist.append(seconds)
+        self._judged.append(seconds)
         while len(self._hist) > self.policy.baseline_steps + self.policy.recent_steps:
             self._hist.popleft()
         self._update_stats()                 # for the next step; this one is judged by the previous
@@ -150,6 +194,13 @@ class StepTimeDetector:
         if len(recent) >= self.policy.recent_steps and level > sustained_thr:
             self._fired_against = judged
             return Decision(breach, True, threshold, f"recent steps average {level:.4f} s above {sustained_thr:.4f} s")
+        if breach and judged is not None:
+            found = periodic_spikes(list(self._judged), threshold, judged[2], self.policy.recent_steps,
+                                    self.policy.sustained_min_ratio - 1.0)
+            if found is not None:
+                self._fired_against = judged
+                return Decision(breach, True, threshold, f"a spike above {threshold:.4f} s every {found[0]} steps "
+                                f"costs {found[1]:.0%} of the job's time", period_steps=found[0])
         return Decision(breach, False, threshold)
 
     def window_scheduled(self, end_step: int) -> None:

@@ -255,7 +255,7 @@ class Monitor:
             self._bounds.append(now)
             assert self._window is not None
             overdue = time.monotonic() - self._window_times[-1] > self.policy.max_window_seconds
-            if self._step >= self._window.start_step + self.policy.window_steps or overdue:
+            if self._step >= self._window.start_step + self._length(self._window) or overdue:
                 if overdue:
                     self._gap("window", f"window {self._window.index} open longer than max_window_seconds "
                                         f"({self.policy.max_window_seconds:g} s): closed at step {self._step}")
@@ -270,7 +270,9 @@ class Monitor:
                 self._exclude_next = False
             decision = self._detector.observe(done, seconds, excluded=excluded)
             if decision.fire and self._pending is None and self._window is None and self._may_open():
-                self._propose()
+                period = decision.period_steps
+                self._propose(steps=min(max(self.policy.window_steps, period + 1), self.policy.max_window_steps)
+                              if period else None)
         if self._pending is None and self._window is None and self._step % self.policy.poll_every_steps == 0:
             self._poll()
         if self._window is None and self._pending is not None and self._step >= self._pending.start_step:
@@ -337,13 +339,16 @@ class Monitor:
             self._window_times.popleft()
         return len(self._window_times) < self.policy.max_windows_per_hour
 
-    def _propose(self, trigger: str = "detector") -> None:
-        """Propose a window `lead_steps` ahead; the agreed plan (another rank may have won) arrives
-        through the store worker."""
+    def _propose(self, trigger: str = "detector", steps: int | None = None) -> None:
+        """Propose a window `lead_steps` ahead (`steps` long: a periodic slowdown's whole period; None:
+        the policy's); the agreed plan (another rank may have won) arrives through the store worker."""
         if self._store is None:
             return
         coord, index, target = self._coord, self._windows_opened, self._step + self.policy.lead_steps
-        self._store.submit("propose", lambda: coord.propose(index, target, trigger))
+        self._store.submit("propose", lambda: coord.propose(index, target, trigger, steps))
+
+    def _length(self, plan: WindowPlan) -> int:
+        return min(plan.steps, self.policy.max_window_steps) if plan.steps else self.policy.window_steps
 
     def _poll(self) -> None:
         if self._store is None or self._store.in_flight("propose"):
@@ -364,7 +369,7 @@ class Monitor:
         self._window = plan
         self._windows_opened = max(self._windows_opened, plan.index) + 1
         self._window_times.append(time.monotonic())      # also when this window opened
-        self._detector.window_scheduled(plan.start_step + self.policy.window_steps)
+        self._detector.window_scheduled(plan.start_step + self._length(plan))
         self._events = []
         self._events_dropped = 0
         self._window_gaps: list[CollectorGap] = []

@@ -41,6 +41,10 @@ class TriggerPolicy(BaseModel):
         "sees it (ranks may be 2 steps apart, and a poll's answer arrives a step later)"
     )
     window_steps: int = Field(10, ge=2, description="steps profiled per window")
+    max_window_steps: int = Field(
+        40, ge=2, description="a window opened on a periodic slowdown covers one whole period (+1 step), "
+        "at most this many steps"
+    )
     cooldown_steps: int = Field(20, ge=0, description="steps after a window before the detector re-arms")
     rearm_windows: int = Field(
         3, ge=1, description="windows opened against the last healthy reference while a slowdown persists "

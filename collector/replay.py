@@ -54,7 +54,7 @@ def replay(steps: list[float], policy: TriggerPolicy | None = None) -> list[Repl
     policy = policy or TriggerPolicy()
     det = StepTimeDetector(policy)
     windows: list[ReplayWindow] = []
-    pending: tuple[int, int, str] | None = None      # (start step, fired at, reason)
+    pending: tuple[int, int, str, int] | None = None      # (start step, fired at, reason, length)
     window_end = -1
     exclude_next = False
     clock = 0.0
@@ -62,9 +62,9 @@ def replay(steps: list[float], policy: TriggerPolicy | None = None) -> list[Repl
     for k, seconds in enumerate(steps):
         clock += seconds
         if pending is not None and k >= pending[0]:
-            start, fired, reason = pending
+            start, fired, reason, length = pending
             pending = None
-            window_end = start + policy.window_steps
+            window_end = start + length
             det.window_scheduled(window_end)
             opened_at.append(clock)
             windows.append(ReplayWindow(fired, reason, start, window_end, round(clock, 3)))
@@ -79,5 +79,7 @@ def replay(steps: list[float], policy: TriggerPolicy | None = None) -> list[Repl
         d = det.observe(k, seconds, excluded=excluded)
         recent = [t for t in opened_at if t > clock - 3600]
         if d.fire and pending is None and not in_window and len(recent) < policy.max_windows_per_hour:
-            pending = (k + policy.lead_steps, k, d.reason)
+            length = min(max(policy.window_steps, d.period_steps + 1), policy.max_window_steps) if d.period_steps \
+                else policy.window_steps
+            pending = (k + policy.lead_steps, k, d.reason, length)
     return windows

@@ -26,12 +26,13 @@ class WindowPlan:
     start_step: int
     trigger: str
     triggered_by_rank: int | None
+    steps: int | None = None          # its own length (a whole period of a periodic slowdown); None: the policy's
 
 
 def _decode(index: int, raw: bytes | str) -> WindowPlan:
     text = raw.decode() if isinstance(raw, bytes) else raw
-    step, rank, trigger = text.split(":", 2)
-    return WindowPlan(index, int(step), trigger, int(rank))
+    step, rank, trigger, *steps = text.split(":", 3)
+    return WindowPlan(index, int(step), trigger, int(rank), int(steps[0]) if steps else None)
 
 
 class WindowCoordinator:
@@ -45,9 +46,10 @@ class WindowCoordinator:
     def key(self, index: int) -> str:
         return f"{self.prefix}{index}"
 
-    def propose(self, index: int, start_step: int, trigger: str = "detector") -> WindowPlan:
+    def propose(self, index: int, start_step: int, trigger: str = "detector", steps: int | None = None) -> WindowPlan:
         """Propose; returns the plan actually agreed (another rank may have won the race)."""
-        agreed = self.store.compare_set(self.key(index), "", f"{start_step}:{self.rank}:{trigger}")
+        value = f"{start_step}:{self.rank}:{trigger}" + (f":{steps}" if steps else "")
+        agreed = self.store.compare_set(self.key(index), "", value)
         return _decode(index, agreed)
 
     def poll(self, index: int) -> WindowPlan | None:

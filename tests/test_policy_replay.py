@@ -69,3 +69,13 @@ def test_a_recorded_slowdown_that_began_during_a_cooldown_is_profiled_again() ->
     assert bump.fired_at_step < 40
     assert after and after[0].start_step > 50 and after[0].fired_at_step <= bump.end_step + 20 + 4
     assert replay(series, TriggerPolicy(rearm_windows=1)) == [bump]
+
+
+def test_a_window_on_a_periodic_slowdown_covers_a_whole_period() -> None:
+    rng = random.Random(4)
+    series = [0.1 * rng.lognormvariate(0, 0.03) for _ in range(200)]
+    for i in range(60, 200, 14):
+        series[i] = 1.2                                         # a checkpoint every 14 steps became slow
+    (w, *_) = replay(series)
+    assert "every 14 steps" in w.reason and w.end_step - w.start_step == 15
+    assert replay(series, TriggerPolicy(max_window_steps=12))[0].end_step - w.start_step == 12

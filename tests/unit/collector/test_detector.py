@@ -135,3 +135,35 @@ def test_reference_follows_a_job_that_speeds_up_after_warmup() -> None:
 def test_trimmed_mean_drops_the_single_largest() -> None:
     assert trimmed_mean([1.0, 1.0, 10.0]) == 1.0
     assert trimmed_mean([2.0, 4.0]) == 3.0
+
+
+def test_a_checkpoint_that_became_slow_every_twelve_steps_fires_with_its_period() -> None:
+    """A spike every 12 steps: neither the 3-in-a-row test nor the recent-mean test sees it (one
+    spike in 8 recent steps is dropped as a hiccup); its regular recurrence does."""
+    det = StepTimeDetector(policy(baseline_steps=20, recent_steps=8))
+    times = noisy(40, rel=0.05, seed=5)
+    assert feed(det, times) == []
+    slow = noisy(60, rel=0.05, seed=6)
+    for i in range(5, 60, 12):
+        slow[i] = 1.0                                           # the checkpoint, now 10x a step
+    decisions = [(40 + i, det.observe(40 + i, t)) for i, t in enumerate(slow)]
+    fired = [(s, d) for s, d in decisions if d.fire]
+    assert fired and fired[0][1].period_steps == 12, [(s, d.reason) for s, d in fired]
+    assert fired[0][0] == 40 + 5 + 24                          # at the third slow checkpoint
+
+
+def test_periodic_work_the_job_always_did_is_its_design_not_a_slowdown() -> None:
+    det = StepTimeDetector(policy(baseline_steps=20, recent_steps=8))
+    times = noisy(120, rel=0.05, seed=7)
+    for i in range(3, 120, 15):
+        times[i] = 0.35                                         # an evaluation pass every 15 steps, from the start
+    assert feed(det, times) == []
+
+
+def test_a_plan_carries_its_own_length_through_the_store() -> None:
+    from eroica.collector.sync import LocalStore, WindowCoordinator
+
+    coord = WindowCoordinator(LocalStore(), rank=1)
+    assert coord.propose(0, 30).steps is None                  # the policy's length
+    assert coord.propose(1, 60, steps=13).steps == 13
+    assert coord.poll(1).steps == 13 and coord.poll(1).start_step == 60
