@@ -198,6 +198,38 @@ def start_fault(fault: str, rank: int, step: int, args: argparse.Namespace, hogs
         join_cgroup("EROICA_BLKIO_CGROUP")
 
 
+def release(ckpt: CheckpointWriter | None, shard: Shard | None, hogs: list[subprocess.Popen[bytes]]) -> None:
+    """What a fault left behind: the checkpoint and shard files, the injected host-service processes."""
+    if ckpt is not None:
+        ckpt.close()
+    if shard is not None:
+        shard.close()
+    for hog in hogs:
+        hog.send_signal(signal.SIGKILL)
+        hog.wait()
+
+
+def step_end_faults(mon, region: str, fault: str, seconds: float) -> None:  # type: ignore[no-untyped-def]
+    """The end of a step: the user's metrics region (`user_code` blocks in it), then `untracked_work`
+    spins the CPU outside every region and op."""
+    with mon.region(region):
+        if fault == "user_code":
+            time.sleep(seconds)                    # a synchronous call to a slow metrics endpoint
+    if fault == "untracked_work":
+        spin_until = time.perf_counter() + seconds
+        while time.perf_counter() < spin_until:
+            pass
+
+
+def progress(rank: int, step: int, t_last: float) -> float:
+    """Rank 0 prints its step time every 10 steps (the launcher echoes it); returns the new mark."""
+    if rank != 0 or (step + 1) % 10:
+        return t_last
+    now = time.monotonic()
+    print(f"[rank 0] step {step + 1}: {(now - t_last) / 10 * 1000:.0f} ms/step", flush=True)
+    return now
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import torch
@@ -308,29 +340,14 @@ def main(argv: list[str] | None = None) -> int:
             if ckpt is not None and (step + 1) % args.ckpt_every == 0:
                 with mon.region("save_checkpoint"):
                     ckpt.write()
-            with mon.region("log_metrics"):
-                if fault == "user_code" and active(step):
-                    time.sleep(args.stall_seconds)     # a synchronous call to a slow metrics endpoint
-            if fault == "untracked_work" and active(step):
-                spin_until = time.perf_counter() + args.stall_seconds
-                while time.perf_counter() < spin_until:   # CPU work outside every region and op
-                    pass
+            step_end_faults(mon, "log_metrics", fault if active(step) else "none", args.stall_seconds)
             mon.step()
             done = step + 1
-            if rank == 0 and (step + 1) % 10 == 0:
-                now = time.monotonic()
-                print(f"[rank 0] step {step + 1}: {(now - t_last) / 10 * 1000:.0f} ms/step", flush=True)
-                t_last = now
+            t_last = progress(rank, step, t_last)
             if mon.windows_closed >= args.stop_after_windows or step + 1 >= args.steps:
                 break
     finally:
-        if ckpt is not None:
-            ckpt.close()
-        if shard is not None:
-            shard.close()
-        for hog in hogs:
-            hog.send_signal(signal.SIGKILL)
-            hog.wait()
+        release(ckpt, shard, hogs)
     mon.close()
     left = sorted(t.name for t in threading.enumerate() if t.name.startswith("eroica-"))
     print(f"[rank {rank}] done: {done} steps; eroica threads left: {left}; "

@@ -22,14 +22,22 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import signal
 import subprocess
 import sys
 import time
 import warnings
 from collections import deque
 
-from eroica.cli.workload import CheckpointWriter, Shard, _Node, fault_pairs, start_fault
+from eroica.cli.workload import (
+    CheckpointWriter,
+    Shard,
+    _Node,
+    fault_pairs,
+    progress,
+    release,
+    start_fault,
+    step_end_faults,
+)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -180,30 +188,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
                 with mon.region("checkpoint"):
                     ckpt.write()
-            with mon.region("report_metrics"):
-                if fault == "user_code" and active(step):
-                    time.sleep(args.stall_seconds)     # a synchronous call to a slow metrics service
-            if fault == "untracked_work" and active(step):
-                spin_until = time.perf_counter() + args.stall_seconds
-                while time.perf_counter() < spin_until:
-                    pass
+            step_end_faults(mon, "report_metrics", fault if active(step) else "none", args.stall_seconds)
             mon.step()
-            if rank == 0 and (step + 1) % 10 == 0:
-                now = time.monotonic()
-                print(f"[rank 0] step {step + 1}: {(now - t_last) / 10 * 1000:.0f} ms/step", flush=True)
-                t_last = now
+            t_last = progress(rank, step, t_last)
             # a faulty run ends with the first window that opened at or after the fault's onset (the
             # windows before it are the job's healthy history); a healthy one after --stop-after-windows
             onset_seen = args.plan and any(_start_step(w) >= args.fault_step for w in mon.windows_completed)
             if onset_seen or mon.windows_closed >= args.stop_after_windows:
                 break
     finally:
-        ckpt.close()
-        if shard is not None:
-            shard.close()
-        for hog in hogs:
-            hog.send_signal(signal.SIGKILL)
-            hog.wait()
+        release(ckpt, shard, hogs)
     mon.close()
     print(f"[rank {rank}] done", flush=True)
     dist.barrier()

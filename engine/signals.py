@@ -196,16 +196,22 @@ def low_states(table: SignalTable, rows: np.ndarray) -> dict[int, list[str]]:
 CPU_WAIT_OUTLIER_DELTA = 0.15   # a rank waiting for a CPU this much more of the window than its peers
 
 
-def cpu_wait_rank(table: SignalTable, rows: np.ndarray, keep: np.ndarray) -> int | None:
-    """The rank that waits for a CPU most, when it stands out from the others' median."""
-    col = table.column("runqueue_wait_ratio", keep)[rows]
+def standout_rank(table: SignalTable, rows: np.ndarray, signal: str, min_delta: float,
+                  keep: np.ndarray | None = None) -> int | None:
+    """The rank with the highest `signal`, when it stands `min_delta` above the others' median."""
+    col = table.column(signal, keep)[rows]
     have = ~np.isnan(col)
     vals, idx = col[have], rows[have]
     if len(vals) < 3:
         return None
     j = int(np.argmax(vals))
     delta = float(vals[j]) - float(np.median(np.delete(vals, j)))
-    return table.ranks[int(idx[j])] if delta >= CPU_WAIT_OUTLIER_DELTA else None
+    return table.ranks[int(idx[j])] if delta >= min_delta else None
+
+
+def cpu_wait_rank(table: SignalTable, rows: np.ndarray, keep: np.ndarray) -> int | None:
+    """The rank that waits for a CPU most, when it stands out from the others' median."""
+    return standout_rank(table, rows, "runqueue_wait_ratio", CPU_WAIT_OUTLIER_DELTA, keep)
 
 
 CONTAINER_OTHERS_DELTA = 0.5   # cores used by other processes in a rank's container beyond its peers'
@@ -214,14 +220,7 @@ CONTAINER_OTHERS_DELTA = 0.5   # cores used by other processes in a rank's conta
 def crowded_rank(table: SignalTable, rows: np.ndarray) -> int | None:
     """The rank whose container (CPU cgroup) holds other processes using at least half a core more
     than its peers' containers do: something co-located competes with it, though it need not be late."""
-    col = table.column("cgroup_others_cpu_cores")[rows]
-    have = ~np.isnan(col)
-    vals, idx = col[have], rows[have]
-    if len(vals) < 3:
-        return None
-    j = int(np.argmax(vals))
-    delta = float(vals[j]) - float(np.median(np.delete(vals, j)))
-    return table.ranks[int(idx[j])] if delta >= CONTAINER_OTHERS_DELTA else None
+    return standout_rank(table, rows, "cgroup_others_cpu_cores", CONTAINER_OTHERS_DELTA)
 
 
 def outlier_facts(table: SignalTable, ranks: list[int], keep: np.ndarray, suspects: set[int],
