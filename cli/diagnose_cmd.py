@@ -11,6 +11,9 @@ from eroica.engine.errors import EngineError, RuleError
 from eroica.engine.render import FORMATS, render
 
 
+NOT_DIAGNOSABLE = 3    # exit code: a window fell below the coverage floor (no verdict)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("diagnose", help="diagnose the windows of a run directory")
     p.add_argument("run_dir", type=Path)
@@ -74,4 +77,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.output}")
     else:
         sys.stdout.write(text)
+    lost = [w.window for w in d.windows if not w.diagnosable]
+    if lost:   # the report is written; the exit code says that no verdict could be reached
+        print(f"eroica diagnose: not diagnosable: {', '.join(lost)} (too few ranks reported)", file=sys.stderr)
+        return NOT_DIAGNOSABLE
     return 0

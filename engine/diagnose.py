@@ -52,6 +52,28 @@ def load_taxonomy(knowledge_dir: Path | None = None) -> dict[str, TaxonomyEntry]
             for k, v in data["root_causes"].items()}
 
 
+@dataclass(frozen=True)
+class CoverageFloor:
+    min_ranks: int = 3
+    min_ratio: float = 0.5
+
+    def why_not(self, reported: int, world: int) -> str | None:
+        """Why a window with `reported` of `world` ranks cannot be diagnosed (None: it can)."""
+        if reported == 0:
+            return "no rank's patterns could be read (see the file problems): nothing to compare"
+        if world >= self.min_ranks and reported < self.min_ranks:
+            return f"only {reported} of {world} ranks reported (the floor is {self.min_ranks})"
+        if world and reported / world < self.min_ratio:
+            return (f"only {reported} of {world} ranks reported ({reported / world:.0%}, the floor is "
+                    f"{self.min_ratio:.0%}): what the others did is unknown")
+        return None
+
+
+def load_coverage_floor(knowledge_dir: Path | None = None) -> CoverageFloor:
+    data = yaml.safe_load(((knowledge_dir or builtin_knowledge_dir()) / "taxonomy.yaml").read_text())
+    return CoverageFloor(**(data.get("coverage_floor") or {}))
+
+
 def _version() -> str:
     try:
         return metadata.version("eroica")
@@ -331,25 +353,30 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
     conclusions = evaluate(rules, {k: v for k, v in facts.items() if v}, in_process=opts.in_process) if any(
         facts.values()) else {}
     out: list[WindowDiagnosis] = []
+    floor = load_coverage_floor()
     for w in windows:
         a = analyses[w.window_id]
         steps = _steps(w, a)
         findings = enrich(build_findings(w, a, conclusions.get(w.window_id, []), taxonomy), w, a,
                           steps.during_median_seconds)
         c = w.columns
+        coverage = _coverage(w)
+        why_not = floor.why_not(len(coverage.ranks_reported), coverage.world_size)
         out.append(
             WindowDiagnosis(
                 window=w.window_id,
                 start_step=int(c.start_step[0]) if c.ranks else 0,
                 end_step=int(c.end_step[0]) if c.ranks else 0,
                 trigger=c.trigger[0] if c.ranks else "unknown",
-                findings=findings, coverage=_coverage(w), steps=steps,
+                findings=findings, coverage=coverage, steps=steps,
                 heatmap=heatmap(w, a), step_series=step_series(w),
                 raw_traces={str(r): p for r, p in sorted(w.raw_traces.items())},
                 peer_groups=[PeerGroupInfo(name=g.name, ranks=g.ranks, valid=g.valid, reason=g.reason)
                              for g in a.groups],
-                # a slow rank nothing explains is not healthy, whatever the confidence of its cause
-                healthy=_healthy(findings),
+                # a slow rank nothing explains is not healthy, whatever the confidence of its cause;
+                # and healthy needs evidence: below the coverage floor nothing is concluded
+                healthy=why_not is None and _healthy(findings),
+                diagnosable=why_not is None, not_diagnosable_reason=why_not,
             )
         )
     return Diagnosis(run_dir=str(run_dir), eroica_version=_version(), rules_loaded=len(rules),
@@ -382,6 +409,6 @@ def _across_windows(windows: list[WindowDiagnosis]) -> list[WindowDiagnosis]:
             findings.append(f.model_copy(update={"confidence": round(f.confidence * factor, 4),
                                                  "confidence_factors": cf}))
         findings.sort(key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
-        out.append(w.model_copy(update={"findings": findings, "healthy": _healthy(findings)}))
+        out.append(w.model_copy(update={"findings": findings, "healthy": w.diagnosable and _healthy(findings)}))
     return out
 

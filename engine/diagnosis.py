@@ -150,6 +150,10 @@ class WindowDiagnosis(Frozen):
     steps: StepSummary
     peer_groups: list[PeerGroupInfo]
     healthy: bool
+    # "healthy" is a conclusion that needs evidence: below the coverage floor (knowledge/taxonomy.yaml
+    # coverage_floor) the window is not diagnosable, whatever its findings say
+    diagnosable: bool = True
+    not_diagnosable_reason: str | None = None
     heatmap: Heatmap | None = None
     step_series: StepSeries | None = None
     raw_traces: dict[str, str] = Field(default_factory=dict)   # rank -> bounded Chrome-trace file

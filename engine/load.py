@@ -212,10 +212,26 @@ def _load_packed(w: WindowData, f: Path, keep: Callable[[PatternsDoc, tuple[str,
                 keep(doc, (str(f), start, len(line)), where)
 
 
+def _is_pattern_file(f: Path) -> bool:
+    return bool(RANK_FILE.match(f.name) or PACKED_FILE.match(f.name))
+
+
 def load_run(run_dir: Path, window: str | None = None, cache_limit: int = 4096) -> list[WindowData]:
+    """The windows of a run directory. Also accepted where a user would point: an incident
+    (`INC-XXXX/`, its windows under `patterns/`), one window's directory, or one pattern file (the
+    window that holds it)."""
     run_dir = Path(run_dir)
+    if run_dir.is_file() and _is_pattern_file(run_dir):
+        run_dir, window = run_dir.parent.parent, run_dir.parent.name
+    if (run_dir / "patterns").is_dir() and not any(_is_pattern_file(f) for f in run_dir.iterdir()):
+        run_dir = run_dir / "patterns"         # an incident directory
+    if run_dir.is_dir() and any(_is_pattern_file(f) for f in run_dir.iterdir() if f.is_file()):
+        if window not in (None, run_dir.name):
+            raise RunDirError(f"{run_dir}: a window directory, not window {window!r}")
+        return [load_window(run_dir, cache_limit)]      # one window's directory
     if not run_dir.is_dir():
-        raise RunDirError(f"{run_dir}: not a directory (expected RUN_DIR/<window>/rank-<R>.json)")
+        raise RunDirError(f"{run_dir}: not a directory (expected RUN_DIR/<window>/rank-<R>.json, a window "
+                          f"directory, an incident directory or a pattern file)")
     dirs = sorted(d for d in run_dir.iterdir() if d.is_dir() and any(
         RANK_FILE.match(f.name) or PACKED_FILE.match(f.name) for f in d.iterdir()))
     if window is not None:
