@@ -10,7 +10,6 @@ from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.errors import EngineError, RuleError
 from eroica.engine.render import FORMATS, render
 
-
 NOT_DIAGNOSABLE = 3    # exit code: a window fell below the coverage floor (no verdict)
 
 

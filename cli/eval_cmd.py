@@ -10,7 +10,14 @@ from statistics import median
 
 from eroica.engine.diagnose import DiagnoseOptions
 from eroica.engine.errors import EngineError
-from eroica.engine.evaluate import HELDOUT, IncidentResult, evaluate_incident, find_heldout, find_incidents
+from eroica.engine.evaluate import (
+    HELDOUT,
+    IncidentResult,
+    evaluate_incident,
+    find_heldout,
+    find_incidents,
+    naming_rules,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -83,9 +90,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _replay(incs: list[Path], verbose: bool, label: str) -> list[IncidentResult]:
+    from eroica.engine.rules.loader import load_rules
+
+    named = naming_rules(load_rules())
     results = []
     for i, inc in enumerate(incs, 1):
-        r = evaluate_incident(inc, DiagnoseOptions(in_process=True))
+        r = evaluate_incident(inc, DiagnoseOptions(in_process=True), named.get(inc.name))
         results.append(r)
         if verbose or not r.correct:
             mark = "ok  " if r.correct else "FAIL"

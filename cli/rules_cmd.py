@@ -9,6 +9,7 @@ from pathlib import Path
 from eroica.engine.diagnose import load_taxonomy
 from eroica.engine.errors import RuleError
 from eroica.engine.rules.compiler import compile_each, compile_rule, derived_kinds, fact_fields
+from eroica.engine.rules.lint_refs import given_problems, reference_problems, summary_problems
 from eroica.engine.rules.loader import LoadedRule, builtin_rules_dir, line_of, load_rules, parse_rule_file, rule_files
 from eroica.engine.rules.runner import RuleTestCase, run_tests
 from eroica.engine.rules.schema import THRESHOLD_OPS
@@ -83,6 +84,7 @@ def lint(paths: list[Path]) -> list[str]:
         r = lr.rule
         _, probs = compile_rule(lr, vocab)
         problems.extend(probs)
+        problems.extend(given_problems(lr, vocab) + summary_problems(lr, vocab) + reference_problems(lr))
         if r.taxonomy not in taxonomy:
             problems.append(f"{lr.path}:{line_of(lr.lines, ('taxonomy',))}: rule {r.id!r}: unknown taxonomy id "
                             f"{r.taxonomy!r}; add it to knowledge/taxonomy.yaml or use one of "

@@ -89,8 +89,19 @@ def load_expected(path: Path) -> Expected:
         raise RunDirError(f"invalid expected.yaml: {exc}", path=str(path)) from exc
 
 
-def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None) -> IncidentResult:
-    """Diagnose the incident's windows (all at once: earlier windows are the job's history) and
+def naming_rules(rules: list[Any]) -> dict[str, list[tuple[str, str]]]:
+    """incident id -> [(rule id, its root cause)] for every rule that names the incident."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for lr in rules:
+        for inc in lr.rule.incidents:
+            out.setdefault(inc, []).append((lr.rule.id, lr.rule.taxonomy))
+    return out
+
+
+def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None,
+                      named_by: list[tuple[str, str]] | None = None) -> IncidentResult:
+    """`named_by`: the rules that name this incident (each must be among the rules that fired).
+    Diagnose the incident's windows (all at once: earlier windows are the job's history) and
     judge the first window that opened at or after the fault's onset; windows before it are the
     job's healthy past, and a confident finding there is a false finding."""
     exp = load_expected(inc / "expected.yaml")
@@ -140,6 +151,12 @@ def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None) -> Inciden
         elif i == 0 and exp.top and not _matches(w.findings[0], e):
             ok = False
             res.reasons.append(f"{e.root_cause} found but not the top finding ({w.findings[0].root_cause})")
+    for rule_id, cause in named_by or []:     # a rule that names this incident must be the one that fired
+        hits = [f for f in w.findings if f.root_cause == cause and any(_matches(f, e) for e in exp.expect)]
+        if hits and not any(rule_id in f.rule_ids for f in hits):
+            ok = False
+            res.reasons.append(f"rule {rule_id} names this incident, but {cause} came from "
+                               f"{', '.join(sorted({r for f in hits for r in f.rule_ids}))}")
     unexplained = [f for f in confident if not any(_matches(f, e) for e in exp.expect)]
     res.false_findings += len(unexplained)
     for f in confident:

@@ -87,3 +87,11 @@ def test_an_incident_of_several_windows_is_judged_on_the_first_after_the_onset(t
     (inc / "patterns").mkdir()
     r = evaluate_incident(inc, DiagnoseOptions(in_process=True))
     assert not r.correct and "missed slowdown" in r.reasons[0]
+
+
+def test_the_rule_an_incident_is_named_by_must_be_the_rule_that_fired() -> None:
+    inc = ROOT / "INC-0037"
+    opts = DiagnoseOptions(in_process=True)
+    assert evaluate_incident(inc, opts, [("storage.slow-writes", "slow_storage")]).correct
+    r = evaluate_incident(inc, opts, [("storage.some-other-rule", "slow_storage")])
+    assert not r.correct and "rule storage.some-other-rule names this incident" in r.reasons[0]

@@ -56,3 +56,24 @@ def test_every_taxonomy_id_has_a_rule_with_a_firing_and_a_quiet_test() -> None:
     covered = {lr.rule.taxonomy for lr in RULES
                if any(t.expect for t in lr.rule.tests) and any(not t.expect for t in lr.rule.tests)}
     assert set(tax) - covered == set(), "taxonomy ids without a tested rule"
+
+
+def test_lint_catches_bad_given_facts_summary_fields_and_dangling_references(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from eroica.cli.rules_cmd import lint
+
+    src = (Path(__file__).parents[2] / "knowledge" / "rules" / "cpu" / "contention.yaml").read_text()
+    bad = (src.replace("fix_template: isolate-cpus", "fix_template: no-such-template")
+              .replace("{host.other_cores:.1f}", "{host.other_core:.1f}")
+              .replace("cores_total: 8, busy_cores: 7.5", "cores_totl: 8, busy_cores: \"lots\"", 1)
+              .replace("incidents: [INC-0017", "incidents: [INC-9999"))
+    (tmp_path / "contention.yaml").write_text(bad)
+    problems = lint([tmp_path])
+    text = "\n".join(problems)
+    assert "fact 'host_cpu' has no field 'cores_totl'" in text
+    assert "host_cpu.busy_cores = 'lots' is not a valid" in text
+    assert "the summary names {host.other_core}" in text
+    assert "fix_template 'no-such-template' has no knowledge/remediations/no-such-template.yaml" in text
+    assert "incident 'INC-9999' is not in" in text
+    assert all(p.startswith(f"{tmp_path / 'contention.yaml'}:") for p in problems)

@@ -1,0 +1,74 @@
+"""Lint checks that reach past one rule's own schema: the facts its tests are given, the fields its
+summary names, and the things it refers to (remediation templates, runbooks, incidents)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from eroica.engine.facts import FACT_TYPES
+from eroica.engine.rules.loader import LoadedRule, builtin_knowledge_dir, line_of
+
+SUMMARY_FIELD = re.compile(r"\{([a-z_]+)\.([a-z_0-9]+)")
+
+
+def given_problems(lr: LoadedRule, vocab: dict[str, set[str]]) -> list[str]:
+    """Each test's `given:` facts against the fact models: unknown kind, unknown field, wrong type."""
+    out: list[str] = []
+    for ti, t in enumerate(lr.rule.tests):
+        for gi, g in enumerate(t.given):
+            kind = g.get("kind")
+            where = f"{lr.path}:{line_of(lr.lines, ('tests', ti, 'given', gi))}: rule {lr.rule.id!r} test {t.name!r}"
+            if kind not in vocab:
+                out.append(f"{where}: given fact of unknown kind {kind!r}; kinds: {', '.join(sorted(vocab))}")
+                continue
+            model = FACT_TYPES.get(str(kind))
+            for field, value in g.items():
+                if field not in vocab[kind]:
+                    out.append(f"{where}: fact {kind!r} has no field {field!r}; fields: "
+                               f"{', '.join(sorted(vocab[kind]))}")
+                elif model is not None and field != "kind":
+                    try:
+                        TypeAdapter(model.model_fields[field].annotation).validate_python(value)
+                    except ValidationError as exc:
+                        out.append(f"{where}: {kind}.{field} = {value!r} is not a valid "
+                                   f"{model.model_fields[field].annotation}: {exc.errors()[0]['msg']}")
+    return out
+
+
+def summary_problems(lr: LoadedRule, vocab: dict[str, set[str]]) -> list[str]:
+    """A summary that names a field its fact does not have would print a raw template at run time."""
+    aliases = {c.as_: c.fact for c in lr.rule.when if c.as_}
+    out = []
+    for alias, field in SUMMARY_FIELD.findall(lr.rule.emit.summary):
+        fact = aliases.get(alias)
+        if fact is not None and field not in vocab.get(fact, set()):
+            out.append(f"{lr.path}:{line_of(lr.lines, ('emit', 'summary'))}: rule {lr.rule.id!r}: the summary "
+                       f"names {{{alias}.{field}}} but fact {fact!r} has no field {field!r}")
+    return out
+
+
+def reference_problems(lr: LoadedRule, knowledge_dir: Path | None = None,
+                       incidents_dir: Path | None = None) -> list[str]:
+    """Dangling references: a fix template without a remediation, a runbook that is not there, an
+    incident that was never recorded (checked where an incident library is beside the knowledge)."""
+    kdir = knowledge_dir or builtin_knowledge_dir()
+    r, out = lr.rule, []
+    tmpl: Any = r.emit.fix_template
+    if tmpl and not (kdir / "remediations" / f"{tmpl}.yaml").exists():
+        out.append(f"{lr.path}:{line_of(lr.lines, ('emit', 'fix_template'))}: rule {r.id!r}: fix_template "
+                   f"{tmpl!r} has no knowledge/remediations/{tmpl}.yaml; write it or name an existing one")
+    for ref in r.references:
+        if ref.startswith("knowledge/") and not (kdir / ref.removeprefix("knowledge/")).exists():
+            out.append(f"{lr.path}:{line_of(lr.lines, ('references',))}: rule {r.id!r}: reference {ref!r} "
+                       "does not exist")
+    incidents = incidents_dir if incidents_dir is not None else kdir.parent / "incidents"
+    if incidents.is_dir():
+        for inc in r.incidents:
+            if not (incidents / inc / "expected.yaml").exists():
+                out.append(f"{lr.path}:{line_of(lr.lines, ('incidents',))}: rule {r.id!r}: incident {inc!r} "
+                           f"is not in {incidents}")
+    return out
