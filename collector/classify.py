@@ -30,17 +30,6 @@ def classify_op(name: str, on_device: bool = False) -> Category:
     return Category.compute
 
 
-_PREFIXES = ("autograd::engine::evaluate_function: ",)
-
-
-def display_name(name: str) -> str:
-    """A shorter stable name for reports (the full name stays in the pattern)."""
-    for p in _PREFIXES:
-        if name.startswith(p):
-            return name[len(p) :]
-    return name
-
-
 def kernel_name(name: str) -> str:
     """A device kernel's function name without its return type, template arguments and parameter
     list (`void ns::k<float, 2>(float*, int)` -> `ns::k`): instantiations of one kernel are one function."""

@@ -1,10 +1,10 @@
 """Collector errors.
 
     CollectorError
-    └── PatternFileError      a pattern file cannot be read or validated
+    └── TraceError      a profiler trace cannot be read (truncated, not a Chrome trace, no steps)
 
 The collector itself never raises into the training loop: failures there become
-`CollectorGap` facts. These errors are for readers of what it wrote.
+`CollectorGap` facts. These errors are for readers of traces (`eroica ingest kineto`).
 """
 
 
@@ -12,5 +12,5 @@ class CollectorError(Exception):
     """Base of all collector errors."""
 
 
-class PatternFileError(CollectorError):
-    """A pattern file is missing, truncated or of the wrong schema."""
+class TraceError(CollectorError, ValueError):
+    """A profiler trace file is truncated, not a Chrome trace, or has nothing to summarize."""

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 from eroica.collector.classify import classify_op, kernel_name
 from eroica.collector.critical import Execution, device_first
+from eroica.collector.errors import TraceError
 from eroica.collector.facts import Category, CollectorGap, JobInfo, PatternsDoc
 from eroica.collector.summarize import WindowRecord, summarize
 
@@ -34,10 +35,6 @@ STEP = re.compile(r"^ProfilerStep#(\d+)$")
 RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 CPU_CATS = {"cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "python_function"}
-
-
-class TraceError(ValueError):
-    """A trace file that cannot be ingested; the message names the file and what to do."""
 
 
 def _open(path: Path) -> TextIO:

@@ -65,7 +65,6 @@ class Monitor:
         self.windows_closed = 0
         self.disabled = False
         self._warned: set[str] = set()
-        self._lock = threading.Lock()
         self._events: list[Execution] = []
         self._events_dropped = 0
         self._recording = False

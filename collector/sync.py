@@ -9,15 +9,9 @@ within a step or two of each other, a lead of a few steps lets every rank see th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 PREFIX = "eroica/window/"
-
-
-class StoreLike(Protocol):
-    def compare_set(self, key: str, expected_value: str, desired_value: str) -> bytes: ...
-    def check(self, keys: list[str]) -> bool: ...
-    def get(self, key: str) -> bytes: ...
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ averages. Units are in field names.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
@@ -194,12 +194,6 @@ class DeviceIdle(Fact):
     top_category: str                        # the host-side category that grew most (compute, python, data...)
     top_function: str
 
-
-AnyFact = Annotated[
-    RankSlowness | FunctionOutlier | CategoryExcess | HardwareSignal | ConfigDeviation | LinkSignature | StepSpike
-    | HostCpuLoad | JobSlowdown | StepShare | DeviceIdle,
-    Field(discriminator="kind"),
-]
 
 FACT_TYPES: dict[str, type[Fact]] = {
     "rank_slowness": RankSlowness,
