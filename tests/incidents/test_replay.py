@@ -95,3 +95,29 @@ def test_the_rule_an_incident_is_named_by_must_be_the_rule_that_fired() -> None:
     assert evaluate_incident(inc, opts, [("storage.slow-writes", "slow_storage")]).correct
     r = evaluate_incident(inc, opts, [("storage.some-other-rule", "slow_storage")])
     assert not r.correct and "rule storage.some-other-rule names this incident" in r.reasons[0]
+
+
+def test_the_readme_states_the_yields_eval_measures() -> None:
+    """The README's yield table is kept true: its library and held-out rows (engine: now) are what
+    eval measures: faulty right, healthy and graded runs with a finding >= 0.5."""
+    from eroica.engine.evaluate import find_heldout, naming_rules
+    from eroica.engine.rules.loader import load_rules
+
+    named = naming_rules(load_rules())
+    opts = DiagnoseOptions(in_process=True)
+
+    def cells(incs: list[Path]) -> str:
+        rs = [evaluate_incident(i, opts, named.get(i.name)) for i in incs]
+        faulty = [r for r in rs if not r.healthy]
+        healthy = [r for r in rs if r.healthy and not r.heterogeneous]
+        hetero = [r for r in rs if r.healthy and r.heterogeneous]
+        return (f"| now | {sum(r.correct for r in faulty)}/{len(faulty)} | "
+                f"{sum(bool(r.false_findings) for r in healthy)}/{len(healthy)} | "
+                f"{sum(bool(r.false_findings) for r in hetero)}/{len(hetero)} |")
+
+    held = find_heldout(ROOT)
+    now = [ln for ln in (ROOT.parent / "README.md").read_text().splitlines() if "| now |" in ln]
+    assert len(now) == 3, now
+    assert now[0].endswith(cells(INCIDENTS)), (now[0], cells(INCIDENTS))
+    assert now[1].endswith(cells([p for p in held if p.name < "HO-0100"])), now[1]
+    assert now[2].endswith(cells([p for p in held if p.name > "HO-0100"])), now[2]
