@@ -13,6 +13,7 @@ from eroica.engine.errors import EngineError
 from eroica.engine.evaluate import (
     HELDOUT,
     IncidentResult,
+    calibration,
     evaluate_incident,
     find_heldout,
     find_incidents,
@@ -24,6 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = sub.add_parser("eval", help="replay recorded incidents and score diagnosis yield")
     p.add_argument("dir", nargs="?", type=Path, default=Path("incidents"))
     p.add_argument("-v", "--verbose", action="store_true", help="one line per incident")
+    p.add_argument("--calibration", action="store_true",
+                   help="also print a reliability table (confidence bins vs share right) and the Brier score")
     p.set_defaults(func=run)
 
 
@@ -80,13 +83,26 @@ def run(args: argparse.Namespace) -> int:
     if incs:
         print(f"library ({args.dir}: the incidents the rules are written and tested against)")
         print(table(results))
+        if args.calibration:
+            print(calibration_table(results))
     if held:
         held_results = _replay(held, args.verbose, "held-out")
         print()
         print(f"held-out ({args.dir / HELDOUT}: another job, never tuned on; reported, not gating)")
         print(table(held_results))
+        if args.calibration:
+            print(calibration_table(held_results))
     # the library gates; the held-out yield is a measurement
     return 0 if all(r.correct for r in results) else 1
+
+
+def calibration_table(results: list[IncidentResult]) -> str:
+    rows, brier = calibration(results)
+    lines = ["", "calibration (every finding of the judged windows)",
+             f"{'confidence':<12}{'findings':>10}{'mean conf':>11}{'right':>8}"]
+    lines += [f"{rng:<12}{n:>10}{mean:>11.2f}{right:>8.0%}" for rng, n, mean, right in rows]
+    lines.append(f"Brier score: {brier:.3f} (0 is perfect)" if brier is not None else "no findings")
+    return "\n".join(lines)
 
 
 def _replay(incs: list[Path], verbose: bool, label: str) -> list[IncidentResult]:

@@ -65,6 +65,8 @@ class IncidentResult:
     onset_to_window_steps: int | None = None
     window_steps: int | None = None
     heterogeneous: bool = False       # ranks do different work by design (a healthy run all the same)
+    # every finding of the judged window: (confidence, whether it matches an expectation), for calibration
+    scored: list[tuple[float, bool]] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -159,6 +161,7 @@ def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None,
                                f"{', '.join(sorted({r for f in hits for r in f.rule_ids}))}")
     unexplained = [f for f in confident if not any(_matches(f, e) for e in exp.expect)]
     res.false_findings += len(unexplained)
+    res.scored = [(f.confidence, any(_matches(f, e) for e in exp.expect)) for f in w.findings]
     for f in confident:
         for m in exp.must_not:
             if _forbidden(f, m) and not any(_matches(f, e) for e in exp.expect):
@@ -198,3 +201,22 @@ def find_heldout(root: Path) -> list[Path]:
     """The held-out incidents beside a library (`root/heldout/`), none when there is no such folder."""
     held = Path(root) / HELDOUT
     return find_incidents(held) if held.is_dir() and not (Path(root) / "expected.yaml").exists() else []
+
+
+CALIBRATION_BINS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.0001)
+
+
+def calibration(results: list[IncidentResult]) -> tuple[list[tuple[str, int, float, float]], float | None]:
+    """Reliability of the stated confidence over every finding of the judged windows: per bin
+    (range, findings, mean confidence, share that matched an expectation), and the Brier score
+    (mean squared gap between confidence and being right; 0 is perfect). A missed root cause is no
+    finding and does not enter it: the yield counts those."""
+    pairs = [p for r in results for p in r.scored]
+    rows = []
+    for lo, hi in zip(CALIBRATION_BINS, CALIBRATION_BINS[1:]):
+        b = [(c, ok) for c, ok in pairs if lo <= c < hi]
+        if b:
+            rows.append((f"{lo:.1f}-{min(hi, 1.0):.1f}", len(b), sum(c for c, _ in b) / len(b),
+                         sum(ok for _, ok in b) / len(b)))
+    brier = sum((c - float(ok)) ** 2 for c, ok in pairs) / len(pairs) if pairs else None
+    return rows, brier

@@ -106,8 +106,8 @@ class ConfigDeviation(Fact):
     key: str
     value: str
     peer_value: str
-    # the job's history: an earlier window of the run showed the same difference on this rank while
-    # it was not slow; a difference that was there when the job was healthy cannot explain a slowdown
+    # the job's history: an earlier window of the run, when the job was clearly faster, showed the same
+    # difference on this rank; a difference that was there when the job was healthy cannot explain a slowdown
     seen_while_healthy: bool = False
     seen_in_window: str | None = None
 

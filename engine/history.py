@@ -1,16 +1,17 @@
 """The job's own history as evidence: what earlier windows of the same run already showed.
 
 An SRE asks first "was it like this when the job was fine?". A rank that ran with a different
-setting in an earlier window, and was not slow then, shows that the setting does not make it
-slow: the difference cannot explain a slowdown that began later. Each window is compared with the
-windows of the same run that opened before it (by step number, never by wall clock).
+setting in an earlier window, when the job was clearly faster than now, shows that the setting was
+there before the slowdown: the difference cannot explain a slowdown that began later. Each window
+is compared with the windows of the same run that opened before it (by step number, never by wall
+clock).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from eroica.engine.facts import ConfigDeviation, Fact, RankSlowness
+from eroica.engine.facts import ConfigDeviation, Fact
 from eroica.engine.load import WindowData
 from eroica.engine.peer import PeerAnalysis
 
@@ -27,21 +28,30 @@ def _deviates(w: WindowData, a: PeerAnalysis, rank: int, key: str, value: str, p
     return bool(total) and votes.get(peer_value, 0) > total / 2
 
 
+FASTER_THEN_RATIO = 1.15     # the job's step now at least this many times the earlier window's
+
+
+def _job_step(a: PeerAnalysis) -> float:
+    steps = sorted(row.step_seconds for row in a.rows.values())
+    return steps[len(steps) // 2] if steps else 0.0
+
+
 def mark_history(windows: list[WindowData], analyses: dict[str, PeerAnalysis]) -> None:
-    """Mark each window's config deviations that an earlier window of the run showed on a rank that
-    was not slow there (`seen_while_healthy`). Changes `analyses[...].facts` in place."""
+    """Mark each window's config deviations that an earlier window of the run already showed while
+    the job was clearly faster than now (`seen_while_healthy`). Changes `analyses[...].facts` in place."""
     order = sorted(windows, key=lambda w: int(w.columns.start_step.min()) if w.columns.ranks else 0)
     for k, w in enumerate(order):
         a = analyses[w.window_id]
         if not k or not any(isinstance(f, ConfigDeviation) for f in a.facts):
             continue
+        now = _job_step(a)
         facts: list[Fact] = []
         for f in a.facts:
             if isinstance(f, ConfigDeviation):
                 for e in order[:k]:
                     ea = analyses[e.window_id]
-                    slow_then = any(isinstance(x, RankSlowness) and x.rank == f.rank for x in ea.facts)
-                    if not slow_then and _deviates(e, ea, f.rank, f.key, f.value, f.peer_value):
+                    faster_then = 0 < _job_step(ea) * FASTER_THEN_RATIO <= now
+                    if faster_then and _deviates(e, ea, f.rank, f.key, f.value, f.peer_value):
                         f = f.model_copy(update={"seen_while_healthy": True, "seen_in_window": e.window_id})
                         break
             facts.append(f)

@@ -94,7 +94,7 @@ def test_a_config_difference_the_rank_had_while_healthy_cannot_explain_a_later_s
         out = []
         for r in range(4):
             busy = {"compute:forward": 0.08 if (slow and r == 3) else 0.02, "compute:backward": 0.03}
-            d = make_doc(r, busy=busy, window=wid)
+            d = make_doc(r, busy=busy, window=wid, step=0.14 if slow else 0.1)   # the job slowed since
             d = d.model_copy(update={"window": d.window.model_copy(update={"start_step": int(wid.split("-s")[1])})})
             cfg = [c for c in d.config] + [make_cfg("cpu.affinity_count", "1" if r == 3 else "2")]
             out.append(d.model_copy(update={"config": cfg}))
@@ -105,6 +105,12 @@ def test_a_config_difference_the_rank_had_while_healthy_cannot_explain_a_later_s
     mark_history([late, early], analyses)
     (dev,) = [f for f in analyses["w001-s56"].facts if isinstance(f, ConfigDeviation)]
     assert dev.seen_while_healthy and dev.seen_in_window == "w000-s15"
+    # the earlier window was as slow as now: it says nothing about what began later
+    same = window(docs("w000-s15", True), "w000-s15")
+    analyses = {w.window_id: analyze(w) for w in (same, late)}
+    mark_history([same, late], analyses)
+    (dev,) = [f for f in analyses["w001-s56"].facts if isinstance(f, ConfigDeviation)]
+    assert not dev.seen_while_healthy
     # without the healthy window the same difference is a lead
     alone = {"w001-s56": analyze(late)}
     mark_history([late], alone)
