@@ -121,3 +121,15 @@ def test_the_readme_states_the_yields_eval_measures() -> None:
     assert now[0].endswith(cells(INCIDENTS)), (now[0], cells(INCIDENTS))
     assert now[1].endswith(cells([p for p in held if p.name < "HO-0100"])), now[1]
     assert now[2].endswith(cells([p for p in held if p.name > "HO-0100"])), now[2]
+
+
+def test_calibration_bins_the_stated_confidence_against_being_right() -> None:
+    from eroica.engine.evaluate import IncidentResult, calibration
+
+    rs = [IncidentResult("a", ["x"], True, 0, scored=[(0.9, True), (0.2, False)]),
+          IncidentResult("b", ["x"], True, 0, scored=[(0.8, True), (0.75, False)])]
+    rows, brier = calibration(rs)
+    assert [(r[0], r[1]) for r in rows] == [("0.0-0.3", 1), ("0.7-0.9", 2), ("0.9-1.0", 1)]
+    assert rows[1][3] == 0.5
+    assert brier is not None and abs(brier - (0.01 + 0.04 + 0.04 + 0.5625) / 4) < 1e-9
+    assert calibration([]) == ([], None)
