@@ -17,7 +17,7 @@ import tempfile
 SIMULATE = r"""
 import sys, time
 from pathlib import Path
-from eroica.cli.simulate import simulate
+from eroica.lab.simulate import simulate
 t0 = time.perf_counter()
 simulate(Path(sys.argv[2]), int(sys.argv[1]), "gpu_throttled", seed=1, tp=8, pp=5, packed=True)
 print(time.perf_counter() - t0)

@@ -136,8 +136,8 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    from eroica.cli.launch import CpuCgroups, free_port
     from eroica.collector.policy import TriggerPolicy
+    from eroica.lab.launch import CpuCgroups, free_port
 
     cg = CpuCgroups.create(None, 4)       # the job's own cpu cgroup with high shares, when possible
     try:

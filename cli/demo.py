@@ -6,10 +6,10 @@ import argparse
 import time
 from pathlib import Path
 
-from eroica.cli.launch import launch
-from eroica.cli.workload import FAULTS
 from eroica.engine.diagnose import diagnose
 from eroica.engine.render import render
+from eroica.lab.launch import launch
+from eroica.lab.workload import FAULTS
 
 HEALTHY_FORCED_WINDOW_STEP = 40   # after warm-up and a full detector reference
 

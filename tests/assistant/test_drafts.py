@@ -22,7 +22,7 @@ from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.evaluate import find_incidents, load_expected
 
 ROOT = Path(__file__).parents[2]
-WORKLOAD = ROOT / "cli" / "workload.py"
+WORKLOAD = ROOT / "lab" / "workload.py"
 OPTS = DiagnoseOptions(in_process=True)
 SECTIONS = ("## The diagnosis it rests on", "## Proposed change", "## Risk", "## Validation plan", "## Rollback",
             "## What was sent to a model", "## Approval")

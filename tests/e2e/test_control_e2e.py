@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from eroica.cli.launch import free_port, launch
 from eroica.cli.main import main
 from eroica.collector.facts import PatternsDoc
+from eroica.lab.launch import free_port, launch
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from eroica.cli.launch import launch
 from eroica.collector.facts import PatternsDoc
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.lab.launch import launch
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e

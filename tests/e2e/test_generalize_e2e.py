@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from retry import twice
 
-from eroica.cli.launch import CPU_ROOT, launch
-from eroica.cli.netns import available as netns_available
 from eroica.engine.diagnose import diagnose
+from eroica.lab.launch import CPU_ROOT, launch
+from eroica.lab.netns import available as netns_available
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e

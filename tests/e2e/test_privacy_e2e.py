@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from retry import twice
 
-from eroica.cli.launch import launch
 from eroica.engine.diagnose import diagnose
 from eroica.engine.render import FORMATS, render
+from eroica.lab.launch import launch
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from eroica.cli.netns import RankNetworks, available
+from eroica.lab.netns import RankNetworks, available
 
 OK, WHY = available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"network namespaces unavailable here: {WHY}")

@@ -18,7 +18,7 @@ def test_first_proposal_wins_and_everyone_sees_it() -> None:
 
 def test_real_tcp_store_has_the_same_semantics() -> None:
     torch_dist = pytest.importorskip("torch.distributed")
-    from eroica.cli.launch import free_port
+    from eroica.lab.launch import free_port
 
     port = free_port()
     server = torch_dist.TCPStore("127.0.0.1", port, 2, True, timeout=timedelta(seconds=10), wait_for_workers=False)

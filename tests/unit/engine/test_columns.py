@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 from patterns_factory import STEPS, make_doc, write_run
 
-from eroica.cli.simulate import simulate
 from eroica.engine.columns import window_columns
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.groups import bimodal_split
 from eroica.engine.load import load_run
 from eroica.engine.robust import MAD_TO_SIGMA, SUSPECT_EXCESS_STEP_RATIO, SUSPECT_Z, clean_members
+from eroica.lab.simulate import simulate
 
 
 def test_columns_hold_each_ranks_numbers_in_rank_order_and_none_is_nan() -> None:

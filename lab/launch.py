@@ -17,9 +17,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eroica.cli.netns import RankNetworks
-from eroica.cli.netns import available as netns_available
-from eroica.cli.workload import fault_pairs
+from eroica.lab.netns import RankNetworks
+from eroica.lab.netns import available as netns_available
+from eroica.lab.workload import fault_pairs
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 
@@ -175,13 +175,13 @@ def launch(
     stop_on_failure: bool = True,
     log_dir: Path | None = None,
     master_port: int | None = None,
-    module: str = "eroica.cli.workload",
+    module: str = "eroica.lab.workload",
     netns: bool = False,
 ) -> JobResult:
     """`stop_on_failure`: when one rank exits non-zero, stop the others (as torchrun does); False lets
     them run on (a job whose ranks do not depend on each other). `log_dir`: where each rank's output
     goes (default `out_dir/logs`). `module`: the training script run on each rank (the demo workload, or
-    `eroica.cli.workload_lm`, the held-out one). `netns`: every rank in its own network namespace even
+    `eroica.lab.workload_lm`, the held-out one). `netns`: every rank in its own network namespace even
     without `nic_degraded` (links of their own, none capped)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = log_dir or out_dir / "logs"

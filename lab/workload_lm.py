@@ -1,6 +1,6 @@
 """A second training job, unlike the demo in shape: the held-out workload of `incidents/heldout/`.
 
-The demo job (`eroica.cli.workload`) is where the rules were written: a DDP MLP that reads its
+The demo job (`eroica.lab.workload`) is where the rules were written: a DDP MLP that reads its
 batches in the training thread and does the same thing every step. This one is a small
 transformer language model whose life has phases, as real jobs do:
 
@@ -28,7 +28,7 @@ import time
 import warnings
 from collections import deque
 
-from eroica.cli.workload import (
+from eroica.lab.workload import (
     CheckpointWriter,
     Shard,
     _Node,

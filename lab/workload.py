@@ -1,6 +1,6 @@
 """The demo training job: one rank of a small DDP model on synthetic data, with optional real faults.
 
-Run by the launcher as `python -m eroica.cli.workload` once per rank (RANK, WORLD_SIZE,
+Run by the launcher as `python -m eroica.lab.workload` once per rank (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT in the environment, as torchrun sets them). Faults are real and start at
 `--fault-step` on the chosen rank(s); `--every N` makes them intermittent (every N-th step):
 
