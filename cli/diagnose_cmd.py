@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--overrides", type=Path, action="append", default=None,
                    help="site override file (knowledge/overrides/<site>.yaml); repeatable")
     p.add_argument("--knowledge", type=Path, action="append", default=None,
-                   help="a site knowledge directory: its rules/ are added and its overrides/*.yaml applied")
+                   help="a site knowledge directory: its rules/ are added, its overrides/*.yaml applied and the root "
+                        "causes of its taxonomy.yaml added; repeatable")
     p.add_argument("--facts", action="store_true",
                    help="print the typed facts the rules see (one JSON object per line), for rule authors")
     p.set_defaults(func=run)
@@ -52,15 +53,12 @@ def run(args: argparse.Namespace) -> int:
     rules, overrides = list(args.rules or []), list(args.overrides or [])
     for k in args.knowledge or []:
         if not k.is_dir():
-            print(f"eroica diagnose: --knowledge {k}: not a directory (expected rules/ and/or overrides/)",
-                  file=sys.stderr)
+            print(f"eroica diagnose: --knowledge {k}: not a directory (expected rules/, overrides/ and/or "
+                  "taxonomy.yaml)", file=sys.stderr)
             return 2
-        if (k / "rules").is_dir():
-            rules.append(k / "rules")
-        overrides.extend(sorted((k / "overrides").glob("*.yaml")))
     try:
         d = diagnose(args.run_dir, DiagnoseOptions(extra_rule_dirs=rules, override_files=overrides,
-                                                   window=args.window))
+                                                   window=args.window, knowledge_dirs=list(args.knowledge or [])))
     except RuleError as exc:
         print("eroica diagnose: the rule base has problems:\n" + "\n".join(exc.problems), file=sys.stderr)
         return 2

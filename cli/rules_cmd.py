@@ -10,7 +10,15 @@ from eroica.engine.diagnose import load_taxonomy
 from eroica.engine.errors import RuleError
 from eroica.engine.rules.compiler import compile_each, compile_rule, derived_kinds, fact_fields
 from eroica.engine.rules.lint_refs import given_problems, reference_problems, summary_problems
-from eroica.engine.rules.loader import LoadedRule, builtin_rules_dir, line_of, load_rules, parse_rule_file, rule_files
+from eroica.engine.rules.loader import (
+    LoadedRule,
+    builtin_rules_dir,
+    line_of,
+    load_overrides,
+    load_rules,
+    parse_rule_file,
+    rule_files,
+)
 from eroica.engine.rules.runner import RuleTestCase, run_tests
 from eroica.engine.rules.schema import THRESHOLD_OPS
 
@@ -22,10 +30,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     rs = p.add_subparsers(dest="rules_cmd", required=True)
     t = rs.add_parser("test", help="run every rule's inline tests")
     t.add_argument("paths", nargs="*", type=Path, help="rule files or directories (default: shipped rules)")
-    t.set_defaults(func=cmd_test)
     li = rs.add_parser("lint", help="check rules: schema, fact fields, taxonomy, ids, threshold tests")
     li.add_argument("paths", nargs="*", type=Path)
-    li.set_defaults(func=cmd_lint)
+    for sp, func in ((t, cmd_test), (li, cmd_lint)):
+        sp.add_argument("--knowledge", type=Path, action="append", default=[],
+                        help="a site knowledge directory, as eroica diagnose takes it: its rules/ are added, its "
+                             "overrides/*.yaml applied and its taxonomy.yaml's root causes known; repeatable")
+        sp.set_defaults(func=func)
+
+
+def _site(args: argparse.Namespace) -> tuple[list[Path], dict[str, dict[str, object]]]:
+    """The rule paths and overrides that the arguments and the site knowledge directories name."""
+    paths = list(args.paths or [builtin_rules_dir()])
+    files: list[Path] = []
+    for k in args.knowledge:
+        if not k.is_dir():
+            raise RuleError([f"--knowledge {k}: not a directory (expected rules/, overrides/ and/or taxonomy.yaml)"])
+        if (k / "rules").is_dir():
+            paths.append(k / "rules")
+        files.extend(sorted((k / "overrides").glob("*.yaml")))
+    return paths, load_overrides(files)
 
 
 def build_cases(rules: list[LoadedRule]) -> tuple[list[RuleTestCase], list[str]]:
@@ -39,7 +63,8 @@ def build_cases(rules: list[LoadedRule]) -> tuple[list[RuleTestCase], list[str]]
 
 def cmd_test(args: argparse.Namespace) -> int:
     try:
-        rules = load_rules(args.paths or [builtin_rules_dir()])
+        paths, overrides = _site(args)
+        rules = load_rules(paths, overrides)
     except RuleError as exc:
         print("\n".join(exc.problems))
         return 1
@@ -62,7 +87,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     return 1 if failed or untested else 0
 
 
-def lint(paths: list[Path]) -> list[str]:
+def lint(paths: list[Path], site_dirs: list[Path] | None = None) -> list[str]:
     problems: list[str] = []
     loaded: list[LoadedRule] = []
     seen: dict[str, str] = {}
@@ -78,7 +103,7 @@ def lint(paths: list[Path]) -> list[str]:
             continue
         seen[lr.rule.id] = str(f)
         loaded.append(lr)
-    taxonomy = load_taxonomy()
+    taxonomy = load_taxonomy(site_dirs=site_dirs)
     vocab = fact_fields(derived_kinds(loaded))
     for lr in loaded:
         r = lr.rule
@@ -117,7 +142,10 @@ def lint(paths: list[Path]) -> list[str]:
 
 def cmd_lint(args: argparse.Namespace) -> int:
     try:
-        problems = lint(args.paths or [builtin_rules_dir()])
+        paths, overrides = _site(args)
+        if overrides:
+            load_rules(paths, overrides)  # overrides are validated against the rules they name
+        problems = lint(paths, args.knowledge)
     except RuleError as exc:
         problems = exc.problems
     for p in problems:

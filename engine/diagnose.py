@@ -21,6 +21,7 @@ from eroica.engine.diagnosis import (
     StepSummary,
     WindowDiagnosis,
 )
+from eroica.engine.errors import RuleError
 from eroica.engine.facts import CategoryExcess, FunctionOutlier, HardwareSignal, RankSlowness
 from eroica.engine.history import mark_history
 from eroica.engine.load import WindowData, load_run
@@ -45,11 +46,33 @@ class TaxonomyEntry:
 EXPLAINED_AWAY_FACTOR = 0.5
 
 
-def load_taxonomy(knowledge_dir: Path | None = None) -> dict[str, TaxonomyEntry]:
+def load_taxonomy(knowledge_dir: Path | None = None, site_dirs: list[Path] | None = None) -> dict[str, TaxonomyEntry]:
+    """The shipped taxonomy, plus the root causes a site adds in `<site dir>/taxonomy.yaml` (new ids
+    only: a shipped one is changed through the rules and overrides, not redefined)."""
     path = (knowledge_dir or builtin_knowledge_dir()) / "taxonomy.yaml"
     data = yaml.safe_load(path.read_text())
-    return {k: TaxonomyEntry(**{**v, "explained_by": tuple(v.get("explained_by", ()))})
-            for k, v in data["root_causes"].items()}
+    out = {k: TaxonomyEntry(**{**v, "explained_by": tuple(v.get("explained_by", ()))})
+           for k, v in data["root_causes"].items()}
+    for d in site_dirs or []:
+        f = Path(d) / "taxonomy.yaml"
+        if not f.exists():
+            continue
+        try:
+            site = (yaml.safe_load(f.read_text()) or {}).get("root_causes") or {}
+        except yaml.YAMLError as exc:
+            raise RuleError([f"{f}: not valid YAML: {exc}"]) from exc
+        problems = []
+        for k, v in site.items():
+            if k in out:
+                problems.append(f"{f}: root cause {k!r} is already in the taxonomy; a site adds new ids")
+                continue
+            try:
+                out[k] = TaxonomyEntry(**{**v, "explained_by": tuple(v.get("explained_by", ()))})
+            except TypeError as exc:
+                problems.append(f"{f}: root cause {k!r}: {exc}; it needs category, component, question, runbook")
+        if problems:
+            raise RuleError(problems)
+    return out
 
 
 @dataclass(frozen=True)
@@ -331,21 +354,27 @@ class DiagnoseOptions:
     extra_rule_dirs: list[Path] | None = None  # a site's own rules, kept outside the repo
     override_files: list[Path] | None = None
     window: str | None = None
+    knowledge_dirs: list[Path] | None = None   # a site's knowledge: rules/, overrides/*.yaml, taxonomy.yaml
     in_process: bool = False
     doc_cache: int = 4096                      # parsed documents kept in memory; others are read again
 
 
 def compile_knowledge(opts: DiagnoseOptions) -> list[RuleIR]:
     paths = list(opts.rule_paths or [builtin_knowledge_dir() / "rules"]) + list(opts.extra_rule_dirs or [])
+    override_files = list(opts.override_files or [])
+    for k in opts.knowledge_dirs or []:
+        if (Path(k) / "rules").is_dir():
+            paths.append(Path(k) / "rules")
+        override_files.extend(sorted((Path(k) / "overrides").glob("*.yaml")))
     rule_files(paths)  # raises a clear error for missing paths
-    overrides = load_overrides(list(opts.override_files or []))
+    overrides = load_overrides(override_files)
     return compile_rules(load_rules(paths, overrides))
 
 
 def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
     opts = opts or DiagnoseOptions()
     rules = compile_knowledge(opts)
-    taxonomy = load_taxonomy()
+    taxonomy = load_taxonomy(site_dirs=opts.knowledge_dirs)
     windows = load_run(Path(run_dir), opts.window, opts.doc_cache)
     analyses = {w.window_id: analyze(w) for w in windows}
     mark_history(windows, analyses)
