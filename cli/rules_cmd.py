@@ -150,5 +150,6 @@ def cmd_lint(args: argparse.Namespace) -> int:
         problems = exc.problems
     for p in problems:
         print(p)
-    print(f"{len(problems)} problem(s)")
+    print(f"{len(problems)} problem(s)" + ("; the rule format and the knowledge layout: knowledge/README.md, "
+                                          "docs/rule-authoring.md" if problems else ""))
     return 1 if problems else 0
