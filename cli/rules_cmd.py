@@ -9,7 +9,7 @@ from pathlib import Path
 from eroica.engine.diagnose import load_taxonomy
 from eroica.engine.errors import RuleError
 from eroica.engine.rules.compiler import compile_each, compile_rule, derived_kinds, fact_fields
-from eroica.engine.rules.lint_refs import given_problems, reference_problems, summary_problems
+from eroica.engine.rules.lint_refs import boundary_problems, given_problems, reference_problems, summary_problems
 from eroica.engine.rules.loader import (
     LoadedRule,
     builtin_rules_dir,
@@ -30,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     rs = p.add_subparsers(dest="rules_cmd", required=True)
     t = rs.add_parser("test", help="run every rule's inline tests")
     t.add_argument("paths", nargs="*", type=Path, help="rule files or directories (default: shipped rules)")
-    li = rs.add_parser("lint", help="check rules: schema, fact fields, taxonomy, ids, threshold tests")
+    li = rs.add_parser("lint", help="check rules: schema, fact fields, given facts, taxonomy, ids, references, "
+                                    "a quiet test at every threshold's boundary")
     li.add_argument("paths", nargs="*", type=Path)
     for sp, func in ((t, cmd_test), (li, cmd_lint)):
         sp.add_argument("--knowledge", type=Path, action="append", default=[],
@@ -110,6 +111,7 @@ def lint(paths: list[Path], site_dirs: list[Path] | None = None) -> list[str]:
         _, probs = compile_rule(lr, vocab)
         problems.extend(probs)
         problems.extend(given_problems(lr, vocab) + summary_problems(lr, vocab) + reference_problems(lr))
+        problems.extend(boundary_problems(lr, THRESHOLD_OPS, _CMP))
         if r.taxonomy not in taxonomy:
             problems.append(f"{lr.path}:{line_of(lr.lines, ('taxonomy',))}: rule {r.id!r}: unknown taxonomy id "
                             f"{r.taxonomy!r}; add it to knowledge/taxonomy.yaml or use one of "

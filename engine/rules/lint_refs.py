@@ -72,3 +72,43 @@ def reference_problems(lr: LoadedRule, knowledge_dir: Path | None = None,
                 out.append(f"{lr.path}:{line_of(lr.lines, ('incidents',))}: rule {r.id!r}: incident {inc!r} "
                            f"is not in {incidents}")
     return out
+
+
+def _differs_only_at(quiet: list[dict[str, Any]], firing: list[dict[str, Any]], kind: str, field: str) -> bool:
+    """The quiet test's facts are the firing test's, but for `field` of one `kind` fact."""
+    if len(quiet) != len(firing):
+        return False
+    changed = 0
+    for q, f in zip(quiet, firing):
+        if q == f:
+            continue
+        if q.get("kind") != kind or f.get("kind") != kind or set(q) != set(f):
+            return False
+        if {k for k in q if q[k] != f[k]} != {field}:
+            return False
+        changed += 1
+    return changed == 1
+
+
+def boundary_problems(lr: LoadedRule, threshold_ops: tuple[str, ...], cmp: dict[str, Any]) -> list[str]:
+    """Each threshold needs its own quiet test: a firing test's facts with only that field moved
+    across the boundary (so the test proves that threshold, not another condition failing)."""
+    r, out = lr.rule, []
+    firing = [t for t in r.tests if t.expect]
+    quiet = [t for t in r.tests if not t.expect]
+    for i, cond in enumerate(r.when):
+        for field, spec in cond.where.items():
+            if not isinstance(spec, dict):
+                continue
+            for op, val in spec.items():
+                if op not in threshold_ops or not isinstance(val, (int, float)) or isinstance(val, bool):
+                    continue
+                ok = any(_differs_only_at(list(q.given), list(f.given), cond.fact, field)
+                         and any(g.get("kind") == cond.fact and field in g and not cmp[op](g[field], val)
+                                 for g in q.given)
+                         for q in quiet for f in firing)
+                if not ok:
+                    out.append(f"{lr.path}:{line_of(lr.lines, ('when', i, 'where', field))}: rule {r.id!r}: "
+                               f"threshold {cond.fact}.{field} {op} {val} has no quiet test that differs from a "
+                               f"firing test only there; copy a firing test and move {field} across {val}")
+    return out

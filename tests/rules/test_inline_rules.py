@@ -77,3 +77,16 @@ def test_lint_catches_bad_given_facts_summary_fields_and_dangling_references(tmp
     assert "fix_template 'no-such-template' has no knowledge/remediations/no-such-template.yaml" in text
     assert "incident 'INC-9999' is not in" in text
     assert all(p.startswith(f"{tmp_path / 'contention.yaml'}:") for p in problems)
+
+
+def test_lint_wants_a_quiet_test_at_each_threshold_that_differs_from_a_firing_test_only_there(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from eroica.cli.rules_cmd import lint
+
+    src = (Path(__file__).parents[2] / "knowledge" / "rules" / "storage" / "slow_writes.yaml").read_text()
+    start = src.index("  - name: \"quiet when function_outlier.explains_ratio is just across")
+    end = src.index("    expect: []", start) + len("    expect: []\n")
+    (tmp_path / "slow_writes.yaml").write_text(src[:start] + src[end:])   # that boundary's own quiet test gone
+    problems = lint([tmp_path])
+    assert len(problems) == 1 and "threshold function_outlier.explains_ratio gte 0.3 has no quiet test" in problems[0]
