@@ -33,6 +33,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     li = rs.add_parser("lint", help="check rules: schema, fact fields, given facts, taxonomy, ids, references, "
                                     "a quiet test at every threshold's boundary")
     li.add_argument("paths", nargs="*", type=Path)
+    pr = rs.add_parser("promote", help="experimental rules that diagnose enough incidents and never fired on a "
+                                       "healthy run become stable (--dry-run lists them)")
+    pr.add_argument("--incidents", type=Path, default=Path("incidents"), help="the incident library")
+    pr.add_argument("--min-incidents", type=int, default=3)
+    pr.add_argument("--dry-run", action="store_true", help="list the candidates, change nothing")
+    pr.set_defaults(func=cmd_promote)
     for sp, func in ((t, cmd_test), (li, cmd_lint)):
         sp.add_argument("--knowledge", type=Path, action="append", default=[],
                         help="a site knowledge directory, as eroica diagnose takes it: its rules/ are added, its "
@@ -155,3 +161,23 @@ def cmd_lint(args: argparse.Namespace) -> int:
     print(f"{len(problems)} problem(s)" + ("; the rule format and the knowledge layout: knowledge/README.md, "
                                           "docs/rule-authoring.md" if problems else ""))
     return 1 if problems else 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    import re
+
+    from eroica.engine.diagnose import DiagnoseOptions
+    from eroica.engine.evaluate import promotion_candidates
+
+    if not args.incidents.is_dir():
+        print(f"eroica rules promote: {args.incidents}: no incident library there")
+        return 2
+    cands = promotion_candidates(args.incidents, load_rules(), args.min_incidents, DiagnoseOptions(in_process=True))
+    for c in cands:
+        print(f"{'would promote' if args.dry_run else 'promoted'} {c.rule_id} to stable: diagnoses "
+              f"{', '.join(c.incidents)}, no confident finding on a healthy run ({c.path})")
+        if not args.dry_run:
+            path = Path(c.path)
+            path.write_text(re.sub(r"^status: experimental", "status: stable", path.read_text(), count=1, flags=re.M))
+    print(f"{len(cands)} rule(s) {'ready' if args.dry_run else 'promoted'}")
+    return 0

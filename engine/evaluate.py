@@ -220,3 +220,40 @@ def calibration(results: list[IncidentResult]) -> tuple[list[tuple[str, int, flo
                          sum(ok for _, ok in b) / len(b)))
     brier = sum((c - float(ok)) ** 2 for c, ok in pairs) / len(pairs) if pairs else None
     return rows, brier
+
+
+PROMOTE_MIN_INCIDENTS = 3    # recorded incidents a rule must diagnose before it is stable
+
+
+@dataclass
+class PromotionCandidate:
+    rule_id: str
+    path: str
+    incidents: list[str]
+    false_findings: int           # confident findings of its root cause on healthy or heterogeneous runs
+
+
+def promotion_candidates(root: Path, rules: list[Any], min_incidents: int = PROMOTE_MIN_INCIDENTS,
+                         opts: DiagnoseOptions | None = None) -> list[PromotionCandidate]:
+    """Experimental rules ready for `stable`: at least `min_incidents` incidents name the rule, each
+    is diagnosed right with the rule among those that fired, and no healthy or heterogeneous run of
+    the library (or the held-out set) has a confident finding of its root cause."""
+    incs = {p.name: p for p in find_incidents(root) + find_heldout(root)}
+    named = naming_rules(rules)
+    quiet_runs = [p for p in incs.values() if not load_expected(p / "expected.yaml").expect]
+    fired_on_quiet: dict[str, int] = {}
+    for p in quiet_runs:
+        for w in diagnose(p / "patterns", opts).windows:
+            for f in w.findings:
+                if f.confidence >= 0.5:
+                    fired_on_quiet[f.root_cause] = fired_on_quiet.get(f.root_cause, 0) + 1
+    out = []
+    for lr in rules:
+        r = lr.rule
+        if r.status.value != "experimental" or len(r.incidents) < min_incidents:
+            continue
+        ok = all(i in incs and evaluate_incident(incs[i], opts, named.get(i)).correct for i in r.incidents)
+        false = fired_on_quiet.get(r.taxonomy, 0)
+        if ok and not false:
+            out.append(PromotionCandidate(r.id, str(lr.path), list(r.incidents), false))
+    return out
