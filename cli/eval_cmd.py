@@ -19,6 +19,7 @@ from eroica.engine.evaluate import (
     find_incidents,
     naming_rules,
 )
+from eroica.engine.rules.loader import load_rules
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -106,8 +107,6 @@ def calibration_table(results: list[IncidentResult]) -> str:
 
 
 def _replay(incs: list[Path], verbose: bool, label: str) -> list[IncidentResult]:
-    from eroica.engine.rules.loader import load_rules
-
     named = naming_rules(load_rules())
     results = []
     for i, inc in enumerate(incs, 1):

@@ -269,9 +269,8 @@ class Monitor:
                 self._exclude_next = False
             decision = self._detector.observe(done, seconds, excluded=excluded)
             if decision.fire and self._pending is None and self._window is None and self._may_open():
-                period = decision.period_steps
-                self._propose(steps=min(max(self.policy.window_steps, period + 1), self.policy.max_window_steps)
-                              if period else None)
+                self._propose(steps=self.policy.window_length(decision.period_steps)
+                              if decision.period_steps else None)
         if self._pending is None and self._window is None and self._step % self.policy.poll_every_steps == 0:
             self._poll()
         if self._window is None and self._pending is not None and self._step >= self._pending.start_step:
@@ -347,6 +346,7 @@ class Monitor:
         self._store.submit("propose", lambda: coord.propose(index, target, trigger, steps))
 
     def _length(self, plan: WindowPlan) -> int:
+        """An agreed plan's length (its own, bounded by this rank's policy, or the policy's)."""
         return min(plan.steps, self.policy.max_window_steps) if plan.steps else self.policy.window_steps
 
     def _poll(self) -> None:

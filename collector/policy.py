@@ -87,6 +87,13 @@ class TriggerPolicy(BaseModel):
     )
     min_world_size: int = Field(1, ge=1, description="jobs with fewer ranks are not watched by the detector")
 
+    def window_length(self, period_steps: int | None = None) -> int:
+        """Steps a window profiles: the policy's, or one whole period (+1 step) of a periodic
+        slowdown, at most `max_window_steps`."""
+        if not period_steps:
+            return self.window_steps
+        return min(max(self.window_steps, period_steps + 1), self.max_window_steps)
+
     def eligible(self, job_name: str, world_size: int) -> str | None:
         """None when the detector should watch this job, else why not (requested windows still open)."""
         if world_size < self.min_world_size:

@@ -79,7 +79,5 @@ def replay(steps: list[float], policy: TriggerPolicy | None = None) -> list[Repl
         d = det.observe(k, seconds, excluded=excluded)
         recent = [t for t in opened_at if t > clock - 3600]
         if d.fire and pending is None and not in_window and len(recent) < policy.max_windows_per_hour:
-            length = min(max(policy.window_steps, d.period_steps + 1), policy.max_window_steps) if d.period_steps \
-                else policy.window_steps
-            pending = (k + policy.lead_steps, k, d.reason, length)
+            pending = (k + policy.lead_steps, k, d.reason, policy.window_length(d.period_steps))
     return windows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -46,11 +47,16 @@ class TaxonomyEntry:
 EXPLAINED_AWAY_FACTOR = 0.5
 
 
+@lru_cache(maxsize=8)
+def _taxonomy_doc(path: Path) -> dict[str, Any]:
+    """The shipped taxonomy file, parsed once per process (root causes and the coverage floor)."""
+    return dict(yaml.safe_load(path.read_text()))
+
+
 def load_taxonomy(knowledge_dir: Path | None = None, site_dirs: list[Path] | None = None) -> dict[str, TaxonomyEntry]:
     """The shipped taxonomy, plus the root causes a site adds in `<site dir>/taxonomy.yaml` (new ids
     only: a shipped one is changed through the rules and overrides, not redefined)."""
-    path = (knowledge_dir or builtin_knowledge_dir()) / "taxonomy.yaml"
-    data = yaml.safe_load(path.read_text())
+    data = _taxonomy_doc((knowledge_dir or builtin_knowledge_dir()) / "taxonomy.yaml")
     out = {k: TaxonomyEntry(**{**v, "explained_by": tuple(v.get("explained_by", ()))})
            for k, v in data["root_causes"].items()}
     for d in site_dirs or []:
@@ -93,7 +99,7 @@ class CoverageFloor:
 
 
 def load_coverage_floor(knowledge_dir: Path | None = None) -> CoverageFloor:
-    data = yaml.safe_load(((knowledge_dir or builtin_knowledge_dir()) / "taxonomy.yaml").read_text())
+    data = _taxonomy_doc((knowledge_dir or builtin_knowledge_dir()) / "taxonomy.yaml")
     return CoverageFloor(**(data.get("coverage_floor") or {}))
 
 

@@ -21,7 +21,7 @@ from eroica.engine.diagnosis import (
 from eroica.engine.load import WindowData
 from eroica.engine.peer import PeerAnalysis
 from eroica.engine.signals import GPU_SIGNALS, HW_SIGNALS, SignalTable
-from eroica.engine.spikes import kept_steps
+from eroica.engine.spikes import kept_steps, scheduled_steps
 
 MAX_FUNCTIONS = 12          # heatmap columns
 MAX_RANK_ROWS = 32          # heatmap rows shown one per rank; the others become percentile rows
@@ -57,7 +57,8 @@ def heatmap(w: WindowData, analysis: PeerAnalysis) -> Heatmap | None:
     if len(ranks) < 2:
         return None
     n = int(cols.n_steps.min())
-    keep = kept_steps(cols.step[:, :n]) if n else np.ones(0, dtype=bool)
+    keep = kept_steps(cols.step[:, :n], scheduled_steps(cols.per_step[:, :, :n], cols.keys)) if n \
+        else np.ones(0, dtype=bool)
     keys, mat = _per_function(cols, keep)
     med = np.median(mat, axis=0)
     dev = mat - med
