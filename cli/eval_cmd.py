@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=run)
 
 
-def table(results: list[IncidentResult]) -> str:
+def table(results: list[IncidentResult], label: str = "overall yield") -> str:
     by: dict[str, list[IncidentResult]] = defaultdict(list)
     for r in results:
         for c in r.causes or ["(heterogeneous)" if r.heterogeneous else "(healthy)"]:
@@ -66,7 +66,7 @@ def table(results: list[IncidentResult]) -> str:
         lines.append(f"confident false findings in faulty runs (other ranks or causes, or before the onset): "
                      f"{before}")
     total = sum(r.correct for r in results)
-    lines.append(f"overall yield: {total}/{len(results)} ({total / len(results):.1%})" if results else "")
+    lines.append(f"{label}: {total}/{len(results)} ({total / len(results):.1%})" if results else "")
     return "\n".join(lines)
 
 
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         held_results = _replay(held, args.verbose, "held-out")
         print()
         print(f"held-out ({args.dir / HELDOUT}: another job, never tuned on; reported, not gating)")
-        print(table(held_results))
+        print(table(held_results, "held-out yield (not gating)"))
         if args.calibration:
             print(calibration_table(held_results))
     # the library gates; the held-out yield is a measurement
