@@ -112,7 +112,6 @@ class StepTimeDetector:
     """
 
     policy: TriggerPolicy
-    _hist: deque[float] = field(default_factory=deque)
     # (median, sigma, central mean) of the reference; recomputed only when a judged step arrives
     _ref_stats: tuple[float, float, float] | None = None
     _consecutive: int = 0
@@ -122,16 +121,16 @@ class StepTimeDetector:
     _anchor_windows: int = 0
     _under_anchor: int = 0
     _fired_against: tuple[float, float, float] | None = None   # the reference of the last firing step
-    _judged: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))   # judged steps only
+    _judged: deque[float] = field(default_factory=deque)   # judged steps only: the reference, recent, periods
     history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))
 
     def _reference(self) -> list[float]:
-        h = list(self._hist)
+        h = list(self._judged)[-(self.policy.baseline_steps + self.policy.recent_steps) :]
         recent = self.policy.recent_steps
         return h[:-recent] if len(h) > recent else []
 
     def _recent(self) -> list[float]:
-        return list(self._hist)[-self.policy.recent_steps :]
+        return list(self._judged)[-self.policy.recent_steps :]
 
     @property
     def baseline_median_seconds(self) -> float | None:
@@ -170,10 +169,9 @@ class StepTimeDetector:
         threshold = self.threshold_seconds()
         sustained_thr = self.sustained_threshold_seconds()
         judged = self._judged_against()
-        self._hist.append(seconds)
         self._judged.append(seconds)
-        while len(self._hist) > self.policy.baseline_steps + self.policy.recent_steps:
-            self._hist.popleft()
+        while len(self._judged) > max(HISTORY_STEPS, self.policy.baseline_steps + self.policy.recent_steps):
+            self._judged.popleft()
         self._update_stats()                 # for the next step; this one is judged by the previous
         if threshold is None or sustained_thr is None:
             return Decision(False, False, None)
