@@ -8,7 +8,7 @@ from pathlib import Path
 
 from eroica.engine.diagnose import load_taxonomy
 from eroica.engine.errors import RuleError
-from eroica.engine.rules.compiler import compile_each, compile_rule, derived_kinds, fact_fields
+from eroica.engine.rules.compiler import compile_each, compile_rule, fact_fields, trace_field, with_derivations
 from eroica.engine.rules.lint_refs import boundary_problems, given_problems, reference_problems, summary_problems
 from eroica.engine.rules.loader import (
     LoadedRule,
@@ -59,12 +59,16 @@ def _site(args: argparse.Namespace) -> tuple[list[Path], dict[str, dict[str, obj
     return paths, load_overrides(files)
 
 
-def build_cases(rules: list[LoadedRule]) -> tuple[list[RuleTestCase], list[str]]:
-    compiled, problems = compile_each(rules)
+def build_cases(rules: list[LoadedRule], site_dirs: list[Path] | None = None) -> tuple[list[RuleTestCase], list[str]]:
+    """One case per inline test; a rule that consumes hypotheses runs with the rules that derive them, so
+    its tests may give measured facts (the chain runs) or the hypotheses themselves."""
+    compiled, problems = compile_each(rules, site_dirs)
+    irs = [ir for _, ir in compiled]
     cases: list[RuleTestCase] = []
     for lr, ir in compiled:
+        chain = with_derivations(ir, irs)
         for t in lr.rule.tests:
-            cases.append(RuleTestCase(lr.rule.id, t.name, (ir,), tuple(t.given), tuple(t.expect), lr.path))
+            cases.append(RuleTestCase(lr.rule.id, t.name, chain, tuple(t.given), tuple(t.expect), lr.path))
     return cases, problems
 
 
@@ -75,7 +79,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     except RuleError as exc:
         print("\n".join(exc.problems))
         return 1
-    cases, problems = build_cases(rules)
+    cases, problems = build_cases(rules, args.knowledge)
     if problems:
         print("\n".join(problems))
         return 1
@@ -111,14 +115,19 @@ def lint(paths: list[Path], site_dirs: list[Path] | None = None) -> list[str]:
         seen[lr.rule.id] = str(f)
         loaded.append(lr)
     taxonomy = load_taxonomy(site_dirs=site_dirs)
-    vocab = fact_fields(derived_kinds(loaded))
+    vocab = fact_fields(site_dirs)
+    irs = [ir for _, ir in compile_each(loaded, site_dirs)[0]]
+
+    def sources(kind: str, field: str) -> list[tuple[str, str]]:
+        return trace_field(kind, field, irs)
+
     for lr in loaded:
         r = lr.rule
         _, probs = compile_rule(lr, vocab)
         problems.extend(probs)
-        problems.extend(given_problems(lr, vocab) + summary_problems(lr, vocab) + reference_problems(lr))
-        problems.extend(boundary_problems(lr, THRESHOLD_OPS, _CMP))
-        if r.taxonomy not in taxonomy:
+        problems.extend(given_problems(lr, vocab, site_dirs) + summary_problems(lr, vocab) + reference_problems(lr))
+        problems.extend(boundary_problems(lr, THRESHOLD_OPS, _CMP, sources))
+        if r.taxonomy is not None and r.taxonomy not in taxonomy:
             problems.append(f"{lr.path}:{line_of(lr.lines, ('taxonomy',))}: rule {r.id!r}: unknown taxonomy id "
                             f"{r.taxonomy!r}; add it to knowledge/taxonomy.yaml or use one of "
                             f"{', '.join(sorted(taxonomy))}")
@@ -135,8 +144,9 @@ def lint(paths: list[Path], site_dirs: list[Path] | None = None) -> list[str]:
                 for op, val in spec.items():
                     if op not in THRESHOLD_OPS or not isinstance(val, (int, float)):
                         continue
-                    vals = [g[field] for t in r.tests for g in t.given
-                            if g.get("kind") == cond.fact and isinstance(g.get(field), (int, float))]
+                    srcs = sources(cond.fact, field)
+                    vals = [g[f] for t in r.tests for g in t.given for k, f in srcs
+                            if g.get("kind") == k and isinstance(g.get(f), (int, float))]
                     hit = any(_CMP[op](v, val) for v in vals)
                     miss = any(not _CMP[op](v, val) for v in vals)
                     if not (hit and miss):

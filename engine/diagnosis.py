@@ -32,6 +32,9 @@ class ConfidenceFactors(Frozen):
     window_consistency_ratio: float = Field(1.0, ge=0, le=1)
     windows_seen_total: NonNegativeInt = 1
     windows_total: NonNegativeInt = 1
+    # the taxonomy's resolution: a cause that another cause on the same ranks explains away keeps this share
+    explained_away_ratio: float = Field(1.0, ge=0, le=1)
+    explained_away_by: str | None = None
     peer_group: str
     peer_group_valid: bool
 
@@ -77,6 +80,7 @@ class Finding(Frozen):
     summary: str
     evidence: list[str]
     rule_ids: list[str]
+    derived_via: list[str] = Field(default_factory=list)   # the rules that derived the hypotheses on the way
     fix_template: str | None = None
     runbook: str | None = None
     insufficient_peer_evidence: bool = False

@@ -11,9 +11,17 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
 
+def _ms(x: float) -> str:
+    return f"{x * 1000:.1f} ms"
+
+
 class Fact(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     rank: NonNegativeInt
+
+    def evidence(self) -> str | None:
+        """The line a finding resting on this fact shows as evidence (None: it adds none of its own)."""
+        return None
 
 
 class RankSlowness(Fact):
@@ -32,6 +40,12 @@ class RankSlowness(Fact):
     consistency_ratio: float = Field(ge=0, le=1)  # share of window steps in which it was slow
     peers: NonNegativeInt
     group_valid: bool
+
+    def evidence(self) -> str:
+        return (f"rank {self.rank} is busy {_ms(self.busy_seconds_per_step)}/step against a peer median of "
+                f"{_ms(self.peer_median_busy_seconds_per_step)} (+{self.excess_step_ratio:.0%} of a step); it waits "
+                f"{self.comm_wait_ratio_to_median:.2f}x the peers' communication time"
+                + (": the others wait for it" if self.least_waiting else ""))
 
 
 class FunctionOutlier(Fact):
@@ -53,6 +67,10 @@ class FunctionOutlier(Fact):
     occurrences_total: NonNegativeInt = 0
     peer_median_occurrences: float = 0.0
 
+    def evidence(self) -> str:
+        return (f"{self.function}: {_ms(self.seconds_per_step)}/step vs {_ms(self.peer_median_seconds_per_step)} "
+                f"(x{self.ratio_to_median:.1f}), explains {self.explains_ratio:.0%}")
+
 
 class CategoryExcess(Fact):
     """All functions of one category on one rank, beside the peers: where the excess time went."""
@@ -66,6 +84,12 @@ class CategoryExcess(Fact):
     top_function: str
     metric_ratio_to_median: float | None = None   # critical-time-weighted metric vs peers
 
+    def evidence(self) -> str:
+        mr = self.metric_ratio_to_median
+        return (f"{self.category} holds the critical path {_ms(self.seconds_per_step)}/step vs "
+                f"{_ms(self.peer_median_seconds_per_step)} on peers, explaining {self.explains_ratio:.0%} of the "
+                f"excess (top: {self.top_function})" + (f"; CPU rate {mr:.2f}x the peers'" if mr is not None else ""))
+
 
 class HardwareSignal(Fact):
     """One whole-window hardware signal of a suspect rank, beside its peers' median."""
@@ -76,6 +100,9 @@ class HardwareSignal(Fact):
     peer_median: float
     delta: float                             # value - peer_median
     ratio_to_median: float                   # capped at 1000 when the median is 0
+
+    def evidence(self) -> str:
+        return f"{self.signal} = {self.value:.3g} (peer median {self.peer_median:.3g})"
 
 
 class LinkSignature(Fact):
@@ -98,6 +125,11 @@ class LinkSignature(Fact):
     peer_median_peak_bytes_per_second: float = 0.0
     peak_ratio_to_peers: float = 1.0
 
+    def evidence(self) -> str:
+        return (f"link byte rate during {self.function}: mean {self.mean_bytes_per_second:.3g} B/s, spread "
+                f"{self.cv_ratio:.2f} of the mean vs {self.peer_median_cv_ratio:.2f} on peers (steady = capped); "
+                f"it waits {self.comm_wait_ratio_to_median:.2f}x the peers' communication time (not a late rank)")
+
 
 class ConfigDeviation(Fact):
     """A configuration value on one rank that differs from the majority of its peers."""
@@ -110,6 +142,9 @@ class ConfigDeviation(Fact):
     # difference on this rank; a difference that was there when the job was healthy cannot explain a slowdown
     seen_while_healthy: bool = False
     seen_in_window: str | None = None
+
+    def evidence(self) -> str:
+        return f"{self.key} = {self.value} on rank {self.rank}, {self.peer_value} on its peers"
 
 
 class StepSpike(Fact):
@@ -137,6 +172,15 @@ class StepSpike(Fact):
     runqueue_wait_ratio: float | None = None  # runnable, waiting for a CPU
     cpu_util_ratio: float | None = None      # on a CPU
 
+    def evidence(self) -> str:
+        sig = [f"{n.split('_ratio')[0].replace('_', ' ')} {v:.0%}" for n, v in
+               (("io_wait_ratio", self.io_wait_ratio), ("runqueue_wait_ratio", self.runqueue_wait_ratio),
+                ("cpu_util_ratio", self.cpu_util_ratio)) if v is not None]
+        return (f"step {self.step_number}: {self.step_seconds:.2f} s against a median of "
+                f"{_ms(self.median_step_seconds)}; rank {self.rank} busy {self.busy_seconds:.2f} s of it (peers "
+                f"{_ms(self.peer_median_busy_seconds)}), {self.function_seconds:.2f} s in {self.function}"
+                + (f"; its thread in that step: {', '.join(sig)}" if sig else ""))
+
 
 class HostCpuLoad(Fact):
     """The CPU load of a suspect rank's host, split into the job's own processes and everything else.
@@ -154,6 +198,10 @@ class HostCpuLoad(Fact):
     busy_ratio: float                        # busy_cores / cores_total
     ranks_on_host: NonNegativeInt
 
+    def evidence(self) -> str:
+        return (f"host {self.host}: {self.busy_cores:.2f} of {self.cores_total} cores busy, the job's "
+                f"{self.ranks_on_host} rank(s) use {self.job_cores:.2f}, other processes {self.other_cores:.2f}")
+
 
 class JobSlowdown(Fact):
     """The whole job's step time in the window against its baseline, stated on the rank that waits
@@ -167,6 +215,11 @@ class JobSlowdown(Fact):
     excess_step_ratio: float                 # (step - baseline) / step: the share of each step lost
     ranks_standing_out: NonNegativeInt       # ranks with a rank_slowness fact in the group
 
+    def evidence(self) -> str:
+        return (f"the job's step: {_ms(self.step_seconds)} against {_ms(self.baseline_step_seconds)} before the "
+                f"window (x{self.step_ratio_to_baseline:.2f}); {self.ranks_standing_out} rank(s) stand out in "
+                "busy time")
+
 
 class StepShare(Fact):
     """The share of a rank's step one category holds on the critical path, stated only where no valid
@@ -178,6 +231,10 @@ class StepShare(Fact):
     seconds_per_step: float
     top_function: str
     group_valid: bool
+
+    def evidence(self) -> str:
+        return (f"{self.category} holds {self.share_ratio:.0%} of rank {self.rank}'s step "
+                f"({_ms(self.seconds_per_step)}/step, top: {self.top_function})")
 
 
 class DeviceIdle(Fact):
@@ -193,6 +250,10 @@ class DeviceIdle(Fact):
     idle_ratio_of_step: float = Field(ge=0, le=1)
     top_category: str                        # the host-side category that grew most (compute, python, data...)
     top_function: str
+
+    def evidence(self) -> str:
+        return (f"its device idles {_ms(self.seconds_per_step)}/step while host work holds the critical path "
+                f"(peers {_ms(self.peer_median_seconds_per_step)}; {self.top_category}: {self.top_function})")
 
 
 FACT_TYPES: dict[str, type[Fact]] = {

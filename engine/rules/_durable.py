@@ -72,6 +72,13 @@ def _content(c: Any) -> dict[str, Any]:
     return {k: v for k, v in c.items() if k != "sid"}
 
 
+def _public(f: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in f.items() if k != FID}
+
+
+FID = "_fid"   # a derived fact's provenance key: which rule derived it from which facts
+
+
 class DurableRun:
     """One ruleset on one private host: assert facts, drain, read conclusions, close."""
 
@@ -80,6 +87,9 @@ class DurableRun:
         self.conclusions: list[dict[str, Any]] = []
         self.derived: list[dict[str, Any]] = []
         self.errors: list[str] = []
+        # provenance of each derived fact: (the measured facts under it, the hypotheses and rules on the way)
+        self.sources: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]] = {}
+        self._fids = itertools.count()
         rs: dict[str, Any] = {}
         derived: set[str] = set()
         for r in rules:
@@ -100,16 +110,33 @@ class DurableRun:
                     return bound[m.group(1)].get(m.group(2))
             return v
 
+        def expand(bound: dict[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+            facts: list[dict[str, Any]] = []
+            hyps: list[dict[str, Any]] = []
+            via: list[str] = []
+            for a in aliases:
+                f = bound[a]
+                src = self.sources.get(str(f.get(FID)))
+                if src is None:
+                    facts.append(f)
+                    continue
+                facts += [x for x in src[0] if x not in facts]
+                hyps += [x for x in src[1] if x not in hyps]
+                via += [x for x in src[2] if x not in via]
+            return facts, hyps, via
+
         def action(c: Any) -> None:  # exactly one parameter: two would make it async
             try:
                 bound = {a: _content(getattr(c, PREFIX + a)) for a in aliases}
                 first = bound[aliases[0]]
+                facts, hyps, via = expand(bound)
                 if r.derive is not None:
                     fact = {k: resolve(v, bound) for k, v in r.derive}
                     fact.setdefault("rank", first.get("rank"))
-                    fact["confidence"] = r.confidence
-                    self.derived.append(dict(fact, rule_id=r.id))
-                    c.assert_fact(clean(dict(fact)))
+                    fid = f"h{next(self._fids)}"
+                    self.sources[fid] = (facts, [*hyps, fact], [*via, r.id])
+                    self.derived.append({"rule_id": r.id, "fact": fact})
+                    c.assert_fact(clean(dict(fact, **{FID: fid})))
                     return
                 self.conclusions.append(
                     {
@@ -117,10 +144,13 @@ class DurableRun:
                         "root_cause": r.taxonomy,
                         "rank": first.get("rank"),
                         "function": resolve(r.function_ref, bound),
-                        "confidence": r.confidence,
-                        "summary": _format(r.summary, bound),
+                        "rule_confidence": r.confidence,
+                        "summary": _format(r.summary, {a: _public(f) for a, f in bound.items()}),
                         "fix_template": r.fix_template,
-                        "facts": [bound[a] for a in aliases],
+                        "basis": r.basis,
+                        "facts": [_public(f) for f in facts],
+                        "hypotheses": hyps,
+                        "via": via,
                     }
                 )
             except Exception as exc:
@@ -172,7 +202,8 @@ def _format(template: str, bound: dict[str, dict[str, Any]]) -> str:
 
 
 def run_ir(rules: list[RuleIR], facts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Conclusions and derived facts of one run on a fresh host."""
+    """Conclusions and derived facts of one run on a fresh host, as plain data for the trip back out of
+    the worker process (`conclusion.typed_results` makes models of them on the other side)."""
     run = DurableRun(rules)
     try:
         run.assert_facts(facts)

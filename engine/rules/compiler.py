@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from eroica.engine.errors import RuleCompileError
 from eroica.engine.facts import FACT_TYPES
+from eroica.engine.hypotheses import all_fact_types
 from eroica.engine.rules.loader import LoadedRule, line_of
 from eroica.engine.rules.schema import OPERATORS, THRESHOLD_OPS
 
@@ -53,26 +55,16 @@ class RuleIR:
     function_ref: str | None
     fix_template: str | None
     derive: tuple[tuple[str, Any], ...] | None   # ((field, value-or-ref), ...) incl. kind
+    basis: str = "peers"
 
     @property
     def derived_kind(self) -> str | None:
         return None if self.derive is None else dict(self.derive)["kind"]
 
 
-def fact_fields(extra_kinds: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
-    vocab = {k: set(m.model_fields) for k, m in FACT_TYPES.items()}
-    for k, fields in (extra_kinds or {}).items():
-        vocab.setdefault(k, set()).update(fields | {"rank", "kind"})
-    return vocab
-
-
-def derived_kinds(rules: list[LoadedRule]) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {}
-    for lr in rules:
-        d = lr.rule.emit.derive
-        if d and isinstance(d.get("kind"), str):
-            out.setdefault(d["kind"], set()).update(d)
-    return out
+def fact_fields(site_dirs: list[Path] | None = None) -> dict[str, set[str]]:
+    """The vocabulary rules are written in: every measured fact kind and declared hypothesis, with its fields."""
+    return {k: set(m.model_fields) for k, m in all_fact_types(site_dirs).items()}
 
 
 def compile_rule(lr: LoadedRule, vocab: dict[str, set[str]]) -> tuple[RuleIR | None, list[str]]:
@@ -143,6 +135,20 @@ def compile_rule(lr: LoadedRule, vocab: dict[str, set[str]]) -> tuple[RuleIR | N
             bad(("emit", "derive"), "a derived fact needs `kind: <name>`")
         for k, v in r.emit.derive.items():
             check_ref(v, ("emit", "derive", k))
+        kind = r.emit.derive.get("kind")
+        if kind in FACT_TYPES:
+            bad(("emit", "derive", "kind"), f"{kind!r} is a measured fact; a rule derives a hypothesis")
+        elif isinstance(kind, str) and kind not in vocab:
+            bad(("emit", "derive", "kind"), f"hypothesis {kind!r} is not declared; declare its fields and types in "
+                                            "knowledge/hypotheses.yaml (or your site's hypotheses.yaml)")
+        elif isinstance(kind, str):
+            declared = vocab[kind] - {"kind", "rank"}
+            given = set(r.emit.derive) - {"kind", "rank"}
+            if declared - given:
+                bad(("emit", "derive"), f"hypothesis {kind!r} needs {', '.join(sorted(declared - given))}")
+            if given - declared:
+                bad(("emit", "derive"), f"hypothesis {kind!r} has no field(s) {', '.join(sorted(given - declared))}; "
+                                        f"its fields: {', '.join(sorted(declared))}")
         derive = tuple(sorted(r.emit.derive.items()))
     for var in re.findall(r"\{([a-z_]+)\.", r.emit.summary):
         if var not in aliases:
@@ -151,16 +157,48 @@ def compile_rule(lr: LoadedRule, vocab: dict[str, set[str]]) -> tuple[RuleIR | N
         return None, problems
     return (
         RuleIR(
-            id=r.id, taxonomy=r.taxonomy, patterns=tuple(patterns), confidence=r.emit.confidence,
+            id=r.id, taxonomy=r.taxonomy or "", patterns=tuple(patterns), confidence=r.emit.confidence,
             summary=r.emit.summary, function_ref=r.emit.function, fix_template=r.emit.fix_template, derive=derive,
+            basis=r.emit.basis,
         ),
         [],
     )
 
 
-def compile_each(rules: list[LoadedRule]) -> tuple[list[tuple[LoadedRule, RuleIR]], list[str]]:
+def with_derivations(ir: RuleIR, rules: list[RuleIR]) -> tuple[RuleIR, ...]:
+    """The rule, then every rule that derives a hypothesis it consumes, transitively: what its tests run."""
+    by_kind: dict[str, list[RuleIR]] = {}
+    for r in rules:
+        if r.derived_kind:
+            by_kind.setdefault(r.derived_kind, []).append(r)
+    out: list[RuleIR] = [ir]
+    todo = [p.kind for p in ir.patterns]
+    while todo:
+        for r in by_kind.get(todo.pop(), []):
+            if r not in out:
+                out.append(r)
+                todo += [p.kind for p in r.patterns]
+    return tuple(out)
+
+
+def trace_field(kind: str, field: str, rules: list[RuleIR]) -> list[tuple[str, str]]:
+    """(kind, field), then the measured facts' fields a hypothesis's field is copied from, transitively:
+    a threshold on a derived field is tested by moving the measured field it comes from."""
+    out = [(kind, field)]
+    for r in rules:
+        if r.derived_kind != kind:
+            continue
+        m = REF.match(str(dict(r.derive or ()).get(field, "")))
+        src = next((p.kind for p in r.patterns if m and p.alias == m.group(1)), None)
+        if m and src:
+            out += [x for x in trace_field(src, m.group(2), rules) if x not in out]
+    return out
+
+
+def compile_each(rules: list[LoadedRule], site_dirs: list[Path] | None = None,
+                 ) -> tuple[list[tuple[LoadedRule, RuleIR]], list[str]]:
     """Compile every rule against one vocabulary; (rule, IR) pairs for those that compiled, all problems."""
-    vocab = fact_fields(derived_kinds(rules))
+    vocab = fact_fields(site_dirs)
     out: list[tuple[LoadedRule, RuleIR]] = []
     problems: list[str] = []
     for lr in rules:
@@ -171,8 +209,8 @@ def compile_each(rules: list[LoadedRule]) -> tuple[list[tuple[LoadedRule, RuleIR
     return out, problems
 
 
-def compile_rules(rules: list[LoadedRule]) -> list[RuleIR]:
-    compiled, problems = compile_each(rules)
+def compile_rules(rules: list[LoadedRule], site_dirs: list[Path] | None = None) -> list[RuleIR]:
+    compiled, problems = compile_each(rules, site_dirs)
     if problems:
         raise RuleCompileError(problems)
     return [ir for _, ir in compiled]

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import TypeAdapter, ValidationError
 
-from eroica.engine.facts import FACT_TYPES
+from eroica.engine.hypotheses import all_fact_types
 from eroica.engine.rules.loader import LoadedRule, builtin_knowledge_dir, line_of
 
 SUMMARY_FIELD = re.compile(r"\{([a-z_]+)\.([a-z_0-9]+)")
 
 
-def given_problems(lr: LoadedRule, vocab: dict[str, set[str]]) -> list[str]:
-    """Each test's `given:` facts against the fact models: unknown kind, unknown field, wrong type."""
+def given_problems(lr: LoadedRule, vocab: dict[str, set[str]], site_dirs: list[Path] | None = None) -> list[str]:
+    """Each test's `given:` facts against the fact models (measured facts and declared hypotheses):
+    unknown kind, unknown field, wrong type."""
+    types = all_fact_types(site_dirs)
     out: list[str] = []
     for ti, t in enumerate(lr.rule.tests):
         for gi, g in enumerate(t.given):
@@ -25,7 +27,7 @@ def given_problems(lr: LoadedRule, vocab: dict[str, set[str]]) -> list[str]:
             if kind not in vocab:
                 out.append(f"{where}: given fact of unknown kind {kind!r}; kinds: {', '.join(sorted(vocab))}")
                 continue
-            model = FACT_TYPES.get(str(kind))
+            model = types.get(str(kind))
             for field, value in g.items():
                 if field not in vocab[kind]:
                     out.append(f"{where}: fact {kind!r} has no field {field!r}; fields: "
@@ -90,9 +92,13 @@ def _differs_only_at(quiet: list[dict[str, Any]], firing: list[dict[str, Any]], 
     return changed == 1
 
 
-def boundary_problems(lr: LoadedRule, threshold_ops: tuple[str, ...], cmp: dict[str, Any]) -> list[str]:
+def boundary_problems(lr: LoadedRule, threshold_ops: tuple[str, ...], cmp: dict[str, Any],
+                      sources: Callable[[str, str], list[tuple[str, str]]] | None = None) -> list[str]:
     """Each threshold needs its own quiet test: a firing test's facts with only that field moved
-    across the boundary (so the test proves that threshold, not another condition failing)."""
+    across the boundary (so the test proves that threshold, not another condition failing). A
+    threshold on a hypothesis's field may be moved on the hypothesis or on the measured field it is
+    copied from (`sources`), since tests run through the chain."""
+    srcs = sources or (lambda k, f: [(k, f)])
     r, out = lr.rule, []
     firing = [t for t in r.tests if t.expect]
     quiet = [t for t in r.tests if not t.expect]
@@ -103,10 +109,9 @@ def boundary_problems(lr: LoadedRule, threshold_ops: tuple[str, ...], cmp: dict[
             for op, val in spec.items():
                 if op not in threshold_ops or not isinstance(val, (int, float)) or isinstance(val, bool):
                     continue
-                ok = any(_differs_only_at(list(q.given), list(f.given), cond.fact, field)
-                         and any(g.get("kind") == cond.fact and field in g and not cmp[op](g[field], val)
-                                 for g in q.given)
-                         for q in quiet for f in firing)
+                ok = any(_differs_only_at(list(q.given), list(f.given), k, fld)
+                         and any(g.get("kind") == k and fld in g and not cmp[op](g[fld], val) for g in q.given)
+                         for k, fld in srcs(cond.fact, field) for q in quiet for f in firing)
                 if not ok:
                     out.append(f"{lr.path}:{line_of(lr.lines, ('when', i, 'where', field))}: rule {r.id!r}: "
                                f"threshold {cond.fact}.{field} {op} {val} has no quiet test that differs from a "

@@ -10,15 +10,20 @@ import math
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from eroica.engine.facts import Fact
 from eroica.engine.rules.compiler import RuleIR
+from eroica.engine.rules.conclusion import Conclusion, typed_results
+
+RawResults = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 
 
-def _worker_evaluate(rules: list[RuleIR], facts_by_window: dict[str, list[dict[str, Any]]]):  # type: ignore[no-untyped-def]
+def _worker_evaluate(rules: list[RuleIR], facts_by_window: dict[str, list[dict[str, Any]]]) -> dict[str, RawResults]:
     from eroica.engine.rules._durable import run_ir
 
-    return {w: run_ir(rules, facts)[0] for w, facts in facts_by_window.items()}
+    return {w: run_ir(rules, facts) for w, facts in facts_by_window.items()}
 
 
 def _in_worker(fn: Any, *args: Any) -> Any:
@@ -27,18 +32,20 @@ def _in_worker(fn: Any, *args: Any) -> Any:
         return pool.submit(fn, *args).result()
 
 
-def evaluate(rules: list[RuleIR], facts_by_window: dict[str, list[dict[str, Any]]],
-             in_process: bool = False) -> dict[str, list[dict[str, Any]]]:
-    if in_process:
-        return _worker_evaluate(rules, facts_by_window)
-    return _in_worker(_worker_evaluate, rules, facts_by_window)  # type: ignore[no-any-return]
+def evaluate(rules: list[RuleIR], facts_by_window: dict[str, list[Fact]], in_process: bool = False,
+             site_dirs: list[Path] | None = None) -> dict[str, list[Conclusion]]:
+    """Each window's typed facts in, its typed conclusions out; plain data only crosses to the worker."""
+    plain = {w: [f.model_dump(mode="json") for f in fs] for w, fs in facts_by_window.items()}
+    raw: dict[str, RawResults] = (_worker_evaluate(rules, plain) if in_process
+                                  else _in_worker(_worker_evaluate, rules, plain))
+    return {w: typed_results(r, site_dirs)[0] for w, r in raw.items()}
 
 
 @dataclass(frozen=True)
 class RuleTestCase:
     rule_id: str
     name: str
-    rules: tuple[RuleIR, ...]          # the rule under test
+    rules: tuple[RuleIR, ...]          # the rule under test, then the rules deriving what it consumes
     given: tuple[dict[str, Any], ...]
     expect: tuple[dict[str, Any], ...]
     path: str
@@ -74,7 +81,8 @@ def _worker_tests(cases: list[RuleTestCase]) -> list[RuleTestOutcome]:
         except Exception as exc:
             out.append(RuleTestOutcome(c.rule_id, c.name, c.path, False, f"engine error: {exc}"))
             continue
-        got = conclusions + derived
+        # what the rule under test concludes or derives (the chain's own derivations are its inputs)
+        got = conclusions + [dict(d["fact"], rule_id=d["rule_id"]) for d in derived if d["rule_id"] == c.rule_id]
         remaining = list(got)
         missing = []
         for e in c.expect:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 RULE_SCHEMA = "eroica.rule/v1"
 OPERATORS = ("eq", "ne", "gt", "gte", "lt", "lte", "in")
@@ -49,6 +49,9 @@ class Emit(Strict):
     function: str | None = None          # "$alias.field" or a literal
     fix_template: str | None = None
     derive: dict[str, Any] | None = None  # {kind: <new fact kind>, field: value|$alias.field, ...}
+    # what the rule judges the rank against: its peers (default), or the expected range of a healthy step
+    # (single-rank evidence: the peer-group factor does not apply, the rule's own prior bounds it)
+    basis: Literal["peers", "expected_range"] = "peers"
 
 
 class RuleTest(Strict):
@@ -71,7 +74,7 @@ class Rule(Strict):
     title: str
     status: Status
     severity: Severity
-    taxonomy: str
+    taxonomy: str | None = None           # the root cause it names; none for a rule that derives a hypothesis
     owner: str
     references: list[str] = Field(default_factory=list)
     falsepositives: list[str] = Field(default_factory=list)
@@ -79,3 +82,13 @@ class Rule(Strict):
     emit: Emit
     tests: list[RuleTest] = Field(default_factory=list)
     incidents: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _concludes_or_derives(self) -> Rule:
+        if self.emit.derive is None and not self.taxonomy:
+            raise ValueError("a rule names its root cause (`taxonomy: <id>`) unless it derives a hypothesis "
+                             "(`emit.derive`)")
+        if self.emit.derive is not None and self.taxonomy:
+            raise ValueError("a rule that derives a hypothesis names no root cause; drop `taxonomy` (the rules "
+                             "that consume the hypothesis name one)")
+        return self

@@ -103,9 +103,19 @@ def test_without_peers_the_expected_range_rules_judge_the_step_and_say_so(tmp_pa
     [w] = diagnose(write_run(tmp_path, [doc]), DiagnoseOptions(in_process=True)).windows
     top = w.findings[0]
     assert (top.root_cause, top.ranks, top.rule_ids) == ("dataloader_stall", [0], ["range.data-share"])
-    assert top.insufficient_peer_evidence and top.confidence < 0.5
+    # strong single-rank evidence reaches a confident finding: the rule judges the step against the expected
+    # range, so the missing peer group does not weaken it (its own prior, 0.6, bounds it instead)
+    f = top.confidence_factors
+    assert top.insufficient_peer_evidence and f.peer_group_ratio == 1.0 and top.confidence >= 0.5
+    assert "judged against the expected range" in f.peer_group
+    assert top.confidence == round(f.rule_ratio * f.deviation_strength_ratio * f.step_consistency_ratio
+                                   * f.coverage_ratio, 4)
     assert "judged against the expected range only" in top.summary
     assert top.evidence[0].startswith("insufficient peer evidence: only 1 rank")
+    # a share inside the expected range states nothing confident
+    mild = make_doc(0, world=1, step=0.16, busy={"compute:forward": 0.1, "data:DataLoader.__next__": 0.02})
+    found = diagnose(write_run(tmp_path / "mild", [mild]), DiagnoseOptions(in_process=True)).windows[0].findings
+    assert all(x.confidence < 0.5 for x in found)
     # a healthy one-rank step states nothing
     ok = make_doc(0, world=1, step=0.16)
     assert diagnose(write_run(tmp_path / "ok", [ok]), DiagnoseOptions(in_process=True)).windows[0].findings == []

@@ -1,0 +1,202 @@
+"""Conclusions -> findings: merge each cause's conclusions on a rank, reconcile causes on the same rank
+as the taxonomy declares, and explain every confidence as a product of printed factors."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from eroica.engine.diagnosis import ConfidenceFactors, Finding, FindingCategory, SettingDeviation
+from eroica.engine.facts import (
+    CategoryExcess,
+    ConfigDeviation,
+    Fact,
+    FunctionOutlier,
+    HardwareSignal,
+    RankSlowness,
+    StepShare,
+)
+from eroica.engine.load import WindowData
+from eroica.engine.peer import PeerAnalysis
+from eroica.engine.rules.conclusion import Conclusion
+from eroica.engine.taxonomy import Resolution, TaxonomyEntry
+
+
+def _peer_factor(valid: bool, n: int) -> float:
+    if n <= 1:
+        return 0.2
+    if not valid:
+        return 0.5
+    return 1.0 if n >= 4 else 0.85
+
+
+def _merge(conclusions: list[Conclusion]) -> tuple[dict[tuple[str, int], Conclusion],
+                                                    dict[tuple[str, int], list[str]], dict[tuple[str, int], set[str]]]:
+    """Per (cause, rank): the surest conclusion, every rule that reached it, every function it matched."""
+    best: dict[tuple[str, int], Conclusion] = {}
+    rules: dict[tuple[str, int], list[str]] = {}
+    also: dict[tuple[str, int], set[str]] = {}
+    for c in sorted(conclusions, key=lambda c: (-c.rule_confidence, str(c.function))):
+        key = (c.root_cause, c.rank)
+        also.setdefault(key, set()).add(str(c.function))
+        rules[key] = sorted(set(rules.get(key, [])) | {c.rule_id})
+        if key not in best or c.rule_confidence > best[key].rule_confidence:
+            best[key] = c
+    return best, rules, also
+
+
+def _superseded(best: dict[tuple[str, int], Conclusion], taxonomy: dict[str, TaxonomyEntry]) -> set[tuple[str, int]]:
+    """Conclusions a cause on the same rank replaces (taxonomy `superseded_by`; "*": any other cause)."""
+    out = set()
+    for cause, r in best:
+        by = set(taxonomy[cause].superseded_by) if cause in taxonomy else set()
+        if any(k[1] == r and k[0] != cause and ("*" in by or k[0] in by) for k in best):
+            out.add((cause, r))
+    return out
+
+
+def _top_excess(analysis: PeerAnalysis, rank: int) -> tuple[str, Fact] | None:
+    outs = [f for f in analysis.facts if isinstance(f, (FunctionOutlier, CategoryExcess)) and f.rank == rank]
+    top = max(outs, key=lambda f: f.excess_seconds_per_step, default=None)
+    if top is None:
+        return None
+    return (top.function if isinstance(top, FunctionOutlier) else top.top_function), top
+
+
+def _factors(c: Conclusion, facts: list[Fact], slow: RankSlowness | None, analysis: PeerAnalysis,
+             coverage_ratio: float) -> ConfidenceFactors:
+    g = next((g for g in analysis.groups if g.name == slow.group), None) if slow else \
+        next((g for g in analysis.groups if c.rank in g.ranks), None)
+    valid = bool(g and g.valid)
+    n = len(g.ranks) if g else 1
+    # the cost and consistency of the facts the rule used; a capped link slows everyone alike, so its
+    # fact carries its own cost (the group's communication share); an expected-range rule's cost is the
+    # share of the step its category holds
+    own = [float(x) for f in facts if (x := getattr(f, "excess_step_ratio", None)) is not None]
+    shares = [f.share_ratio for f in facts if isinstance(f, StepShare)]
+    excess = max(own or shares, default=slow.excess_step_ratio if slow else 0.0)
+    consistency = next((float(x) for f in facts if (x := getattr(f, "consistency_ratio", None)) is not None), 1.0)
+    absolute = c.basis == "expected_range"
+    return ConfidenceFactors(
+        rule_ratio=c.rule_confidence,
+        # 0.5 at a 5% excess of a step, 1.0 from 25%: small deviations are closer to the noise
+        deviation_strength_ratio=round(float(0.5 + 0.5 * np.clip((excess - 0.05) / 0.2, 0.0, 1.0)), 4),
+        step_consistency_ratio=round(0.6 + 0.4 * consistency, 4),
+        # an expected-range rule judges the rank against what a healthy step looks like, not against its
+        # peers: their absence does not weaken it (its own prior says how far such a judgement goes)
+        peer_group_ratio=1.0 if absolute else _peer_factor(valid, n),
+        # missing ranks halve it at most: what the reporting ranks show is still evidence
+        coverage_ratio=round(0.5 + 0.5 * coverage_ratio, 4),
+        peer_group=(g.reason if g else "no peer group") + ("; judged against the expected range" if absolute else ""),
+        peer_group_valid=valid,
+    )
+
+
+def _evidence(c: Conclusion, facts: list[Fact], rules: list[str], also: set[str],
+              analysis: PeerAnalysis, factors: ConfidenceFactors) -> list[str]:
+    ev = [line for f in facts if (line := f.evidence()) is not None]
+    if c.hypotheses:
+        ev.append("reasoning: " + " -> ".join([f.kind for f in c.hypotheses] + [c.root_cause])
+                  + f" (rules {', '.join([*c.via, c.rule_id])})")
+    others = sorted(also - {str(c.function), "None"})
+    if others:
+        ev.append(f"the same rule also matched: {', '.join(others)}")
+    hw = [f for f in analysis.facts if isinstance(f, HardwareSignal) and f.rank == c.rank
+          and not 0.6 <= f.ratio_to_median <= 1.6 and abs(f.delta) > 1e-3]
+    hw.sort(key=lambda f: -abs(np.log(max(f.ratio_to_median, 1e-3))))
+    ev += [line for f in hw[:3] if (line := f.evidence()) not in ev]
+    if not factors.peer_group_valid:
+        ev.insert(0, f"insufficient peer evidence: {factors.peer_group}")
+    return ev
+
+
+def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conclusion],
+                   taxonomy: dict[str, TaxonomyEntry], resolution: Resolution, coverage_ratio: float) -> list[Finding]:
+    slow = {f.rank: f for f in analysis.facts if isinstance(f, RankSlowness)}
+    best, rules, also = _merge(conclusions)
+    dropped = _superseded(best, taxonomy)
+    findings = []
+    for (cause, r), c in best.items():
+        if (cause, r) in dropped:
+            continue
+        tax = taxonomy[cause]
+        facts = list(c.facts)
+        function = c.function
+        if function is None and tax.names_top_function and (top := _top_excess(analysis, r)) is not None:
+            function, fact = top
+            facts.append(fact)
+        factors = _factors(c, facts, slow.get(r), analysis, coverage_ratio)
+        conf = (factors.rule_ratio * factors.deviation_strength_ratio * factors.step_consistency_ratio
+                * factors.peer_group_ratio * factors.coverage_ratio)
+        s = slow.get(r)
+        row = w.columns.row.get(r)
+        findings.append(Finding(
+            root_cause=cause, category=FindingCategory(tax.category), component=tax.component,
+            ranks=[r], hosts=[w.columns.hostname[row]] if row is not None else [], function=function,
+            confidence=round(float(conf), 4), confidence_factors=factors, summary=" ".join(c.summary.split()),
+            evidence=_evidence(c, facts, rules[(cause, r)], also[(cause, r)], analysis, factors),
+            rule_ids=rules[(cause, r)], derived_via=list(c.via), fix_template=c.fix_template, runbook=tax.runbook,
+            insufficient_peer_evidence=not factors.peer_group_valid,
+            excess_seconds_per_step=round(s.excess_seconds_per_step, 6) if s else 0.0,
+            settings=[SettingDeviation(key=f.key, value=f.value, peer_value=f.peer_value)
+                      for f in facts if isinstance(f, ConfigDeviation)],
+        ))
+    findings = _same_cause(explain_away(findings, taxonomy, resolution))
+    findings.sort(key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
+    return findings
+
+
+def _same_cause(findings: list[Finding]) -> list[Finding]:
+    """Several ranks late for the same cause in the same function are one finding (one ticket, one
+    fix), at the confidence of the surest; each rank's own evidence is kept, its rank named."""
+    groups: dict[tuple[str, str | None], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault((f.root_cause, f.function), []).append(f)
+    out = []
+    for fs in groups.values():
+        if len(fs) == 1:
+            out.append(fs[0])
+            continue
+        fs.sort(key=lambda f: (-f.confidence, f.ranks))
+        top = fs[0]
+        ranks = sorted({r for f in fs for r in f.ranks})
+        evidence = [f"ranks {', '.join(map(str, ranks))} show the same cause in {top.function}"]
+        for f in fs:
+            evidence += [line if line.startswith(f"rank {f.ranks[0]} ") else f"rank {f.ranks[0]}: {line}"
+                         for line in f.evidence]
+        out.append(top.model_copy(update={
+            "ranks": ranks, "hosts": sorted({h for f in fs for h in f.hosts}), "evidence": evidence,
+            "excess_seconds_per_step": max(f.excess_seconds_per_step for f in fs),
+            "rule_ids": sorted({r for f in fs for r in f.rule_ids}),
+            "settings": [s for f in fs for s in f.settings]}))
+    return out
+
+
+def explain_away(findings: list[Finding], taxonomy: dict[str, TaxonomyEntry], resolution: Resolution) -> list[Finding]:
+    """A finding whose cause the taxonomy says is explained by another cause found on the same ranks
+    (`explained_by`), or a generic one beside a specific cause at least as confident, is kept at the
+    declared factor; the factor and the cause that explained it away are in its confidence factors."""
+    out = []
+    for f in findings:
+        tax = taxonomy.get(f.root_cause)
+        better = [] if tax is None else [
+            g for g in findings if g is not f and set(g.ranks) == set(f.ranks) and (
+                (tax.generic and not getattr(taxonomy.get(g.root_cause), "generic", False)
+                 and g.confidence >= f.confidence) or g.root_cause in tax.explained_by)]
+        if better:
+            k = resolution.explained_away_factor
+            f = f.model_copy(update={
+                "confidence": round(f.confidence * k, 4),
+                "confidence_factors": f.confidence_factors.model_copy(update={
+                    "explained_away_ratio": k, "explained_away_by": better[0].root_cause}),
+                "evidence": [f"explained away by {better[0].root_cause} on the same rank", *f.evidence],
+            })
+        out.append(f)
+    return out
+
+
+def unhealthy(findings: list[Finding], taxonomy: dict[str, TaxonomyEntry], resolution: Resolution) -> bool:
+    """A finding at its cause's `unhealthy_at` (a clearly slow rank nothing explains counts at less)."""
+    def at(f: Finding) -> float:
+        t = taxonomy.get(f.root_cause)
+        return t.unhealthy_at if t is not None and t.unhealthy_at is not None else resolution.unhealthy_at
+    return any(f.confidence >= at(f) for f in findings)

@@ -1,0 +1,88 @@
+"""Hypotheses: intermediate facts that rules derive and other rules consume, declared as knowledge.
+
+`knowledge/hypotheses.yaml` (and a site's `<dir>/hypotheses.yaml`, new kinds only) names each kind,
+its typed fields and its evidence line. Each becomes a frozen pydantic model beside the facts of
+`engine/facts.py`, so a derived fact is as typed as a measured one: rules are compiled against its
+fields, rule tests' given facts are validated against it, and a finding reached through it shows
+its evidence line.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+from pydantic import create_model
+
+from eroica.engine.errors import RuleError
+from eroica.engine.facts import FACT_TYPES, Fact
+from eroica.engine.rules.loader import builtin_knowledge_dir
+
+SCHEMA = "eroica.hypotheses/v1"
+_TYPES: dict[str, type] = {"float": float, "int": int, "bool": bool, "str": str}
+
+
+class Hypothesis(Fact):
+    """A derived fact: which rule derived it is known to the engine, its fields are declared data."""
+
+    description: ClassVar[str] = ""
+    evidence_template: ClassVar[str] = ""
+
+    def evidence(self) -> str:
+        try:
+            return self.evidence_template.format(**self.model_dump())
+        except (KeyError, ValueError, TypeError):
+            return f"reasoning: {self.kind} on rank {self.rank}"
+
+
+def _model(kind: str, spec: dict[str, Any], where: str) -> type[Hypothesis]:
+    fields: dict[str, Any] = {}
+    for name, t in (spec.get("fields") or {}).items():
+        optional = isinstance(t, str) and t.endswith("?")
+        base = _TYPES.get(str(t).rstrip("?"))
+        if base is None:
+            raise RuleError([f"{where}: hypothesis {kind!r}, field {name!r}: unknown type {t!r}; use one of "
+                             f"{', '.join(_TYPES)} (a trailing ? allows null)"])
+        fields[name] = (base | None, None) if optional else (base, ...)
+    model: type[Hypothesis] = create_model(  # type: ignore[call-overload]
+        f"Hypothesis_{kind}", __base__=Hypothesis, kind=(Literal[kind], kind), **fields)
+    model.description = " ".join(str(spec.get("description", "")).split())
+    model.evidence_template = str(spec.get("evidence", ""))
+    return model
+
+
+@lru_cache(maxsize=16)
+def _load_file(path: Path) -> tuple[tuple[str, type[Hypothesis]], ...]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RuleError([f"{path}: not valid YAML: {exc}"]) from exc
+    if data.get("schema") != SCHEMA:
+        raise RuleError([f"{path}: expected `schema: {SCHEMA}`"])
+    out = []
+    for kind, spec in (data.get("hypotheses") or {}).items():
+        if not isinstance(spec, dict):
+            raise RuleError([f"{path}: hypothesis {kind!r} must be a mapping with description, evidence, fields"])
+        out.append((kind, _model(kind, spec, str(path))))
+    return tuple(out)
+
+
+def load_hypotheses(knowledge_dir: Path | None = None, site_dirs: list[Path] | None = None) -> dict[str, type[Fact]]:
+    """Every hypothesis kind, shipped then site, as fact models (a site adds kinds, never redefines)."""
+    out: dict[str, type[Fact]] = dict(_load_file((knowledge_dir or builtin_knowledge_dir()) / "hypotheses.yaml"))
+    for d in site_dirs or []:
+        f = Path(d) / "hypotheses.yaml"
+        if not f.exists():
+            continue
+        for kind, model in _load_file(f):
+            if kind in out or kind in FACT_TYPES:
+                raise RuleError([f"{f}: hypothesis {kind!r} already exists; a site adds new kinds"])
+            out[kind] = model
+    return out
+
+
+def all_fact_types(site_dirs: list[Path] | None = None) -> dict[str, type[Fact]]:
+    """Measured facts and hypotheses: the vocabulary rules are written in."""
+    return {**FACT_TYPES, **load_hypotheses(site_dirs=site_dirs)}
