@@ -17,9 +17,11 @@ from eroica.engine.evaluate import (
     evaluate_incident,
     find_heldout,
     find_incidents,
+    library_fits,
     naming_rules,
 )
-from eroica.engine.rules.loader import load_rules
+from eroica.engine.priors import MIN_FINDINGS, write_priors
+from eroica.engine.rules.loader import builtin_knowledge_dir, load_rules
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -28,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("-v", "--verbose", action="store_true", help="one line per incident")
     p.add_argument("--calibration", action="store_true",
                    help="also print a reliability table (confidence bins vs share right) and the Brier score")
+    p.add_argument("--fit-priors", action="store_true",
+                   help="fit each rule's prior on the library (never on heldout/), write knowledge/priors.yaml, and "
+                        "print the calibration before and after on both sets")
     p.set_defaults(func=run)
 
 
@@ -80,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if not incs and not held:
         print(f"eroica eval: no incidents (folders with expected.yaml) under {args.dir}", file=sys.stderr)
         return 2
+    if args.fit_priors:
+        return fit(args, incs, held)
     results = _replay(incs, args.verbose, "library")
     if incs:
         print(f"library ({args.dir}: the incidents the rules are written and tested against)")
@@ -106,11 +113,36 @@ def calibration_table(results: list[IncidentResult]) -> str:
     return "\n".join(lines)
 
 
-def _replay(incs: list[Path], verbose: bool, label: str) -> list[IncidentResult]:
+def fit(args: argparse.Namespace, incs: list[Path], held: list[Path]) -> int:
+    if not incs:
+        print(f"eroica eval --fit-priors: no library incidents under {args.dir}", file=sys.stderr)
+        return 2
+    hand = DiagnoseOptions(in_process=True, fitted_priors=False)
+    before = _replay(incs, args.verbose, "library, hand-set priors", hand)
+    fits, samples = library_fits(before)
+    path = builtin_knowledge_dir() / "priors.yaml"
+    write_priors(path, fits, f"{args.dir.name} ({len(incs)} incidents; {samples} findings)")
+    print(f"wrote {path}: {len(fits)} rule(s) fitted (the others have fewer than {MIN_FINDINGS} findings)")
+    print(f"{'rule':<30}{'hand-set':>9}{'fitted':>8}{'findings':>10}{'right':>7}")
+    for f in fits:
+        print(f"{f.rule_id:<30}{f.hand_set:>9.2f}{f.prior:>8.2f}{f.findings:>10}{f.right:>7}")
+    after = _replay(incs, args.verbose, "library, fitted priors")
+    sets = [("library", before, after)]
+    if held:
+        sets.append(("held-out (never fitted on)", _replay(held, args.verbose, "held-out, hand-set priors", hand),
+                     _replay(held, args.verbose, "held-out, fitted priors")))
+    for name, b, a in sets:
+        for when, rs in (("before fitting", b), ("after fitting", a)):
+            print(f"\n{name}, {when}: yield {sum(r.correct for r in rs)}/{len(rs)}", end="")
+            print(calibration_table(rs))
+    return 0 if all(r.correct for r in after) else 1
+
+
+def _replay(incs: list[Path], verbose: bool, label: str, opts: DiagnoseOptions | None = None) -> list[IncidentResult]:
     named = naming_rules(load_rules())
     results = []
     for i, inc in enumerate(incs, 1):
-        r = evaluate_incident(inc, DiagnoseOptions(in_process=True), named.get(inc.name))
+        r = evaluate_incident(inc, opts or DiagnoseOptions(in_process=True), named.get(inc.name))
         results.append(r)
         if verbose or not r.correct:
             mark = "ok  " if r.correct else "FAIL"

@@ -14,6 +14,7 @@ from eroica.engine.findings import build_findings, unhealthy
 from eroica.engine.history import mark_history
 from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
+from eroica.engine.priors import load_priors
 from eroica.engine.report_data import enrich, heatmap, step_series
 from eroica.engine.rules.compiler import RuleIR, compile_rules
 from eroica.engine.rules.loader import builtin_knowledge_dir, load_overrides, load_rules, rule_files
@@ -88,6 +89,7 @@ class DiagnoseOptions:
     knowledge_dirs: list[Path] | None = None   # a site's knowledge: rules/, overrides/*.yaml, taxonomy.yaml
     in_process: bool = False
     doc_cache: int = 4096                      # parsed documents kept in memory; others are read again
+    fitted_priors: bool = True                 # knowledge/priors.yaml (False: the rules' hand-set confidences)
 
 
 def compile_knowledge(opts: DiagnoseOptions) -> list[RuleIR]:
@@ -99,7 +101,8 @@ def compile_knowledge(opts: DiagnoseOptions) -> list[RuleIR]:
         override_files.extend(sorted((Path(k) / "overrides").glob("*.yaml")))
     rule_files(paths)  # raises a clear error for missing paths
     overrides = load_overrides(override_files)
-    return compile_rules(load_rules(paths, overrides), opts.knowledge_dirs)
+    priors = load_priors(builtin_knowledge_dir()) if opts.fitted_priors else {}
+    return compile_rules(load_rules(paths, overrides, priors), opts.knowledge_dirs)
 
 
 def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:

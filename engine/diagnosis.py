@@ -22,7 +22,8 @@ class FindingCategory(str, Enum):
 class ConfidenceFactors(Frozen):
     """Every factor that multiplies into a finding's confidence, so the number can be read."""
 
-    rule_ratio: float = Field(ge=0, le=1)             # how often the rule is right when it fires
+    rule_ratio: float = Field(ge=0, le=1)             # how often the rule is right when it fires (its prior)
+    prior_rule_id: str | None = None                  # the rule whose prior that is
     deviation_strength_ratio: float = Field(ge=0, le=1)  # how much the rank costs the job
     step_consistency_ratio: float = Field(ge=0, le=1)    # share of window steps it was slow in
     peer_group_ratio: float = Field(ge=0, le=1)          # size and homogeneity of the peer group

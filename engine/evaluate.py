@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.diagnosis import Finding
 from eroica.engine.errors import EngineError, RunDirError
+from eroica.engine.priors import PriorFit, PriorSample, fit_priors
+from eroica.engine.rules.loader import load_rules
 
 
 class Expectation(BaseModel):
@@ -67,6 +69,8 @@ class IncidentResult:
     heterogeneous: bool = False       # ranks do different work by design (a healthy run all the same)
     # every finding of the judged window: (confidence, whether it matches an expectation), for calibration
     scored: list[tuple[float, bool]] = field(default_factory=list)
+    # and for fitting the rule priors: (the rule whose prior it is, the product of its other factors, right)
+    prior_samples: list[tuple[str, float, bool]] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -162,6 +166,9 @@ def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None,
     unexplained = [f for f in confident if not any(_matches(f, e) for e in exp.expect)]
     res.false_findings += len(unexplained)
     res.scored = [(f.confidence, any(_matches(f, e) for e in exp.expect)) for f in w.findings]
+    res.prior_samples = [(f.confidence_factors.prior_rule_id, f.confidence / f.confidence_factors.rule_ratio, ok_)
+                         for f, (_, ok_) in zip(w.findings, res.scored)
+                         if f.confidence_factors.prior_rule_id and f.confidence_factors.rule_ratio > 0]
     for f in confident:
         for m in exp.must_not:
             if _forbidden(f, m) and not any(_matches(f, e) for e in exp.expect):
@@ -220,6 +227,13 @@ def calibration(results: list[IncidentResult]) -> tuple[list[tuple[str, int, flo
                          sum(ok for _, ok in b) / len(b)))
     brier = sum((c - float(ok)) ** 2 for c, ok in pairs) / len(pairs) if pairs else None
     return rows, brier
+
+
+def library_fits(results: list[IncidentResult]) -> tuple[list[PriorFit], int]:
+    """Each rule's prior fitted on the library's results (replayed with the hand-set priors), and the
+    number of findings it was fitted on."""
+    samples = [PriorSample(rid, x, ok) for r in results for rid, x, ok in r.prior_samples]
+    return fit_priors(samples, {lr.rule.id: lr.rule.emit.confidence for lr in load_rules()}), len(samples)
 
 
 PROMOTE_MIN_INCIDENTS = 3    # recorded incidents a rule must diagnose before it is stable

@@ -77,7 +77,7 @@ def _factors(c: Conclusion, facts: list[Fact], slow: RankSlowness | None, analys
     consistency = next((float(x) for f in facts if (x := getattr(f, "consistency_ratio", None)) is not None), 1.0)
     absolute = c.basis == "expected_range"
     return ConfidenceFactors(
-        rule_ratio=c.rule_confidence,
+        rule_ratio=c.rule_confidence, prior_rule_id=c.rule_id,
         # 0.5 at a 5% excess of a step, 1.0 from 25%: small deviations are closer to the noise
         deviation_strength_ratio=round(float(0.5 + 0.5 * np.clip((excess - 0.05) / 0.2, 0.0, 1.0)), 4),
         step_consistency_ratio=round(0.6 + 0.4 * consistency, 4),

@@ -74,6 +74,12 @@ def load_taxonomy(knowledge_dir: Path | None = None, site_dirs: list[Path] | Non
                 problems.append(f"{f}: root cause {k!r}: {exc}; it needs category, component, question, runbook")
         if problems:
             raise RuleError(problems)
+    dangling = [f"root cause {k!r}: {field} names {x!r}, which the taxonomy does not have"
+                for k, e in out.items() for field, xs in (("explained_by", e.explained_by),
+                                                          ("superseded_by", e.superseded_by))
+                for x in xs if x != "*" and x not in out]
+    if dangling:
+        raise RuleError([f"taxonomy: {d}; fix the id or add the root cause" for d in dangling])
     return out
 
 

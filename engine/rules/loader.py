@@ -119,7 +119,10 @@ def load_overrides(paths: list[Path]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def load_rules(paths: list[Path] | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> list[LoadedRule]:
+def load_rules(paths: list[Path] | None = None, overrides: dict[str, dict[str, Any]] | None = None,
+               priors: dict[str, float] | None = None) -> list[LoadedRule]:
+    """Every rule under `paths`; `priors` (fitted, knowledge/priors.yaml) replace the hand-set
+    confidences of the rules they name, and a site's `overrides` apply last (a site's word wins)."""
     files = rule_files(paths or [builtin_rules_dir()])
     loaded: list[LoadedRule] = []
     problems: list[str] = []
@@ -143,6 +146,8 @@ def load_rules(paths: list[Path] | None = None, overrides: dict[str, dict[str, A
     out = []
     for lr in loaded:
         o = ov.get(lr.rule.id)
+        if priors and lr.rule.id in priors and not (o and "confidence" in o):
+            o = {**(o or {}), "confidence": priors[lr.rule.id]}
         if o and o.get("disabled"):
             continue
         if lr.rule.status.value == "deprecated":
