@@ -11,7 +11,7 @@ import numpy as np
 from eroica.engine.diagnosis import Coverage, Diagnosis, PeerGroupInfo, StepSummary, WindowDiagnosis
 from eroica.engine.errors import RuleError
 from eroica.engine.findings import build_findings, unhealthy
-from eroica.engine.history import mark_history
+from eroica.engine.history import add_gaps, mark_history
 from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
 from eroica.engine.priors import load_priors
@@ -117,6 +117,7 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
     windows = load_run(Path(run_dir), opts.window, opts.doc_cache)
     analyses = {w.window_id: analyze(w) for w in windows}
     mark_history(windows, analyses)
+    add_gaps(windows, analyses)
     facts = {wid: list(a.facts) for wid, a in analyses.items() if a.facts}
     conclusions = evaluate(rules, facts, in_process=opts.in_process, site_dirs=opts.knowledge_dirs) if facts else {}
     out: list[WindowDiagnosis] = []

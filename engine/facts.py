@@ -256,6 +256,18 @@ class DeviceIdle(Fact):
                 f"(peers {_ms(self.peer_median_seconds_per_step)}; {self.top_category}: {self.top_function})")
 
 
+class EvidenceGap(Fact):
+    """What a suspect rank's collector could not collect (a source and why): a rule that needs that
+    evidence lowers its confidence or stands down (`emit.needs`), and a rule may match it directly."""
+
+    kind: Literal["evidence_gap"] = "evidence_gap"
+    source: str                              # the collector source: nvml, hardware, sampler, cgroup_quota...
+    reason: str
+
+    def evidence(self) -> str:
+        return f"{self.source} evidence missing on rank {self.rank}: {self.reason}"
+
+
 FACT_TYPES: dict[str, type[Fact]] = {
     "rank_slowness": RankSlowness,
     "function_outlier": FunctionOutlier,
@@ -268,4 +280,5 @@ FACT_TYPES: dict[str, type[Fact]] = {
     "job_slowdown": JobSlowdown,
     "step_share": StepShare,
     "device_idle": DeviceIdle,
+    "evidence_gap": EvidenceGap,
 }

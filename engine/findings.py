@@ -9,6 +9,7 @@ from eroica.engine.diagnosis import ConfidenceFactors, Finding, FindingCategory,
 from eroica.engine.facts import (
     CategoryExcess,
     ConfigDeviation,
+    EvidenceGap,
     Fact,
     FunctionOutlier,
     HardwareSignal,
@@ -125,8 +126,16 @@ def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conc
             function, fact = top
             facts.append(fact)
         factors = _factors(c, facts, slow.get(r), analysis, coverage_ratio)
+        # the rule's `needs`: evidence this rank could not collect lowers it (a factor of 0 stands it down)
+        gaps = [f for f in analysis.facts if isinstance(f, EvidenceGap) and f.rank == r and f.source in c.needs]
+        if gaps:
+            if c.missing_evidence_factor == 0:
+                continue
+            factors = factors.model_copy(update={"evidence_gap_ratio": c.missing_evidence_factor,
+                                                 "evidence_missing": sorted({g.source for g in gaps})})
+            facts += [g for g in gaps if g not in facts]
         conf = (factors.rule_ratio * factors.deviation_strength_ratio * factors.step_consistency_ratio
-                * factors.peer_group_ratio * factors.coverage_ratio)
+                * factors.peer_group_ratio * factors.coverage_ratio * factors.evidence_gap_ratio)
         s = slow.get(r)
         row = w.columns.row.get(r)
         findings.append(Finding(

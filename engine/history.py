@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from eroica.engine.facts import ConfigDeviation, Fact
+from eroica.engine.facts import ConfigDeviation, EvidenceGap, Fact
 from eroica.engine.load import WindowData
 from eroica.engine.peer import PeerAnalysis
 
@@ -34,6 +34,18 @@ FASTER_THEN_RATIO = 1.15     # the job's step now at least this many times the e
 def _job_step(a: PeerAnalysis) -> float:
     steps = sorted(row.step_seconds for row in a.rows.values())
     return steps[len(steps) // 2] if steps else 0.0
+
+
+def add_gaps(windows: list[WindowData], analyses: dict[str, PeerAnalysis]) -> None:
+    """State what each suspect rank (a rank some fact names) could not collect, as facts. Changes
+    `analyses[...].facts` in place."""
+    for w in windows:
+        a = analyses[w.window_id]
+        suspects = {f.rank for f in a.facts}
+        c = w.columns
+        a.facts = [*a.facts, *(EvidenceGap(rank=r, source=src, reason=why[:200])
+                               for r, gs in zip(c.ranks, c.gaps) if r in suspects
+                               for src, why in sorted(set(gs)))]
 
 
 def mark_history(windows: list[WindowData], analyses: dict[str, PeerAnalysis]) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from eroica.collector.facts import (
     Category,
+    CollectorGap,
     CollectorOverhead,
     FunctionPattern,
     HardwareSummary,
@@ -35,7 +36,7 @@ def fn(cat: Category, name: str, per_step: float, metric: float | None = 0.6, n:
 
 def make_doc(rank: int, world: int = 4, step: float = 0.1, busy: dict[str, float] | None = None,
              throttled: float = 0.0, role: str = "worker", cpu_metric: float = 0.6,
-             window: str = "w000-s30") -> PatternsDoc:
+             window: str = "w000-s30", gaps: list[tuple[str, str]] | None = None) -> PatternsDoc:
     """A rank whose non-communication functions take `busy` seconds per step; the rest of the
     step is communication wait (how victims look)."""
     busy = busy or {"compute:forward": 0.02, "compute:backward": 0.03, "data:DataLoader.__next__": 0.001}
@@ -58,6 +59,7 @@ def make_doc(rank: int, world: int = 4, step: float = 0.1, busy: dict[str, float
         overhead=CollectorOverhead(detector_seconds_total=0.001, detector_calls_total=40, sampler_cpu_seconds=0.01,
                                    summarize_seconds=0.05, raw_events_total=200, raw_events_dropped_total=0,
                                    pattern_bytes=6000),
+        gaps=[CollectorGap(source=s, reason=r) for s, r in gaps or []],
     )
 
 

@@ -18,6 +18,7 @@ import durable_rules_engine as dre
 from durable import engine
 
 from eroica.engine.errors import RuleRuntimeError
+from eroica.engine.facts import FACT_TYPES
 from eroica.engine.rules.compiler import REF, RuleIR
 
 PREFIX = "f_"
@@ -96,7 +97,9 @@ class DurableRun:
             rs[r.id] = {"all": [{PREFIX + p.alias: _expr(p)} for p in r.patterns], "run": self._action(r)}
             if r.derived_kind:
                 derived.add(r.derived_kind)
-        for k in sorted(derived):
+        # every kind no rule consumes still needs a rule to match, or durable-rules rejects the fact
+        consumed = {p.kind for r in rules for p in r.patterns}
+        for k in sorted(derived | (set(FACT_TYPES) - consumed)):
             rs[f"_sink_{k}"] = {"all": [{"m": {"kind": k}}], "run": lambda c: None}
         self.host = _Host({self.name: rs})
 
@@ -148,6 +151,8 @@ class DurableRun:
                         "summary": _format(r.summary, {a: _public(f) for a, f in bound.items()}),
                         "fix_template": r.fix_template,
                         "basis": r.basis,
+                        "needs": list(r.needs),
+                        "missing_evidence_factor": r.missing_evidence_factor,
                         "facts": [_public(f) for f in facts],
                         "hypotheses": hyps,
                         "via": via,

@@ -56,6 +56,8 @@ class RuleIR:
     fix_template: str | None
     derive: tuple[tuple[str, Any], ...] | None   # ((field, value-or-ref), ...) incl. kind
     basis: str = "peers"
+    needs: tuple[str, ...] = ()
+    missing_evidence_factor: float = 0.5
 
     @property
     def derived_kind(self) -> str | None:
@@ -159,7 +161,7 @@ def compile_rule(lr: LoadedRule, vocab: dict[str, set[str]]) -> tuple[RuleIR | N
         RuleIR(
             id=r.id, taxonomy=r.taxonomy or "", patterns=tuple(patterns), confidence=r.emit.confidence,
             summary=r.emit.summary, function_ref=r.emit.function, fix_template=r.emit.fix_template, derive=derive,
-            basis=r.emit.basis,
+            basis=r.emit.basis, needs=tuple(r.emit.needs), missing_evidence_factor=r.emit.missing_evidence_factor,
         ),
         [],
     )

@@ -29,6 +29,8 @@ class Conclusion(BaseModel):
     summary: str
     fix_template: str | None = None
     basis: str = "peers"                     # peers, or the expected range of a healthy step
+    needs: tuple[str, ...] = ()              # collector sources it depends on
+    missing_evidence_factor: float = 0.5     # applied where one of them is missing on its rank
     # the measured facts it rests on; hypotheses on the way are expanded into the facts they came from
     facts: tuple[SerializeAsAny[Fact], ...]
     hypotheses: tuple[SerializeAsAny[Fact], ...] = ()   # the derived facts on the way, first to last

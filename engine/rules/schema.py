@@ -52,6 +52,10 @@ class Emit(Strict):
     # what the rule judges the rank against: its peers (default), or the expected range of a healthy step
     # (single-rank evidence: the peer-group factor does not apply, the rule's own prior bounds it)
     basis: Literal["peers", "expected_range"] = "peers"
+    # collector sources the conclusion depends on: where a suspect rank could not collect one of them
+    # (an evidence_gap fact), its confidence is multiplied by missing_evidence_factor (0: it stands down)
+    needs: list[str] = Field(default_factory=list)
+    missing_evidence_factor: float = Field(0.5, ge=0, le=1)
 
 
 class RuleTest(Strict):

@@ -172,5 +172,25 @@ def test_the_printed_factors_multiply_to_the_printed_confidence(incident: str) -
     for f in findings:
         c = f.confidence_factors
         product = math.prod([c.rule_ratio, c.deviation_strength_ratio, c.step_consistency_ratio, c.peer_group_ratio,
-                              c.coverage_ratio, c.window_consistency_ratio, c.explained_away_ratio])
+                              c.coverage_ratio, c.window_consistency_ratio, c.explained_away_ratio,
+                              c.evidence_gap_ratio])
         assert f.confidence == pytest.approx(product, abs=2e-3), (incident, f.root_cause, c)
+
+
+def test_a_rule_that_needs_evidence_the_rank_could_not_collect_lowers_its_confidence(tmp_path: Path) -> None:
+    """The collector's gaps are facts: the kernel-imbalance rule needs GPU evidence to tell more work from
+    a slower device; an offline trace has none, so its finding says so and costs half its confidence."""
+    from patterns_factory import make_doc, write_run
+
+    def run(gaps: list[tuple[str, str]], d: Path) -> object:
+        docs = [make_doc(r, step=0.2, busy={"kernel:gemm": 0.3 if r == 2 else 0.1}, gaps=gaps) for r in range(4)]
+        return diagnose(write_run(d, docs), DiagnoseOptions(in_process=True)).windows[0].findings[0]
+
+    seen = run([], tmp_path / "a")
+    blind = run([("nvml", "no GPU on this host")], tmp_path / "b")
+    assert seen.root_cause == blind.root_cause == "workload_imbalance" and seen.ranks == blind.ranks == [2]
+    f = blind.confidence_factors
+    assert (f.evidence_gap_ratio, f.evidence_missing) == (0.5, ["nvml"])
+    assert seen.confidence_factors.evidence_gap_ratio == 1.0
+    assert blind.confidence == pytest.approx(seen.confidence * 0.5, abs=2e-3)
+    assert "nvml evidence missing on rank 2: no GPU on this host" in blind.evidence
