@@ -99,27 +99,14 @@ def parse_rule_file(path: Path) -> tuple[LoadedRule | None, list[str]]:
     return LoadedRule(rule, str(path), lines), []
 
 
-def load_overrides(paths: list[Path]) -> dict[str, dict[str, Any]]:
-    """`overrides: {rule-id: {disabled: true} | {confidence: 0.7} | {where: {i: {field: {op: value}}}}}`."""
-    out: dict[str, dict[str, Any]] = {}
-    problems: list[str] = []
-    for p in paths:
-        try:
-            data = yaml.safe_load(Path(p).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            problems.append(f"{p}: cannot load overrides: {exc}")
-            continue
-        ov = data.get("overrides", {}) if isinstance(data, dict) else None
-        if not isinstance(ov, dict):
-            problems.append(f"{p}: expected a mapping `overrides: {{rule-id: {{...}}}}`")
-            continue
-        out.update(ov)
-    if problems:
-        raise RuleError(problems)
-    return out
+def load_overrides(paths: list[Path]) -> dict[str, Any]:
+    """The overrides of these files, validated against the rules when `load_rules` applies them."""
+    from eroica.engine.rules.overrides import load_override_files
+
+    return dict(load_override_files(paths))
 
 
-def load_rules(paths: list[Path] | None = None, overrides: dict[str, dict[str, Any]] | None = None,
+def load_rules(paths: list[Path] | None = None, overrides: dict[str, Any] | None = None,
                priors: dict[str, float] | None = None) -> list[LoadedRule]:
     """Every rule under `paths`; `priors` (fitted, knowledge/priors.yaml) replace the hand-set
     confidences of the rules they name, and a site's `overrides` apply last (a site's word wins)."""
@@ -139,10 +126,16 @@ def load_rules(paths: list[Path] | None = None, overrides: dict[str, dict[str, A
         loaded.append(lr)
     if problems:
         raise RuleError(problems)
-    ov = overrides or {}
-    unknown = sorted(set(ov) - set(seen))
-    if unknown:
-        raise RuleError([f"override for unknown rule id {u!r}" for u in unknown])
+    from eroica.engine.hypotheses import all_fact_types
+    from eroica.engine.rules.overrides import Override, validate
+
+    ov = {k: (v.spec if isinstance(v, Override) else v) for k, v in (overrides or {}).items()}
+    sourced = {k: v if isinstance(v, Override) else Override(k, v if isinstance(v, dict) else {}, "(overrides)", {})
+               for k, v in (overrides or {}).items()}
+    vocab = {k: set(m.model_fields) for k, m in all_fact_types().items()}
+    problems = validate(sourced, {lr.rule.id: lr for lr in loaded}, vocab)
+    if problems:
+        raise RuleError(problems)
     out = []
     for lr in loaded:
         o = ov.get(lr.rule.id)

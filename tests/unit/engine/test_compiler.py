@@ -74,5 +74,29 @@ def test_overrides_tune_a_threshold_or_disable_a_rule(tmp_path: Path) -> None:
     [ir] = compile_rules(load_rules([p], {"test.slow-loader": {"where": {0: {"excess_step_ratio": {"gte": 0.2}}}}}))
     assert ir.patterns[0].tests[0].value == 0.2
     assert load_rules([p], {"test.slow-loader": {"disabled": True}}) == []
-    with pytest.raises(RuleError, match="unknown rule id"):
+    with pytest.raises(RuleError, match="override for 'test.nope': no such rule"):
         load_rules([p], {"test.nope": {"disabled": True}})
+
+
+def test_overrides_are_validated_like_rules_and_errors_name_the_override_file_and_line(tmp_path: Path) -> None:
+    from eroica.engine.rules.loader import load_overrides
+
+    p = write(tmp_path, GOOD)
+    ov = tmp_path / "site.yaml"
+    ov.write_text("""overrides:
+  test.slow-loader:
+    confidence: 1.5
+    colour: red
+    where:
+      7: {excess_step_ratio: {gte: 0.2}}
+      0: {excess_step_ratio: {above: 0.2}, no_such_field: 1}
+  test.nope: {disabled: true}
+""")
+    with pytest.raises(RuleError) as e:
+        load_rules([p], load_overrides([ov]))
+    got = "\n".join(e.value.problems)
+    for line, says in ((3, "confidence is a number in [0, 1], got 1.5"), (4, "unknown key 'colour'"),
+                       (6, "condition index 7 out of range"), (7, "unknown operator 'above'"),
+                       (7, "has no field 'no_such_field'"), (8, "override for 'test.nope': no such rule")):
+        assert f"site.yaml:{line}: " in got and says in got, (line, says, got)
+    assert "slow_loader.yaml" not in got     # the shipped rule is not blamed
