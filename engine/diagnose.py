@@ -114,6 +114,7 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
         raise RuleError([f"rules name root causes the taxonomy does not have: {', '.join(unknown)}; add them to "
                          "knowledge/taxonomy.yaml or your site's taxonomy.yaml (eroica rules lint says which rule)"])
     resolution = load_resolution()
+    status = {r.id: r.status for r in rules}
     windows = load_run(Path(run_dir), opts.window, opts.doc_cache)
     analyses = {w.window_id: analyze(w) for w in windows}
     mark_history(windows, analyses)
@@ -127,7 +128,7 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
         steps = _steps(w, a)
         coverage = _coverage(w)
         findings = enrich(build_findings(w, a, conclusions.get(w.window_id, []), taxonomy, resolution,
-                                         coverage.coverage_ratio), w, a, steps.during_median_seconds)
+                                         coverage.coverage_ratio, status), w, a, steps.during_median_seconds)
         c = w.columns
         why_not = floor.why_not(len(coverage.ranks_reported), coverage.world_size)
         out.append(

@@ -85,6 +85,7 @@ class Finding(Frozen):
     evidence: list[str]
     rule_ids: list[str]
     derived_via: list[str] = Field(default_factory=list)   # the rules that derived the hypotheses on the way
+    rule_status: dict[str, str] = Field(default_factory=dict)  # each rule's lifecycle status (experimental...)
     fix_template: str | None = None
     runbook: str | None = None
     insufficient_peer_evidence: bool = False

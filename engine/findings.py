@@ -111,7 +111,8 @@ def _evidence(c: Conclusion, facts: list[Fact], rules: list[str], also: set[str]
 
 
 def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conclusion],
-                   taxonomy: dict[str, TaxonomyEntry], resolution: Resolution, coverage_ratio: float) -> list[Finding]:
+                   taxonomy: dict[str, TaxonomyEntry], resolution: Resolution, coverage_ratio: float,
+                   rule_status: dict[str, str] | None = None) -> list[Finding]:
     slow = {f.rank: f for f in analysis.facts if isinstance(f, RankSlowness)}
     best, rules, also = _merge(conclusions)
     dropped = _superseded(best, taxonomy)
@@ -143,7 +144,9 @@ def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conc
             ranks=[r], hosts=[w.columns.hostname[row]] if row is not None else [], function=function,
             confidence=round(float(conf), 4), confidence_factors=factors, summary=" ".join(c.summary.split()),
             evidence=_evidence(c, facts, rules[(cause, r)], also[(cause, r)], analysis, factors),
-            rule_ids=rules[(cause, r)], derived_via=list(c.via), fix_template=c.fix_template, runbook=tax.runbook,
+            rule_ids=rules[(cause, r)], derived_via=list(c.via),
+            rule_status={k: (rule_status or {}).get(k, "?") for k in [*rules[(cause, r)], *c.via]},
+            fix_template=c.fix_template, runbook=tax.runbook,
             insufficient_peer_evidence=not factors.peer_group_valid,
             excess_seconds_per_step=round(s.excess_seconds_per_step, 6) if s else 0.0,
             settings=[SettingDeviation(key=f.key, value=f.value, peer_value=f.peer_value)
@@ -176,6 +179,7 @@ def _same_cause(findings: list[Finding]) -> list[Finding]:
             "ranks": ranks, "hosts": sorted({h for f in fs for h in f.hosts}), "evidence": evidence,
             "excess_seconds_per_step": max(f.excess_seconds_per_step for f in fs),
             "rule_ids": sorted({r for f in fs for r in f.rule_ids}),
+            "rule_status": {k: v for f in fs for k, v in f.rule_status.items()},
             "settings": [s for f in fs for s in f.settings]}))
     return out
 

@@ -58,6 +58,7 @@ class RuleIR:
     basis: str = "peers"
     needs: tuple[str, ...] = ()
     missing_evidence_factor: float = 0.5
+    status: str = "experimental"
 
     @property
     def derived_kind(self) -> str | None:
@@ -162,6 +163,7 @@ def compile_rule(lr: LoadedRule, vocab: dict[str, set[str]]) -> tuple[RuleIR | N
             id=r.id, taxonomy=r.taxonomy or "", patterns=tuple(patterns), confidence=r.emit.confidence,
             summary=r.emit.summary, function_ref=r.emit.function, fix_template=r.emit.fix_template, derive=derive,
             basis=r.emit.basis, needs=tuple(r.emit.needs), missing_evidence_factor=r.emit.missing_evidence_factor,
+            status=r.status.value,
         ),
         [],
     )

@@ -194,3 +194,14 @@ def test_a_rule_that_needs_evidence_the_rank_could_not_collect_lowers_its_confid
     assert seen.confidence_factors.evidence_gap_ratio == 1.0
     assert blind.confidence == pytest.approx(seen.confidence * 0.5, abs=2e-3)
     assert "nvml evidence missing on rank 2: no GPU on this host" in blind.evidence
+
+
+def test_reports_show_each_rules_lifecycle_status_the_chain_and_every_factor(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "r.md"
+    assert main(["diagnose", str(ROOT / "incidents" / "INC-0032"), "--format", "md", "-o", str(out)]) == 0
+    md = out.read_text()
+    assert "Rules: cpu.contention (experimental), via straggler.detected → compute.bound → cpu.starved." in md
+    assert "explained away 0.5 (by transient_stall)" in md
+    html = tmp_path / "r.html"
+    assert main(["diagnose", str(ROOT / "incidents" / "INC-0032"), "--format", "html", "-o", str(html)]) == 0
+    assert "cpu.contention (experimental)" in html.read_text()
