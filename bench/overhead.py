@@ -87,7 +87,7 @@ def worker(args: argparse.Namespace) -> None:
                 for _ in range(policy.lead_steps):       # the window opens lead_steps later
                     train_step()
                     mon.step()
-                assert mon._window is not None, "window did not open"
+                assert mon._win.plan is not None, "window did not open"
             for k in range(args.block):
                 t = time.perf_counter()
                 train_step()

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,19 +16,18 @@ from eroica.collector.control import ControlAgent, ControlChange, apply_change
 from eroica.collector.critical import Execution
 from eroica.collector.detector import StepTimeDetector
 from eroica.collector.facts import Category, CollectorGap, JobInfo
-from eroica.collector.gather import PACKED_NAME, PatternGather, wanted
-from eroica.collector.hooks.gc_hook import GcHook
+from eroica.collector.gather import PatternGather, wanted
 from eroica.collector.hooks.loader import TimedLoader
 from eroica.collector.jobinfo import dist_info, framework_config, job_name
 from eroica.collector.layout import process_group_layout
+from eroica.collector.output import PatternOutput
 from eroica.collector.policy import TriggerPolicy
 from eroica.collector.privacy import Privacy, agree_salt, level_from
 from eroica.collector.sampler_proc import SamplerClient
 from eroica.collector.store_worker import StoreWorker
-from eroica.collector.summarize import WindowRecord, summarize
+from eroica.collector.summarize import summarize
 from eroica.collector.sync import LocalStore, WindowCoordinator, WindowPlan
-from eroica.collector.torch_ops import TorchOpsRecorder
-from eroica.collector.writer import PatternWriter
+from eroica.collector.window import WindowLifecycle, window_id
 
 log = logging.getLogger("eroica.collector")
 FORCE_ENV = "EROICA_FORCE_WINDOW_AT_STEP"
@@ -38,7 +35,9 @@ MAX_NAME = 200          # characters of a function or region name kept
 
 
 class Monitor:
-    """Detector + synchronized profiling windows + local summaries for one training process.
+    """The public facade for one training process: the step-time detector and when windows open
+    (agreed through the store), over a window lifecycle (`collector/window.py`: recorders, bounded
+    events) and an output path (`collector/output.py`: privacy, gather, writer).
 
     >>> mon = Monitor(out_dir="runs/job1")          # after dist.init_process_group(...)
     >>> loader = mon.wrap_loader(loader)
@@ -65,31 +64,21 @@ class Monitor:
         self.windows_closed = 0
         self.disabled = False
         self._warned: set[str] = set()
-        self._events: list[Execution] = []
-        self._events_dropped = 0
-        self._recording = False
-        self._window: WindowPlan | None = None
+        self._win = WindowLifecycle(None)
         self._pending: WindowPlan | None = None
         self._windows_opened = 0
-        self._window_times: deque[float] = deque()
         self._step = 0                                  # index of the step now running
         self._last_ns: int | None = None
-        self._bounds: list[int] = []
         self._exclude_next = False
         self._det_seconds = 0.0
         self._det_calls = 0
         self._win_seconds_this_call = 0.0
-        self._sampler: SamplerClient | None = None
-        self._ops = TorchOpsRecorder()
-        self._gc = GcHook(self._record)
         self.config: dict[str, str] = {}
-        self._privacy: Privacy | None = None
-        self._gather: PatternGather | None = None
+        self._out: PatternOutput | None = None
         self._control: ControlAgent | None = None
         self._not_eligible: str | None = None
         self.job_name = ""
         self._store: StoreWorker | None = None
-        self._writer: PatternWriter | None = None
         try:
             self.policy = TriggerPolicy.from_env(policy)
             r, w, backend, job_store = dist_info()
@@ -116,12 +105,15 @@ class Monitor:
             raw = getattr(store, "_underlying_non_prefix_store", store)
             self._control = ControlAgent(raw, self.rank, self.out_dir, self.policy.control_lead_steps)
             level = level_from(privacy)
-            self._privacy = Privacy(level, agree_salt(store) if level != "keep" else "")
+            gather_group = None
             if wanted(gather) and self.world_size > 1 and backend != "none":
                 try:   # every rank builds the group here, at the same point
-                    self._gather = PatternGather(self.policy.gather_timeout_seconds)
+                    gather_group = PatternGather(self.policy.gather_timeout_seconds)
                 except Exception as exc:
                     self._gap("gather", f"no gloo group to gather patterns ({exc!r}); each rank writes its own file")
+            self._out = PatternOutput(self.out_dir, self.rank,
+                                      Privacy(level, agree_salt(store) if level != "keep" else ""), gather_group,
+                                      self.gaps.append)
             self._detector = StepTimeDetector(self.policy)
             self.job_name = job_name(job)
             self._not_eligible = self.policy.eligible(self.job_name, self.world_size)
@@ -132,8 +124,8 @@ class Monitor:
             if force:
                 self._pending = WindowPlan(0, int(force), "forced", None)
             self._collect_config()
-            self._sampler = SamplerClient(os.getpid(), threading.get_native_id())
-            self.gaps.extend(self._sampler.gaps)
+            self._win.sampler = SamplerClient(os.getpid(), threading.get_native_id())
+            self.gaps.extend(self._win.sampler.gaps)
         except Exception as exc:
             self._disable("init", exc)
 
@@ -152,7 +144,7 @@ class Monitor:
     @contextlib.contextmanager
     def region(self, name: str) -> Iterator[None]:
         """Annotate a user region; its own time (outside torch ops) is attributed to it."""
-        t0 = time.monotonic_ns() if self._recording else 0
+        t0 = time.monotonic_ns() if self._win.recording else 0
         try:
             yield
         finally:
@@ -164,7 +156,7 @@ class Monitor:
         same step everywhere); ignored while one is open or planned. `eroica control --window-now`
         does the same from outside the job."""
         try:
-            if self._window is None and self._pending is None and not self.disabled:
+            if self._win.plan is None and self._pending is None and not self.disabled:
                 self._propose("requested")
         except Exception as exc:
             self._warn("request_window", exc)
@@ -185,22 +177,19 @@ class Monitor:
 
     def close(self) -> None:
         try:
-            if self._window is not None:
-                self._gap("window", f"job ended inside window {self._window.index}; summarizing what was seen")
+            if self._win.plan is not None:
+                self._gap("window", f"job ended inside window {self._win.plan.index}; summarizing what was seen")
                 self._close_window()
         except Exception as exc:
             self._warn("close", exc)
         finally:
-            self._gc.remove()
-            if self._sampler is not None:
-                self._sampler.close()
+            self._win.stop_recording()
+            if self._win.sampler is not None:
+                self._win.sampler.close()
             if self._store is not None:
                 self._store.close()
-            if self._gather is not None:
-                self._gather.close()
-            if self._writer is not None and not self._writer.close(self.policy.close_timeout_seconds):
-                log.warning("eroica collector: pattern writes still pending after %.0f s; the job goes on without "
-                            "them", self.policy.close_timeout_seconds)
+            if self._out is not None:
+                self._out.close(self.policy.close_timeout_seconds)
             self._writer_errors()
 
     # ---------------------------------------------------------------- internals
@@ -213,12 +202,7 @@ class Monitor:
             self._warn("record", exc)
 
     def _record(self, ex: Execution) -> None:
-        if not self._recording:
-            return
-        if len(self._events) >= self.policy.max_events:
-            self._events_dropped += 1
-            return
-        self._events.append(ex)
+        self._win.record(ex)
 
     def _gap(self, source: str, reason: str) -> None:
         self.gaps.append(CollectorGap(source=source, reason=reason))
@@ -232,9 +216,8 @@ class Monitor:
     def _disable(self, where: str, exc: BaseException) -> None:
         self._warn(where, exc)
         self.disabled = True
-        self._recording = False
         with contextlib.suppress(Exception):
-            self._gc.remove()
+            self._win.stop_recording()
 
     def _collect_config(self) -> None:
         if not framework_config(self.config):
@@ -249,31 +232,32 @@ class Monitor:
         self._writer_errors()
         self._store_answers()
         self._runtime_control()
-        in_window = self._window is not None
-        if in_window:
-            self._bounds.append(now)
-            assert self._window is not None
-            overdue = time.monotonic() - self._window_times[-1] > self.policy.max_window_seconds
-            if self._step >= self._window.start_step + self._length(self._window) or overdue:
+        plan = self._win.plan
+        in_window = plan is not None
+        if plan is not None:
+            self._win.step_ended(now)
+            overdue = self._win.overdue(self.policy.max_window_seconds)
+            if self._step >= plan.start_step + self._length(plan) or overdue:
                 if overdue:
-                    self._gap("window", f"window {self._window.index} open longer than max_window_seconds "
+                    self._gap("window", f"window {plan.index} open longer than max_window_seconds "
                                         f"({self.policy.max_window_seconds:g} s): closed at step {self._step}")
                 self._close_window()
                 self._exclude_next = True               # the next step carries the summary cost
                 self._last_ns = time.monotonic_ns()
             else:
-                self._ops.mark_step(self._step)
+                self._win.step_started(self._step)
         if seconds is not None and self.policy.enabled and not self._not_eligible:
             excluded = in_window or self._exclude_next
             if not in_window:
                 self._exclude_next = False
             decision = self._detector.observe(done, seconds, excluded=excluded)
-            if decision.fire and self._pending is None and self._window is None and self._may_open():
+            if decision.fire and self._pending is None and self._win.plan is None and \
+                    self._win.may_open(self.policy.max_windows_per_hour):
                 self._propose(steps=self.policy.window_length(decision.period_steps)
                               if decision.period_steps else None)
-        if self._pending is None and self._window is None and self._step % self.policy.poll_every_steps == 0:
+        if self._pending is None and self._win.plan is None and self._step % self.policy.poll_every_steps == 0:
             self._poll()
-        if self._window is None and self._pending is not None and self._step >= self._pending.start_step:
+        if self._win.plan is None and self._pending is not None and self._step >= self._pending.start_step:
             if self._step > self._pending.start_step:
                 self._gap("window", f"window {self._pending.index} planned at step {self._pending.start_step} "
                                     f"seen at step {self._step}: started late")
@@ -288,7 +272,7 @@ class Monitor:
                 self._warn(f"store.{ans.kind}", ans.error)
             elif ans.kind == "control" and self._control is not None:
                 self._control.add(ans.value)
-            elif ans.value is not None and self._window is None and ans.value.index == self._windows_opened:
+            elif ans.value is not None and self._win.plan is None and ans.value.index == self._windows_opened:
                 self._pending = ans.value          # a plan, polled or agreed on a proposal
         if self._step % self.policy.poll_every_steps:
             return
@@ -297,8 +281,8 @@ class Monitor:
                 self._warn(f"store.{kind}.stuck", TimeoutError("the store has not answered for 30 s"))
 
     def _writer_errors(self) -> None:
-        if self._writer is not None:
-            for path, exc in self._writer.errors():
+        if self._out is not None:
+            for path, exc in self._out.errors():
                 self._warn("write", exc)
                 self._gap("write", f"{path}: {exc!r}"[:200])
 
@@ -317,7 +301,7 @@ class Monitor:
         self._detector.policy = self.policy
         self._not_eligible = self.policy.eligible(self.job_name, self.world_size)
         if change.request.window_now and result == "applied":
-            if self._window is None and self._pending is None:
+            if self._win.plan is None and self._pending is None:
                 self._propose("requested")
             else:
                 result += "; window_now ignored: a window is already open or planned"
@@ -330,12 +314,6 @@ class Monitor:
             self._control.record(change, self._step, result)
         except Exception as exc:
             self._warn("control.log", exc)
-
-    def _may_open(self) -> bool:
-        cutoff = time.monotonic() - 3600
-        while self._window_times and self._window_times[0] < cutoff:
-            self._window_times.popleft()
-        return len(self._window_times) < self.policy.max_windows_per_hour
 
     def _propose(self, trigger: str = "detector", steps: int | None = None) -> None:
         """Propose a window `lead_steps` ahead (`steps` long: a periodic slowdown's whole period; None:
@@ -365,27 +343,9 @@ class Monitor:
     def _open_window_inner(self, plan: WindowPlan) -> None:
         self._pending = None
         self._collect_config()          # configuration can change while the job runs
-        self._window = plan
         self._windows_opened = max(self._windows_opened, plan.index) + 1
-        self._window_times.append(time.monotonic())      # also when this window opened
         self._detector.window_scheduled(plan.start_step + self._length(plan))
-        self._events = []
-        self._events_dropped = 0
-        self._window_gaps: list[CollectorGap] = []
-        if self._sampler is not None and not self._sampler.start(
-            self.policy.sample_interval_seconds, capacity=20_000, nic_interval=self.policy.nic_sample_interval_seconds
-        ):
-            self._window_gaps.append(CollectorGap(source="sampler", reason="hardware sampler unavailable"))
-        gap = self._ops.start(self.policy.op_detail)
-        if gap is not None:
-            self._window_gaps.append(gap)
-        self._gc.install()
-        self._recording = True
-        self._ops.mark_step(self._step)
-        self._bounds = [time.monotonic_ns()]
-
-    def _window_id(self, plan: WindowPlan) -> str:
-        return f"w{plan.index:03d}-s{plan.start_step}"
+        self._win.open(plan, self._step, self.policy)
 
     def _close_window(self) -> None:
         t_in = time.perf_counter()
@@ -395,88 +355,35 @@ class Monitor:
             self._win_seconds_this_call += time.perf_counter() - t_in
 
     def _close_window_inner(self) -> None:
-        plan = self._window
+        plan = self._win.plan
         assert plan is not None
         self.windows_closed += 1
         t_sum = time.monotonic()
-        self._recording = False
-        self._window = None
-        self._gc.remove()
-        wid = self._window_id(plan)
-        wdir = self.out_dir / wid
+        wid = window_id(plan)
         trace_path = None
-        if self.policy.keep_raw_trace and (self._privacy is None or self._privacy.level == "keep"):  # raw names
-            wdir.mkdir(parents=True, exist_ok=True)
-            trace_path = str(wdir / f"rank-{self.rank}.trace.json")
-        ops = self._ops.stop(self.policy.max_events, trace_path, self.policy.raw_trace_max_bytes)
-        series = self._sampler.stop() if self._sampler is not None else None
-        if self._sampler is not None:
-            for g in self._sampler.gaps:
-                if g not in self.gaps:
-                    self.gaps.append(g)
+        if self.policy.keep_raw_trace and (self._out is None or self._out.keeps_names):  # raw names
+            (self.out_dir / wid).mkdir(parents=True, exist_ok=True)
+            trace_path = str(self.out_dir / wid / f"rank-{self.rank}.trace.json")
         history = list(self._detector.history)
-        n_window = len(self._bounds) - 1
+        n_window = len(self._win.bounds) - 1
         before = history[: max(len(history) - n_window, 0)]   # the job's recent series: periods, its level
         layout = process_group_layout()
         if layout:
             self.job = self.job.model_copy(update={"process_groups": layout})
-        rec = WindowRecord(
-            job=self.job,
-            window_id=wid,
-            start_step=plan.start_step,
-            trigger=plan.trigger,
-            triggered_by_rank=plan.triggered_by_rank,
-            step_bounds_ns=list(self._bounds),
-            before_seconds=before,
-            baseline_median_seconds=self._detector.baseline_median_seconds,
-            executions=ops.executions + self._events,
-            samples=series,
-            gaps=self.gaps + self._window_gaps + ops.gaps,
-            config=dict(self.config),
-            events_dropped=ops.dropped + self._events_dropped,
-            detector_seconds_total=self._det_seconds,
-            detector_calls_total=self._det_calls,
-            raw_trace_bytes=ops.raw_trace_bytes,
-        )
-        self._events = []
+        rec, new_gaps = self._win.close(self.job, self.gaps, self.config, before,
+                                        self._detector.baseline_median_seconds, (self._det_seconds, self._det_calls),
+                                        trace_path, self.policy)
+        self.gaps.extend(new_gaps)
         doc = None
         if len(rec.step_bounds_ns) < 2:
             self._gap("window", f"window {wid} closed before a full step; nothing written")
         else:
             try:   # a window that cannot be summarized is lost alone, the Monitor goes on
                 doc = summarize(rec, t_sum, time.monotonic())
-                if self._privacy is not None:
-                    doc = self._privacy.apply(doc)
+                if self._out is not None:
+                    doc = self._out.private(doc)
             except Exception as exc:
                 self._warn("summarize", exc)
-        if self._gather is not None:
-            try:   # every rank takes part, with or without a document
-                packed = self._gather.send(None if doc is None else self._text(doc))
-                if packed:
-                    self._submit(wdir / PACKED_NAME, packed)
-                if doc is not None:
-                    self.windows_completed.append(wid)
-                return
-            except Exception as exc:
-                self._gather.close()
-                self._gather = None
-                self._gap("gather", f"gathering patterns to rank 0 failed ({exc!r}); writing this rank's file")
-                if doc is not None:      # the fallback file says so too
-                    doc = doc.model_copy(update={"gaps": [*doc.gaps, self.gaps[-1]]})
-        if doc is not None:
-            self._submit(wdir / f"rank-{self.rank}.json", self._text(doc))
+                doc = None
+        if self._out is not None and self._out.publish(wid, doc):
             self.windows_completed.append(wid)
-
-    @staticmethod
-    def _text(doc: Any) -> str:
-        data = doc.model_dump(mode="json", by_alias=True)
-        data["overhead"]["pattern_bytes"] = len(json.dumps(data, separators=(",", ":")).encode())
-        return json.dumps(data, separators=(",", ":"))
-
-    def _submit(self, path: Path, text: str) -> None:
-        """Hand a pattern file to the writer thread (a slow filesystem never stalls the step)."""
-        if self._writer is None:
-            self._writer = PatternWriter()
-        if not self._writer.submit(path, text):
-            self._gap("write", f"{path.parent.name}/{path.name}: patterns dropped, earlier writes still pending "
-                               "(slow or hung filesystem)")

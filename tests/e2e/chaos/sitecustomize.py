@@ -62,7 +62,7 @@ def _inject(faults: set[str]) -> None:
         sampler._nvml = lambda: NvmlSource(Failing([sample]), 0)
     if "record_raise" in faults:              # recording a region or a batch fails
         def bad_record(self, ex):  # type: ignore[no-untyped-def]
-            if self._recording:
+            if self._win.recording:
                 raise RuntimeError("injected: event buffer failure")
         Monitor._record = bad_record
     if "store_raise" in faults:               # the store answers with errors

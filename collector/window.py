@@ -1,0 +1,109 @@
+"""One profiling window's lifecycle on one rank: open the recorders at the agreed step, keep the
+step boundaries and the bounded event buffer while it is open, close them and hand back the
+window's record. When windows open is the Monitor's business; where records go is the output's."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from eroica.collector.critical import Execution
+from eroica.collector.facts import CollectorGap, JobInfo
+from eroica.collector.hooks.gc_hook import GcHook
+from eroica.collector.policy import TriggerPolicy
+from eroica.collector.sampler_proc import SamplerClient
+from eroica.collector.summarize import WindowRecord
+from eroica.collector.sync import WindowPlan
+from eroica.collector.torch_ops import TorchOpsRecorder
+
+WINDOW_HOUR = 3600.0
+
+
+def window_id(plan: WindowPlan) -> str:
+    return f"w{plan.index:03d}-s{plan.start_step}"
+
+
+class WindowLifecycle:
+    """Open -> record -> close of one window at a time, with the hourly budget of windows."""
+
+    def __init__(self, sampler: SamplerClient | None) -> None:
+        self.plan: WindowPlan | None = None
+        self.recording = False
+        self.sampler = sampler
+        self.ops = TorchOpsRecorder()
+        self.gc = GcHook(self.record)
+        self.events: list[Execution] = []
+        self.events_dropped = 0
+        self.max_events = 0
+        self.bounds: list[int] = []
+        self.gaps: list[CollectorGap] = []          # this window's own gaps
+        self.opened_at: deque[float] = deque()     # monotonic times windows opened, for the hourly budget
+
+    def may_open(self, per_hour: int) -> bool:
+        cutoff = time.monotonic() - WINDOW_HOUR
+        while self.opened_at and self.opened_at[0] < cutoff:
+            self.opened_at.popleft()
+        return len(self.opened_at) < per_hour
+
+    def overdue(self, max_seconds: float) -> bool:
+        return bool(self.opened_at) and time.monotonic() - self.opened_at[-1] > max_seconds
+
+    def record(self, ex: Execution) -> None:
+        """One execution from a region, the loader or the GC hook; beyond the cap it is counted, not kept."""
+        if not self.recording:
+            return
+        if len(self.events) >= self.max_events:
+            self.events_dropped += 1
+            return
+        self.events.append(ex)
+
+    def open(self, plan: WindowPlan, step: int, policy: TriggerPolicy) -> None:
+        self.plan = plan
+        self.opened_at.append(time.monotonic())
+        self.events, self.events_dropped, self.max_events = [], 0, policy.max_events
+        self.gaps = []
+        if self.sampler is not None and not self.sampler.start(
+            policy.sample_interval_seconds, capacity=20_000, nic_interval=policy.nic_sample_interval_seconds
+        ):
+            self.gaps.append(CollectorGap(source="sampler", reason="hardware sampler unavailable"))
+        gap = self.ops.start(policy.op_detail)
+        if gap is not None:
+            self.gaps.append(gap)
+        self.gc.install()
+        self.recording = True
+        self.ops.mark_step(step)
+        self.bounds = [time.monotonic_ns()]
+
+    def step_ended(self, now_ns: int) -> None:
+        self.bounds.append(now_ns)
+
+    def step_started(self, step: int) -> None:
+        self.ops.mark_step(step)
+
+    def close(self, job: JobInfo, gaps: list[CollectorGap], config: dict[str, str], before: list[float],
+              baseline: float | None, detector: tuple[float, int], trace_path: str | None,
+              policy: TriggerPolicy) -> tuple[WindowRecord, list[CollectorGap]]:
+        """Stop every recorder; the window's record, and the sampler's gaps that are new to the process."""
+        plan = self.plan
+        assert plan is not None
+        self.recording = False
+        self.plan = None
+        self.gc.remove()
+        ops = self.ops.stop(policy.max_events, trace_path, policy.raw_trace_max_bytes)
+        series = self.sampler.stop() if self.sampler is not None else None
+        new = [g for g in (self.sampler.gaps if self.sampler is not None else []) if g not in gaps]
+        rec = WindowRecord(
+            job=job, window_id=window_id(plan), start_step=plan.start_step, trigger=plan.trigger,
+            triggered_by_rank=plan.triggered_by_rank, step_bounds_ns=list(self.bounds), before_seconds=before,
+            baseline_median_seconds=baseline, executions=ops.executions + self.events, samples=series,
+            gaps=gaps + new + self.gaps + ops.gaps, config=dict(config),
+            events_dropped=ops.dropped + self.events_dropped, detector_seconds_total=detector[0],
+            detector_calls_total=detector[1], raw_trace_bytes=ops.raw_trace_bytes,
+        )
+        self.events = []
+        return rec, new
+
+    def stop_recording(self) -> None:
+        """Stop taking events (the Monitor was disabled); the recorders close at `close` or process exit."""
+        self.recording = False
+        self.gc.remove()
