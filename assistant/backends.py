@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from eroica.assistant.code import dataloader_edit, gc_freeze_edit, relevant_code, unified_diff
+from eroica.assistant.errors import BackendConfigError
 from eroica.assistant.models import ConfigEdit, Proposal, Remediation
 from eroica.assistant.redact import Redactor
 from eroica.engine.diagnosis import Finding
@@ -76,7 +77,7 @@ class ModelSettings:
     def from_env(cls, base_url: str | None = None, model: str | None = None) -> ModelSettings:
         url = base_url or os.environ.get("EROICA_LLM_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
         if not url:
-            raise ValueError("the openai backend needs an endpoint: --base-url or EROICA_LLM_BASE_URL "
+            raise BackendConfigError("the openai backend needs an endpoint: --base-url or EROICA_LLM_BASE_URL "
                              "(any OpenAI-compatible server: vLLM, llama.cpp server, Ollama, a hosted API)")
         return cls(base_url=url, model=model or os.environ.get("EROICA_LLM_MODEL", "default"),
                    api_key=os.environ.get("EROICA_LLM_API_KEY") or os.environ.get("OPENAI_API_KEY") or "none",

@@ -17,6 +17,7 @@ import jinja2
 import yaml
 
 from eroica.assistant.backends import Context, ModelSettings, llm, offline
+from eroica.assistant.errors import BackendConfigError, DraftInputError
 from eroica.assistant.gate import check
 from eroica.assistant.models import DraftOutcome, Proposal, Remediation, load_remediations
 from eroica.assistant.redact import Redactor
@@ -36,10 +37,10 @@ def load_diagnosis(path: Path) -> Diagnosis:
     try:
         return Diagnosis.model_validate(json.loads(Path(path).read_text()))
     except FileNotFoundError as exc:
-        raise ValueError(f"{path}: no such file (write one with: eroica diagnose RUN_DIR --format json -o FILE)") \
+        raise DraftInputError(f"{path}: no such file (write one with: eroica diagnose RUN_DIR --format json -o FILE)") \
             from exc
     except (json.JSONDecodeError, ValueError) as exc:
-        raise ValueError(f"{path}: not an eroica.diagnosis/v1 document: {str(exc)[:300]}") from exc
+        raise DraftInputError(f"{path}: not an eroica.diagnosis/v1 document: {str(exc)[:300]}") from exc
 
 
 def _slug(f: Finding) -> str:
@@ -79,7 +80,7 @@ def _software(diagnosis: Diagnosis, w: WindowDiagnosis, f: Finding, rem: Remedia
     redactor = Redactor(hostnames=[h for fi in w.findings for h in fi.hosts], extra=patterns)
     if backend == "openai":
         if settings is None:
-            raise ValueError("the openai backend needs model settings")
+            raise BackendConfigError("the openai backend needs model settings")
         proposal = llm(ctx, settings, redactor)
     else:
         proposal = offline(ctx)

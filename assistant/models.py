@@ -9,6 +9,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from eroica.assistant.errors import DraftInputError
+
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -48,7 +50,7 @@ def load_remediations(directory: Path) -> dict[str, Remediation]:
     for f in sorted(directory.glob("*.yaml")):
         r = Remediation.model_validate(yaml.safe_load(f.read_text()))
         if r.id != f.stem:
-            raise ValueError(f"{f}: id {r.id!r} must be the file name ({f.stem})")
+            raise DraftInputError(f"{f}: id {r.id!r} must be the file name ({f.stem})")
         out[r.id] = r
     return out
 

@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eroica.lab.errors import FaultSetupError
 from eroica.lab.netns import RankNetworks
 from eroica.lab.netns import available as netns_available
 from eroica.lab.workload import fault_pairs
@@ -69,7 +70,7 @@ class CpuCgroups:
         if not (CPU_ROOT / "cgroup.procs").exists() or not os.access(CPU_ROOT, os.W_OK):
             cg.notes.append("cgroup v1 cpu controller not writable: job runs without its own cgroup")
             if required_by is not None:
-                raise RuntimeError(
+                raise FaultSetupError(
                     f"{required_by} needs a writable cgroup v1 cpu controller at /sys/fs/cgroup/cpu "
                     "(run as root on a host with cgroup v1)"
                 )
@@ -121,7 +122,7 @@ class MemoryCgroup(KilledCgroup):
             path = Path("/sys/fs/cgroup/memory") / own.lstrip("/") / f"eroica-mem-{uuid.uuid4().hex[:8]}"
             path.mkdir()
         except (StopIteration, OSError) as exc:
-            raise RuntimeError(f"host_memory_pressure needs a writable cgroup v1 memory controller: {exc}") from exc
+            raise FaultSetupError(f"host_memory_pressure needs a writable cgroup v1 memory controller: {exc}") from exc
         return cls(path)
 
 
@@ -133,7 +134,7 @@ class BlkioCgroup(KilledCgroup):
     def create(cls, directory: str = "/var/tmp", write_bps: int = 1024 * 1024) -> BlkioCgroup:
         root = Path("/sys/fs/cgroup/blkio")
         if not (root / "blkio.throttle.write_bps_device").exists() or not os.access(root, os.W_OK):
-            raise RuntimeError("slow_storage needs a writable cgroup v1 blkio controller (root)")
+            raise FaultSetupError("slow_storage needs a writable cgroup v1 blkio controller (root)")
         dev = os.stat(directory).st_dev
         path = root / f"eroica-io-{uuid.uuid4().hex[:8]}"
         path.mkdir()
@@ -141,7 +142,8 @@ class BlkioCgroup(KilledCgroup):
             (path / "blkio.throttle.write_bps_device").write_text(f"{os.major(dev)}:{os.minor(dev)} {write_bps}")
         except OSError as exc:
             path.rmdir()
-            raise RuntimeError(f"cannot throttle device {os.major(dev)}:{os.minor(dev)} of {directory}: {exc}") from exc
+            raise FaultSetupError(
+                f"cannot throttle device {os.major(dev)}:{os.minor(dev)} of {directory}: {exc}") from exc
         return cls(path)
 
 
@@ -201,7 +203,7 @@ def launch(
         ok, why = netns_available()
         if not ok:
             cg.cleanup()
-            raise RuntimeError(f"nic_degraded needs one network namespace per rank: {why} (run as root)")
+            raise FaultSetupError(f"nic_degraded needs one network namespace per rank: {why} (run as root)")
         nic_ranks = {r for f, r in fault_pairs(fault, str(fault_rank)) if f == "nic_degraded"}
         try:
             nets = RankNetworks(world_size).create()

@@ -12,6 +12,8 @@ import subprocess
 import uuid
 from dataclasses import dataclass, field
 
+from eroica.lab.errors import FaultSetupError
+
 SUBNET = "10.77.{net}.{host}"
 
 
@@ -29,7 +31,7 @@ def available() -> tuple[bool, str]:
 def _run(*cmd: str) -> None:
     r = subprocess.run(list(cmd), capture_output=True, text=True)
     if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+        raise FaultSetupError(f"{' '.join(cmd)}: {r.stderr.strip()}")
 
 
 @dataclass

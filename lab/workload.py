@@ -38,6 +38,8 @@ import time
 import warnings
 from collections import deque
 
+from eroica.lab.errors import WorkloadArgError
+
 FAULTS = ("none", "dataloader_stall", "cpu_throttled", "cpu_contention", "workload_imbalance", "gc_pause",
           "user_code", "framework_config", "nic_degraded", "slow_storage", "host_memory_pressure",
           "untracked_work")
@@ -95,11 +97,11 @@ def fault_pairs(fault: str, fault_rank: str) -> list[tuple[str, int]]:
     try:
         ranks = [int(r) for r in fault_rank.split(",") if r.strip()]
     except ValueError as exc:
-        raise ValueError(f"--fault-rank {fault_rank!r}: ranks are integers separated by commas") from exc
+        raise WorkloadArgError(f"--fault-rank {fault_rank!r}: ranks are integers separated by commas") from exc
     if len(ranks) == 1 and len(faults) > 1:
         ranks = ranks * len(faults)
     if not faults or len(ranks) != len(faults) or any(f not in FAULTS for f in faults):
-        raise ValueError(f"faults must come from {', '.join(FAULTS)}, with one rank per fault")
+        raise WorkloadArgError(f"faults must come from {', '.join(FAULTS)}, with one rank per fault")
     return list(zip(faults, ranks))
 
 
