@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-fast lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +17,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(MAKE) typecheck
 	$(BIN)/pytest -q
 	$(BIN)/eroica eval incidents
 
@@ -25,6 +26,14 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# mypy over an eroica/ tree of links to the top-level packages (strict for engine/ and knowledge/:
+# pyproject.toml [tool.mypy])
+typecheck: $(STAMP)
+	rm -rf build/typecheck && mkdir -p build/typecheck/eroica
+	for d in collector engine assistant knowledge lab cli; do ln -s ../../../$$d build/typecheck/eroica/$$d; done
+	touch build/typecheck/eroica/__init__.py
+	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p eroica
 
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py

@@ -41,8 +41,8 @@ def unified_diff(repo: Path, path: Path, before: str, after: str) -> str:
 
 def _replace(text: str, node: ast.AST, new: str) -> str:
     lines = text.splitlines(keepends=True)
-    start = sum(len(x) for x in lines[: node.lineno - 1]) + node.col_offset  # type: ignore[attr-defined]
-    end = sum(len(x) for x in lines[: node.end_lineno - 1]) + node.end_col_offset  # type: ignore[attr-defined]
+    start = sum(len(x) for x in lines[: getattr(node, "lineno") - 1]) + int(getattr(node, "col_offset"))
+    end = sum(len(x) for x in lines[: int(getattr(node, "end_lineno")) - 1]) + int(getattr(node, "end_col_offset"))
     return text[:start] + new + text[end:]
 
 
@@ -73,7 +73,7 @@ def dataloader_edit(repo: Path, workers: int, prefetch: int) -> list[Edit]:
             if nw is None:
                 c.keywords.append(ast.keyword("num_workers", ast.Constant(workers)))
             elif isinstance(nw.value, ast.Constant):
-                ckw["num_workers"].value = ast.Constant(max(int(nw.value.value or 0), workers))
+                ckw["num_workers"].value = ast.Constant(max(int(str(nw.value.value or 0)), workers))
             else:
                 old = ckw["num_workers"].value
                 ckw["num_workers"].value = ast.Call(ast.Name("max"), [old, ast.Constant(workers)], [])

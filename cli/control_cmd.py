@@ -34,7 +34,7 @@ from eroica.collector.control import (
 from eroica.collector.policy import TriggerPolicy
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("control", help="change a running job's trigger policy, or ask for a window, without a restart")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--who", default=None, help="who asks (default: user@host); logged with the change")

@@ -13,7 +13,7 @@ from eroica.engine.render import FORMATS, render
 NOT_DIAGNOSABLE = 3    # exit code: a window fell below the coverage floor (no verdict)
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diagnose", help="diagnose the windows of a run directory")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--window", default=None, help="only this window id (default: all)")

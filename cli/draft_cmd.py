@@ -9,7 +9,7 @@ from eroica.assistant.backends import ModelSettings
 from eroica.assistant.draft import draft_all, load_diagnosis
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("draft", help="draft change requests (never applied) for a diagnosis's findings")
     p.add_argument("diagnosis", type=Path, help="an eroica.diagnosis/v1 JSON file (eroica diagnose --format json)")
     p.add_argument("--repo", type=Path, help="the training code's repository (drafted diffs must apply to it)")

@@ -10,7 +10,7 @@ from eroica.collector.kineto import TraceError, ingest_file, write_doc
 SUFFIXES = (".json", ".json.gz")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ingest", help="turn existing traces into eroica pattern files (then: eroica diagnose)")
     p.add_argument("format", choices=["kineto"], help="kineto: PyTorch profiler Chrome-trace JSON, one file per rank")
     p.add_argument("paths", nargs="+", type=Path, help="trace files (.json or .json.gz) or directories of them")

@@ -13,7 +13,7 @@ from eroica.collector.policy import TriggerPolicy, first_error
 from eroica.collector.replay import read_step_times, replay
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("policy", help="the trigger policy: show it, or replay a step-time series through it")
     s = p.add_subparsers(dest="policy_cmd", required=True)
     r = s.add_parser("replay", help="when would windows open on this step-time history?")

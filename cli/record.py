@@ -9,7 +9,7 @@ from eroica.lab.record import WORKLOADS, RecordSpec, record
 from eroica.lab.workload import FAULTS
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("record", help="run a real faulty job and keep its window as an incident")
     p.add_argument("--fault", required=True, help=f"one of {', '.join(FAULTS)}, or several separated by commas")
     p.add_argument("--rank", default="1", help="rank, or one rank per fault separated by commas")

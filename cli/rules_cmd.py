@@ -6,7 +6,6 @@ import argparse
 import operator
 from pathlib import Path
 
-from eroica.engine.diagnose import load_taxonomy
 from eroica.engine.errors import RuleError
 from eroica.engine.rules.compiler import compile_each, compile_rule, fact_fields, trace_field, with_derivations
 from eroica.engine.rules.lint_refs import boundary_problems, given_problems, reference_problems, summary_problems
@@ -21,11 +20,12 @@ from eroica.engine.rules.loader import (
 )
 from eroica.engine.rules.runner import RuleTestCase, run_tests
 from eroica.engine.rules.schema import THRESHOLD_OPS
+from eroica.engine.taxonomy import load_taxonomy
 
 _CMP = {"gt": operator.gt, "gte": operator.ge, "lt": operator.lt, "lte": operator.le}
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rules", help="test or lint the rule base")
     rs = p.add_subparsers(dest="rules_cmd", required=True)
     t = rs.add_parser("test", help="run every rule's inline tests")

@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from pydantic import BaseModel
+
 from eroica.collector.facts import PatternsDoc
 from eroica.engine.diagnosis import Diagnosis
 
-MODELS = {"diagnosis": (Diagnosis, "eroica.diagnosis/v1"), "patterns": (PatternsDoc, "eroica.patterns/v1")}
+MODELS: dict[str, tuple[type[BaseModel], str]] = {"diagnosis": (Diagnosis, "eroica.diagnosis/v1"),
+                                                 "patterns": (PatternsDoc, "eroica.patterns/v1")}
 
 
 def schema(kind: str) -> dict[str, object]:
@@ -21,7 +24,7 @@ def schema(kind: str) -> dict[str, object]:
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": sid, **s}
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("schema", help="print the JSON Schema of a document eroica writes")
     p.add_argument("kind", choices=sorted(MODELS))
     p.set_defaults(func=run)

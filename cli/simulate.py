@@ -8,7 +8,7 @@ from pathlib import Path
 from eroica.lab.simulate import FAULTS, simulate
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="SIMULATE a window of pattern files for N GPU ranks with one fault")
     p.add_argument("--ranks", type=int, default=64)
     p.add_argument("--fault", choices=FAULTS, default="gpu_throttled")

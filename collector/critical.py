@@ -77,8 +77,8 @@ def attribute(executions: list[Execution], t0: int, t1: int) -> Segments:
         while active and active[0][2] <= now:
             heapq.heappop(active)  # lazily drop finished intervals at the top
         while i < n and evs[i][0] <= now:
-            s, t, p, k = evs[i]
-            heapq.heappush(active, (p, s, t, k))
+            s, t, prio, key = evs[i]
+            heapq.heappush(active, (prio, s, t, key))
             i += 1
         while active and active[0][2] <= now:
             heapq.heappop(active)

@@ -8,11 +8,11 @@ never a silent None.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
 
-PATTERNS_SCHEMA = "eroica.patterns/v1"
+PATTERNS_SCHEMA: Final = "eroica.patterns/v1"
 
 
 class Frozen(BaseModel):

@@ -330,11 +330,11 @@ class ReplayNvml:
     def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:  # noqa: N802
         """Recorded `nvlink_states`: one 0/1 per link present (links past it are absent)."""
         states = self._cur("nvlink_states")
-        if link >= len(states):  # type: ignore[arg-type]
+        if link >= len(states):
             raise ValueError(f"NVLink {link} not present in the recording")
-        return int(states[link])  # type: ignore[index]
+        return int(states[link])
 
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:  # noqa: N802
         """Recorded `nvlink_errors`: the summed error count of each link (counter 0 carries it)."""
         errs = self._cur("nvlink_errors")
-        return int(errs[link]) if counter == 0 else 0  # type: ignore[index]
+        return int(errs[link]) if counter == 0 else 0

@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -468,7 +468,7 @@ def default_sources(pid: int, main_tid: int) -> tuple[list[Source], list[Collect
     ]
     for name, make in factories:
         try:
-            src = make()
+            src: Any = make()
             src.read()
             sources.append(src)
             for missing in getattr(src, "unavailable", []):

@@ -67,7 +67,7 @@ def helper_main(pid: int, tid: int) -> None:
             for src in sources:
                 if src.name == "cgroup_cpu":
                     try:
-                        quota = src.quota_cores()  # type: ignore[attr-defined]
+                        quota = getattr(src, "quota_cores")()   # only the cgroup_cpu source has it
                     except Exception as exc:
                         setup_gaps.append(CollectorGap(source="cgroup_quota", reason=repr(exc)[:200]))
             sampler = HardwareSampler(sources, float(cmd[1]), int(cmd[2]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -75,6 +76,10 @@ def _mean(series: SampleSeries, col: str) -> float | None:
     return float(ok.mean()) if len(ok) else None
 
 
+def _float(x: object) -> float | None:
+    return float(x) if isinstance(x, (int, float)) else None
+
+
 def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None or not np.isfinite(x) else round(float(x), nd)
 
@@ -132,10 +137,10 @@ def hardware_summary(series: SampleSeries | None, wall_s: float) -> HardwareSumm
         io_wait_ratio=_r(_mean(series, "main_in_io")),
         cgroup_throttled_ratio=_r(None if thr is None else min(thr / 1e9 / span, 1.0)),
         cgroup_nr_throttled_total=None if nr is None else int(nr),
-        cgroup_cpu_quota_cores=_r(series.extras.get("cgroup_cpu_quota_cores")),  # type: ignore[arg-type]
+        cgroup_cpu_quota_cores=_r(_float(series.extras.get("cgroup_cpu_quota_cores"))),
         cgroup_others_cpu_cores=_r(None if others is None else others / span),
-        system_cpu_util_ratio=_r(None if not total else busy / total),  # type: ignore[operator]
-        per_core_util_ratio=list(series.extras.get("per_core_util_ratio", [])),  # type: ignore[call-overload]
+        system_cpu_util_ratio=_r(None if not total or busy is None else busy / total),
+        per_core_util_ratio=[float(x) for x in cast(list[float], series.extras.get("per_core_util_ratio") or [])],
         rss_bytes=_r(_mean(series, "rss_bytes"), 0),
         swap_used_bytes=_r(_mean(series, "swap_bytes"), 0),
         cgroup_memory_usage_ratio=_r(_mean(series, "cg_mem_usage_ratio")),
@@ -207,8 +212,8 @@ def summarize(rec: WindowRecord, summarize_started: float, now: float) -> Patter
             rates[MetricName.gpu_sm_clock_mhz] = sm[:-1]     # a level, not a counter
     metric_stats = {}
     for m, r in rates.items():
-        if r is not None:
-            metric_stats[m] = metric_by_key(seg, series.t_ns, r)  # type: ignore[union-attr]
+        if r is not None and series is not None:
+            metric_stats[m] = metric_by_key(seg, series.t_ns, r)
     fast_t = series.extras.get("nic_fast_t_ns") if series is not None else None
     fast_b = series.extras.get("nic_fast_bytes") if series is not None else None
     if isinstance(fast_t, np.ndarray) and isinstance(fast_b, np.ndarray) and len(fast_t) >= 3:
@@ -261,7 +266,7 @@ def summarize(rec: WindowRecord, summarize_started: float, now: float) -> Patter
             window_id=rec.window_id,
             start_step=rec.start_step,
             end_step=rec.start_step + len(during),
-            trigger=rec.trigger,  # type: ignore[arg-type]
+            trigger=rec.trigger,
             triggered_by_rank=rec.triggered_by_rank,
             wall_seconds=round(wall_s, 6),
         ),

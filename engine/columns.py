@@ -13,6 +13,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -115,7 +116,7 @@ class ColumnsBuilder:
         self.ps_meta = array("q")              # (row, signal, length, offset) per kept per-step list
         self.scalars = {k: array("d") for k in ("baseline", "cores", "own", "lmean", "lcv", "lshare",
                                                  "world", "start", "end", *OVERHEAD_FIELDS)}
-        self.text: dict[str, list] = {k: [] for k in ("host", "role", "part", "trigger", "top", "config", "gaps",
+        self.text: dict[str, list[Any]] = {k: [] for k in ("host", "role", "part", "trigger", "top", "config", "gaps",
                                                      "privacy")}
         self.ops = array("q")
 
@@ -158,19 +159,20 @@ class ColumnsBuilder:
             ps = hw.per_step.get(s)
             if ps:
                 self.ps_meta.extend((i, k, len(ps), len(self.ps_vals)))
-                self.ps_vals.extend(ps if None not in ps else [_num(x) for x in ps])   # type: ignore[arg-type]
+                # the fast path: a list without None is a list of floats (no per-element conversion)
+                self.ps_vals.extend(cast(list[float], ps) if None not in ps else [_num(x) for x in ps])
         sc = self.scalars
         sc["baseline"].append(_num(d.step_times.baseline_median_seconds))
         sc["cores"].append(len(hw.per_core_util_ratio))
         sc["own"].append(1.0 if own_link(d) else 0.0)
         link = link_signature(d)
-        for k, v in zip(("lmean", "lcv", "lshare"), link[:3] if link else (np.nan,) * 3):
-            sc[k].append(v)
+        for name, val in zip(("lmean", "lcv", "lshare"), link[:3] if link else (np.nan,) * 3):
+            sc[name].append(val)
         sc["world"].append(d.job.world_size)
         sc["start"].append(d.window.start_step)
         sc["end"].append(d.window.end_step)
-        for k in OVERHEAD_FIELDS:
-            sc[k].append(getattr(d.overhead, k))
+        for field in OVERHEAD_FIELDS:
+            sc[field].append(getattr(d.overhead, field))
         t = self.text
         t["host"].append(d.job.hostname)
         t["role"].append(d.job.role)
@@ -200,7 +202,7 @@ class ColumnsBuilder:
         for m in np.unique(fi["len"]):
             sel = fi["len"] == m
             block = vals[fi["off"][sel][:, None] + np.arange(m)]
-            np.add.at(per_step, (rows[sel], cols[sel], slice(0, int(m))), block)
+            np.add.at(per_step, (rows[sel], cols[sel], slice(0, int(m))), block)  # type: ignore[arg-type]  # numpy's stubs take no slice in an index tuple
 
         def mat(values: np.ndarray, fill: float, add: bool) -> np.ndarray:
             out = np.full((nr, nf), fill)

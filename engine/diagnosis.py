@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
-DIAGNOSIS_SCHEMA = "eroica.diagnosis/v1"
+DIAGNOSIS_SCHEMA: Final = "eroica.diagnosis/v1"
 
 
 class Frozen(BaseModel):

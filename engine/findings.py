@@ -96,7 +96,7 @@ def _evidence(c: Conclusion, facts: list[Fact], rules: list[str], also: set[str]
               analysis: PeerAnalysis, factors: ConfidenceFactors) -> list[str]:
     ev = [line for f in facts if (line := f.evidence()) is not None]
     if c.hypotheses:
-        ev.append("reasoning: " + " -> ".join([f.kind for f in c.hypotheses] + [c.root_cause])
+        ev.append("reasoning: " + " -> ".join([str(getattr(f, "kind", "?")) for f in c.hypotheses] + [c.root_cause])
                   + f" (rules {', '.join([*c.via, c.rule_id])})")
     others = sorted(also - {str(c.function), "None"})
     if others:

@@ -34,7 +34,7 @@ class Hypothesis(Fact):
         try:
             return self.evidence_template.format(**self.model_dump())
         except (KeyError, ValueError, TypeError):
-            return f"reasoning: {self.kind} on rank {self.rank}"
+            return f"reasoning: {getattr(self, 'kind', 'hypothesis')} on rank {self.rank}"
 
 
 def _model(kind: str, spec: dict[str, Any], where: str) -> type[Hypothesis]:
@@ -46,8 +46,8 @@ def _model(kind: str, spec: dict[str, Any], where: str) -> type[Hypothesis]:
             raise RuleError([f"{where}: hypothesis {kind!r}, field {name!r}: unknown type {t!r}; use one of "
                              f"{', '.join(_TYPES)} (a trailing ? allows null)"])
         fields[name] = (base | None, None) if optional else (base, ...)
-    model: type[Hypothesis] = create_model(  # type: ignore[call-overload]
-        f"Hypothesis_{kind}", __base__=Hypothesis, kind=(Literal[kind], kind), **fields)
+    fields["kind"] = (Literal[kind], kind)    # a literal built from data: its own kind, as the facts' are
+    model: type[Hypothesis] = create_model(f"Hypothesis_{kind}", __base__=Hypothesis, **fields)
     model.description = " ".join(str(spec.get("description", "")).split())
     model.evidence_template = str(spec.get("evidence", ""))
     return model

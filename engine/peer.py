@@ -188,11 +188,11 @@ def analyze(window: WindowData) -> PeerAnalysis:
         # happened to run faster (its own slowdown spread over the host)
         excess = np.maximum(busy - ref_busy, cat_excess)
         excess_ratio = excess / med_step if med_step > 0 else np.zeros(n)
-        cands = np.flatnonzero(excess_ratio >= SUSPECT_EXCESS_STEP_RATIO)
+        over = np.flatnonzero(excess_ratio >= SUSPECT_EXCESS_STEP_RATIO)
         # the per-step test only where the robust z alone does not decide
-        weak = cands[(z[cands] < SUSPECT_Z) & ~cat_flag[cands]]
+        weak = over[(z[over] < SUSPECT_Z) & ~cat_flag[over]]
         weak_t = dict(zip(weak.tolist(), paired_t(busy_steps, weak, clean, floor).tolist()))
-        cands = [int(i) for i in cands if weak_t.get(int(i), SUSPECT_T) >= SUSPECT_T]
+        cands = [int(i) for i in over if weak_t.get(int(i), SUSPECT_T) >= SUSPECT_T]
         if n < MIN_GROUP:
             cands = [i for i in cands if cat_flag[i] or cap_ratio(float(busy[i]), float(ref_busy[i]))
                      >= SMALL_GROUP_MIN_RATIO]

@@ -130,7 +130,8 @@ def paired_t(busy_steps: np.ndarray, members: np.ndarray, clean: np.ndarray, flo
         ref = np.median(busy_steps[clean], axis=0)
         d = busy_steps[members] - ref
         sd = np.maximum(np.std(d, axis=1, ddof=1), floor)
-        return np.mean(d, axis=1) / (sd / np.sqrt(steps))
+        out: np.ndarray = np.mean(d, axis=1) / (sd / np.sqrt(steps))
+        return out
     for k, i in enumerate(members):
         ref_rows = busy_steps[clean & (np.arange(n) != i)]
         if len(ref_rows) == 0:

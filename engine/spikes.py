@@ -18,6 +18,8 @@ those steps alone: slow in every checkpoint it wrote is consistent, not a 1-in-1
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from eroica.engine.facts import StepSpike
@@ -32,7 +34,7 @@ SPIKE_SIGNALS = ("io_wait_ratio", "runqueue_wait_ratio", "cpu_util_ratio")   # w
 MAX_SCHEDULED_SHARE = 0.34   # scheduled work runs in at most a third of the window's steps
 
 
-def scheduled_steps(per_step: np.ndarray, keys: list[tuple[str, str]]) -> list[np.ndarray]:
+def scheduled_steps(per_step: np.ndarray, keys: Sequence[tuple[str, str]]) -> list[np.ndarray]:
     """The step masks of the job's scheduled work in the window, one per distinct schedule: a
     function (not communication) that every rank runs in the same few steps and in no other
     (`per_step` is [rank, key, step] critical seconds)."""

@@ -118,6 +118,7 @@ def compute_work(g: GroupView, fmat: np.ndarray) -> np.ndarray:
     f = fmat[:, idx]
     rate = np.where((g.metric_code[:, idx] == CPU_UTIL) & ~np.isnan(g.metric_mean[:, idx]),
                     g.metric_mean[:, idx], 1.0)
-    return np.where(f > 0, f * rate, 0.0).sum(axis=1)
+    out: np.ndarray = np.where(f > 0, f * rate, 0.0).sum(axis=1)
+    return out
 
 

@@ -14,6 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -128,7 +129,7 @@ def record(args: RecordSpec) -> int:
         return 2
     faults, ranks = [f for f, _ in pairs], [r for _, r in pairs]
     module, kind = WORKLOADS[args.workload]
-    extra, launch_kw = list(args.extra), {}
+    extra, launch_kw = list(args.extra), dict[str, Any]()
     healthy = faults == ["none"]
     if args.random is not None and not healthy:
         if len(faults) > 1:
@@ -155,7 +156,7 @@ def record(args: RecordSpec) -> int:
         t0 = time.time()
         res = launch(run_dir, fault=args.fault, fault_rank=args.rank, fault_step=args.fault_step, env=env,
                      extra_args=extra, module=module, netns=args.netns,
-                     steps=args.fault_step + 100 if not healthy else 200, **launch_kw)  # type: ignore[arg-type]
+                     steps=args.fault_step + 100 if not healthy else 200, **launch_kw)
         if not res.ok:
             print(f"eroica record: the job failed: {res.returncodes}")
             return 1

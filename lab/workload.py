@@ -211,7 +211,7 @@ def release(ckpt: CheckpointWriter | None, shard: Shard | None, hogs: list[subpr
         hog.wait()
 
 
-def step_end_faults(mon, region: str, fault: str, seconds: float) -> None:  # type: ignore[no-untyped-def]
+def step_end_faults(mon, region: str, fault: str, seconds: float) -> None:
     """The end of a step: the user's metrics region (`user_code` blocks in it), then `untracked_work`
     spins the CPU outside every region and op."""
     with mon.region(region):
@@ -259,12 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         def __len__(self) -> int:
             return 10**9
 
-        def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
+        def __getitem__(self, i: int):
             return torch.randn(256), int(i % 10)
 
     fetch = "framework_config" in args.plan.values() and args.config_fault == "workers"
 
-    def collate(items):  # type: ignore[no-untyped-def]
+    def collate(items):
         if fetch:
             time.sleep(args.fetch_seconds)      # every batch comes from remote storage with latency
         if fault == "dataloader_stall" and active(state["step"]):
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             super().__init__(*mods)
             self.extra = extra
 
-        def forward(self, x):  # type: ignore[no-untyped-def]
+        def forward(self, x):
             body = list(self)
             for layer in body[:-1]:
                 x = layer(x)

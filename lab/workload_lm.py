@@ -109,11 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         def __len__(self) -> int:
             return 10**9
 
-        def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
+        def __getitem__(self, i: int):
             g = torch.Generator().manual_seed(i)
             return torch.randint(0, vocab, (self.seq_len + 1,), generator=g)
 
-    def collate(items):  # type: ignore[no-untyped-def]
+    def collate(items):
         if fetch:
             time.sleep(args.fetch_seconds)
         if stalled.value:
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                                         for ff in (128, 384, 192, 256))   # uneven layers
             self.head = nn.Linear(d, vocab)
 
-        def forward(self, x, extra_passes: int = 0):  # type: ignore[no-untyped-def]
+        def forward(self, x, extra_passes: int = 0):
             h = self.embed(x)
             for b in self.blocks:
                 h = b(h)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sized
+from typing import Any, cast
 
 from eroica.collector.facts import Category
 
@@ -17,7 +17,7 @@ class TimedLoader:
         self._loader = loader
 
     def __len__(self) -> int:
-        return len(self._loader)  # type: ignore[arg-type]
+        return len(cast(Sized, self._loader))   # a loader over a sized dataset has one; others raise TypeError
 
     def __iter__(self) -> Iterator[Any]:
         it = iter(self._loader)

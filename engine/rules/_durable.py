@@ -35,9 +35,11 @@ class _Host(engine.Host):
         return self.post(ruleset_name, message)
 
     def close(self) -> None:
-        for rs in self._ruleset_list:
+        rulesets: list[Any] = self._ruleset_list
+        for rs in rulesets:
             dre.delete_ruleset(rs._handle)
-        self._ruleset_list, self._ruleset_directory = [], {}
+        self._ruleset_list: list[Any] = []
+        self._ruleset_directory: dict[str, Any] = {}
 
 
 def clean(v: Any) -> Any:
@@ -186,7 +188,7 @@ class DurableRun:
         self.host.close()
 
 
-class _Fmt(dict):  # type: ignore[type-arg]
+class _Fmt(dict[str, Any]):
     def __missing__(self, key: str) -> str:
         return "{" + key + "}"
 

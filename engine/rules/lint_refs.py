@@ -32,9 +32,9 @@ def given_problems(lr: LoadedRule, vocab: dict[str, set[str]], site_dirs: list[P
                 if field not in vocab[kind]:
                     out.append(f"{where}: fact {kind!r} has no field {field!r}; fields: "
                                f"{', '.join(sorted(vocab[kind]))}")
-                elif model is not None and field != "kind":
+                elif model is not None and field != "kind" and (ann := model.model_fields[field].annotation):
                     try:
-                        TypeAdapter(model.model_fields[field].annotation).validate_python(value)
+                        TypeAdapter(ann).validate_python(value)
                     except ValidationError as exc:
                         out.append(f"{where}: {kind}.{field} = {value!r} is not a valid "
                                    f"{model.model_fields[field].annotation}: {exc.errors()[0]['msg']}")

@@ -104,4 +104,5 @@ def _worker_tests(cases: list[RuleTestCase]) -> list[RuleTestOutcome]:
 def run_tests(cases: list[RuleTestCase], in_process: bool = False) -> list[RuleTestOutcome]:
     if in_process:
         return _worker_tests(cases)
-    return _in_worker(_worker_tests, cases)  # type: ignore[no-any-return]
+    out: list[RuleTestOutcome] = _in_worker(_worker_tests, cases)
+    return out
