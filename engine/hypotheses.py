@@ -13,12 +13,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import yaml
 from pydantic import create_model
 
 from eroica.engine.errors import RuleError
 from eroica.engine.facts import FACT_TYPES, Fact
-from eroica.engine.rules.loader import builtin_knowledge_dir
+from eroica.engine.rules.loader import builtin_knowledge_dir, load_data_file
 
 SCHEMA = "eroica.hypotheses/v1"
 _TYPES: dict[str, type] = {"float": float, "int": int, "bool": bool, "str": str}
@@ -55,12 +54,7 @@ def _model(kind: str, spec: dict[str, Any], where: str) -> type[Hypothesis]:
 
 @lru_cache(maxsize=16)
 def _load_file(path: Path) -> tuple[tuple[str, type[Hypothesis]], ...]:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RuleError([f"{path}: not valid YAML: {exc}"]) from exc
-    if data.get("schema") != SCHEMA:
-        raise RuleError([f"{path}: expected `schema: {SCHEMA}`"])
+    data = load_data_file(path, SCHEMA, "see knowledge/hypotheses.yaml for the format")
     out = []
     for kind, spec in (data.get("hypotheses") or {}).items():
         if not isinstance(spec, dict):

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from eroica.engine.errors import RuleError
+from eroica.engine.rules.loader import load_data_file
 
 SCHEMA = "eroica.priors/v1"
 SHRINK = 2.0
@@ -79,12 +80,7 @@ def load_priors(knowledge_dir: Path) -> dict[str, float]:
     p = Path(knowledge_dir) / "priors.yaml"
     if not p.exists():
         return {}
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RuleError([f"{p}: not valid YAML: {exc}"]) from exc
-    if data.get("schema") != SCHEMA:
-        raise RuleError([f"{p}: expected `schema: {SCHEMA}`; regenerate it with eroica eval incidents --fit-priors"])
+    data = load_data_file(p, SCHEMA, "regenerate it with eroica eval incidents --fit-priors")
     out = {}
     for rid, v in (data.get("priors") or {}).items():
         prior = v.get("prior") if isinstance(v, dict) else None

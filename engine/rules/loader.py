@@ -52,6 +52,18 @@ def line_of(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int:
     return lines.get(loc, 1)
 
 
+def load_data_file(path: Path, schema: str, fix: str) -> dict[str, Any]:
+    """A versioned knowledge data file (hypotheses, priors): its mapping, or a RuleError naming the file
+    and, for a wrong or missing `schema:`, what to do (`fix`)."""
+    try:
+        data = yaml.load(Path(path).read_text(), Loader=SAFE_LOADER) or {}
+    except yaml.YAMLError as exc:
+        raise RuleError([f"{path}: not valid YAML: {exc}"]) from exc
+    if not isinstance(data, dict) or data.get("schema") != schema:
+        raise RuleError([f"{path}: expected a mapping with `schema: {schema}`; {fix}"])
+    return data
+
+
 def rule_files(paths: list[Path]) -> list[Path]:
     out: list[Path] = []
     for p in paths:

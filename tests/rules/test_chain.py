@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from site_fixtures import SITE_TAXONOMY  # the same site root cause, reached through the chain
 
 from eroica.cli.main import main
 from eroica.engine.diagnose import DiagnoseOptions, diagnose, load_taxonomy
@@ -71,13 +72,6 @@ tests:
     expect: []
 """
 
-SITE_TAXONOMY = """root_causes:
-  metrics_endpoint_slow:
-    category: software
-    component: site metrics service
-    question: Does the training step wait on our metrics endpoint?
-    runbook: runbooks/metrics_endpoint_slow.md
-"""
 
 SITE_HYPOTHESES = """schema: eroica.hypotheses/v1
 hypotheses:

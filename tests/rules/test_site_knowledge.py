@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from site_fixtures import SITE_TAXONOMY
+
 from eroica.cli.main import main
 from eroica.engine.diagnose import DiagnoseOptions, diagnose, load_taxonomy
 from eroica.engine.errors import RuleError
@@ -44,13 +46,6 @@ tests:
     expect: []
 """
 
-SITE_TAXONOMY = """root_causes:
-  metrics_endpoint_slow:
-    category: software
-    component: site metrics service
-    question: Does the training step wait on our metrics endpoint?
-    runbook: runbooks/metrics_endpoint_slow.md
-"""
 
 
 def site(tmp: Path) -> Path:
