@@ -16,6 +16,7 @@ from eroica.cli import (
     record,
     rules_cmd,
     schema_cmd,
+    serve_cmd,
     simulate,
 )
 
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_parser(sub)
     policy_cmd.add_parser(sub)
     control_cmd.add_parser(sub)
+    serve_cmd.add_parser(sub)
     return p
 
 

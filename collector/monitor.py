@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -24,6 +25,9 @@ from eroica.collector.output import PatternOutput
 from eroica.collector.policy import TriggerPolicy
 from eroica.collector.privacy import Privacy, agree_salt, level_from
 from eroica.collector.sampler_proc import SamplerClient
+from eroica.collector.sink import ENV as SINK_ENV
+from eroica.collector.sink import TOKEN_ENV as SINK_TOKEN_ENV
+from eroica.collector.sink import PatternSink
 from eroica.collector.store_worker import StoreWorker
 from eroica.collector.summarize import summarize
 from eroica.collector.sync import LocalStore, WindowCoordinator, WindowPlan
@@ -31,6 +35,18 @@ from eroica.collector.window import WindowLifecycle, window_id
 
 log = logging.getLogger("eroica.collector")
 FORCE_ENV = "EROICA_FORCE_WINDOW_AT_STEP"
+SERIES_EVERY = 20       # steps per summary of the always-on step-time series (rank 0, with a sink)
+JOB_ID = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def make_sink(url: str | None, job: str, out_dir: Path, rank: int) -> PatternSink | None:
+    """A sink when one is named (the argument, else EROICA_SINK); the job's id is its name, else the
+    run directory's name; what cannot be sent is spooled under the run directory."""
+    url = url or os.environ.get(SINK_ENV) or None
+    if not url:
+        return None
+    job_id = JOB_ID.sub("-", job or out_dir.resolve().name).strip("-.")[:128] or "job"
+    return PatternSink(url, job_id, out_dir / ".spool" / f"rank-{rank}", os.environ.get(SINK_TOKEN_ENV))
 MAX_NAME = 200          # characters of a function or region name kept
 
 
@@ -57,6 +73,7 @@ class Monitor:
         gather: bool | None = None,
         privacy: str | None = None,
         job: str | None = None,
+        sink: str | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.gaps: list[CollectorGap] = []
@@ -79,6 +96,9 @@ class Monitor:
         self._not_eligible: str | None = None
         self.job_name = ""
         self._store: StoreWorker | None = None
+        self._sink: PatternSink | None = None
+        self._series: list[float] = []              # rank 0 with a sink: step times since the last summary
+        self._series_first = 0
         try:
             self.policy = TriggerPolicy.from_env(policy)
             r, w, backend, job_store = dist_info()
@@ -111,9 +131,10 @@ class Monitor:
                     gather_group = PatternGather(self.policy.gather_timeout_seconds)
                 except Exception as exc:
                     self._gap("gather", f"no gloo group to gather patterns ({exc!r}); each rank writes its own file")
+            self._sink = make_sink(sink, job_name(job), self.out_dir, self.rank)
             self._out = PatternOutput(self.out_dir, self.rank,
                                       Privacy(level, agree_salt(store) if level != "keep" else ""), gather_group,
-                                      self.gaps.append)
+                                      self.gaps.append, self._sink)
             self._detector = StepTimeDetector(self.policy)
             self.job_name = job_name(job)
             self._not_eligible = self.policy.eligible(self.job_name, self.world_size)
@@ -246,6 +267,8 @@ class Monitor:
                 self._last_ns = time.monotonic_ns()
             else:
                 self._win.step_started(self._step)
+        if seconds is not None and self._sink is not None and self.rank == 0:
+            self._step_series(done, seconds)
         if seconds is not None and self.policy.enabled and not self._not_eligible:
             excluded = in_window or self._exclude_next
             if not in_window:
@@ -262,6 +285,17 @@ class Monitor:
                 self._gap("window", f"window {self._pending.index} planned at step {self._pending.start_step} "
                                     f"seen at step {self._step}: started late")
             self._open_window(self._pending)
+
+    def _step_series(self, done: int, seconds: float) -> None:
+        """The always-on series the service plots: every SERIES_EVERY steps, their median and p90."""
+        if not self._series:
+            self._series_first = done
+        self._series.append(seconds)
+        if len(self._series) >= SERIES_EVERY and self._sink is not None:
+            s = sorted(self._series)
+            self._sink.submit_steps(self._series_first, done, s[len(s) // 2], s[min(len(s) - 1, int(0.9 * len(s)))],
+                                    self.world_size)
+            self._series = []
 
     def _store_answers(self) -> None:
         """Pick up what the store worker answered since the last step."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from eroica.collector.facts import CollectorGap, PatternsDoc
 from eroica.collector.gather import PACKED_NAME, PatternGather
 from eroica.collector.privacy import Privacy
+from eroica.collector.sink import PatternSink
 from eroica.collector.writer import PatternWriter
 
 log = logging.getLogger("eroica.collector")
@@ -28,9 +29,9 @@ class PatternOutput:
     """Where this rank's pattern documents go (one job: get a summarized window out, or say why not)."""
 
     def __init__(self, out_dir: Path, rank: int, privacy: Privacy | None, gather: PatternGather | None,
-                 on_gap: Callable[[CollectorGap], None]) -> None:
+                 on_gap: Callable[[CollectorGap], None], sink: PatternSink | None = None) -> None:
         self.out_dir, self.rank = out_dir, rank
-        self.privacy, self.gather = privacy, gather
+        self.privacy, self.gather, self.sink = privacy, gather, sink
         self._on_gap = on_gap
         self._writer: PatternWriter | None = None
 
@@ -46,6 +47,9 @@ class PatternOutput:
         """Send (gather) or write this rank's document of the window; True when it left this rank.
         With a gather group every rank takes part, with or without a document."""
         wdir = self.out_dir / window_id
+        if self.sink is not None and doc is not None and not self.sink.submit(doc_text(doc)):
+            self._on_gap(CollectorGap(source="sink", reason=f"{window_id}: not sent to {self.sink.url}, earlier "
+                                                            "documents still pending (slow or unreachable service)"))
         if self.gather is not None:
             try:
                 packed = self.gather.send(None if doc is None else doc_text(doc))
@@ -73,11 +77,17 @@ class PatternOutput:
                                                              "earlier writes still pending (slow or hung filesystem)"))
 
     def errors(self) -> list[tuple[str, BaseException]]:
-        return self._writer.errors() if self._writer is not None else []
+        out = self._writer.errors() if self._writer is not None else []
+        if self.sink is not None:
+            out += [("sink", ConnectionError(msg)) for msg in self.sink.errors()]
+        return out
 
     def close(self, timeout_seconds: float) -> None:
         if self.gather is not None:
             self.gather.close()
+        if self.sink is not None and not self.sink.close(timeout_seconds):
+            log.warning("eroica collector: documents for %s still pending after %.0f s; the job goes on without them",
+                        self.sink.url, timeout_seconds)
         if self._writer is not None and not self._writer.close(timeout_seconds):
             log.warning("eroica collector: pattern writes still pending after %.0f s; the job goes on without them",
                         timeout_seconds)

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).parents[1]
-LAYERS = {"collector": 0, "engine": 1, "assistant": 2, "lab": 3, "cli": 4}   # lab: test jobs, not product
+LAYERS = {"collector": 0, "engine": 1, "assistant": 2, "service": 3, "lab": 4, "cli": 5}   # lab: test jobs, not product
 
 
 def test_every_package_folder_is_declared() -> None:

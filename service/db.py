@@ -1,0 +1,137 @@
+"""The service's database: SQLAlchemy Core tables, the engine (SQLite by default, PostgreSQL for a
+fleet), and the schema's versioned migrations (Alembic, `service/migrations/`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+
+NAMING = {"ix": "ix_%(column_0_label)s", "uq": "uq_%(table_name)s_%(column_0_name)s",
+          "ck": "ck_%(table_name)s_%(constraint_name)s", "fk": "fk_%(table_name)s_%(column_0_name)s",
+          "pk": "pk_%(table_name)s"}
+meta = sa.MetaData(naming_convention=NAMING)
+
+jobs = sa.Table(
+    "jobs", meta,
+    sa.Column("id", sa.String(128), primary_key=True),          # the job's name or run id
+    sa.Column("world_size", sa.Integer, nullable=False),
+    sa.Column("hosts", sa.JSON, nullable=False),
+    sa.Column("first_seen", sa.Float, nullable=False),           # unix seconds
+    sa.Column("last_seen", sa.Float, nullable=False),
+)
+
+windows = sa.Table(
+    "windows", meta,
+    sa.Column("pk", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(128), sa.ForeignKey("jobs.id"), nullable=False),
+    sa.Column("window_id", sa.String(64), nullable=False),
+    sa.Column("world_size", sa.Integer, nullable=False),
+    sa.Column("start_step", sa.Integer, nullable=False),
+    sa.Column("end_step", sa.Integer, nullable=False),
+    sa.Column("trigger", sa.String(16), nullable=False),
+    # collecting -> ready (all ranks, or the grace period passed) -> claimed -> done | failed
+    sa.Column("status", sa.String(16), nullable=False, index=True),
+    sa.Column("ranks_reported", sa.Integer, nullable=False, default=0),
+    sa.Column("first_doc_at", sa.Float, nullable=False),
+    sa.Column("last_doc_at", sa.Float, nullable=False),
+    sa.Column("window_closed_at", sa.Float),     # the latest close among the ranks (from their clocks)
+    sa.Column("claimed_by", sa.String(64)),
+    sa.Column("lease_until", sa.Float),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("diagnosed_at", sa.Float),
+    sa.Column("error", sa.Text),
+    sa.UniqueConstraint("job_id", "window_id", name="uq_windows_job_window"),
+)
+
+documents = sa.Table(
+    "documents", meta,
+    sa.Column("window_pk", sa.Integer, sa.ForeignKey("windows.pk"), primary_key=True),
+    sa.Column("rank", sa.Integer, primary_key=True),
+    sa.Column("sha256", sa.String(64), nullable=False),
+    sa.Column("body", sa.LargeBinary, nullable=False),           # the document's JSON, gzip'd
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("received_at", sa.Float, nullable=False),
+)
+
+diagnoses = sa.Table(
+    "diagnoses", meta,
+    sa.Column("window_pk", sa.Integer, sa.ForeignKey("windows.pk"), primary_key=True),
+    sa.Column("body", sa.LargeBinary, nullable=False),           # eroica.diagnosis/v1 of this window, gzip'd
+    sa.Column("healthy", sa.Boolean, nullable=False),
+    sa.Column("diagnosable", sa.Boolean, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+findings = sa.Table(
+    "findings", meta,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("window_pk", sa.Integer, sa.ForeignKey("windows.pk"), nullable=False, index=True),
+    sa.Column("job_id", sa.String(128), nullable=False, index=True),
+    sa.Column("root_cause", sa.String(64), nullable=False, index=True),
+    sa.Column("category", sa.String(16), nullable=False),
+    sa.Column("ranks", sa.JSON, nullable=False),
+    sa.Column("hosts", sa.JSON, nullable=False),
+    sa.Column("function", sa.Text),
+    sa.Column("confidence", sa.Float, nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("rule_ids", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+steps = sa.Table(   # the always-on step-time series: one row per summary a rank sends every N steps
+    "step_series", meta,
+    sa.Column("job_id", sa.String(128), sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("first_step", sa.Integer, primary_key=True),
+    sa.Column("last_step", sa.Integer, nullable=False),
+    sa.Column("median_seconds", sa.Float, nullable=False),
+    sa.Column("p90_seconds", sa.Float, nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.isolation_level = None      # pysqlite's implicit BEGIN off: we emit BEGIN IMMEDIATE ourselves
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")     # readers never block the one writer
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def _sqlite_begin(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")    # take the write lock at once: no upgrade deadlocks
+
+
+def make_engine(url: str) -> sa.Engine:
+    """An engine for `url` (sqlite:///PATH or postgresql+psycopg://...), configured for the service."""
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    if url.startswith("sqlite"):
+        eng = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
+        sa.event.listen(eng, "connect", _sqlite_pragmas)
+        sa.event.listen(eng, "begin", _sqlite_begin)
+        return eng
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+def migrate(eng: sa.Engine) -> None:
+    """Bring the schema to the newest revision in place (a new database gets every revision)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with eng.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+def revision(eng: sa.Engine) -> str | None:
+    with eng.connect() as conn:
+        try:
+            return conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
+        except sa.exc.DBAPIError:
+            return None

@@ -1,0 +1,74 @@
+"""Prometheus metrics of one service replica (`/metrics`), in its own registry: documents in,
+ingestion errors, windows diagnosed, findings by root cause, time to diagnosis, and the queue
+depth read from the database at each scrape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import sqlalchemy as sa
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from eroica.engine.diagnosis import Diagnosis
+from eroica.service.db import windows
+
+disable_created_metrics()    # no `_created` gauge beside every counter
+
+# from the last rank's document to the stored diagnosis; windows are minutes apart, diagnoses seconds
+TTD_BUCKETS = (0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 600)
+
+
+class _Queue(Collector):
+    def __init__(self, eng: sa.Engine) -> None:
+        self.eng = eng
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily("eroica_windows", "Windows by status (collecting, ready, claimed, done, failed)",
+                              labels=["status"])
+        try:
+            with self.eng.connect() as c:
+                for status, n in c.execute(sa.select(windows.c.status, sa.func.count()).group_by(windows.c.status)):
+                    g.add_metric([status], n)
+        except sa.exc.SQLAlchemyError:
+            pass
+        yield g
+
+
+class ServiceMetrics:
+    def __init__(self, eng: sa.Engine) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.documents = Counter("eroica_documents_ingested", "Pattern documents stored", registry=r)
+        self.errors = Counter("eroica_ingest_errors", "Documents or windows refused or failed", ["reason"],
+                              registry=r)
+        self.windows = Counter("eroica_windows_diagnosed", "Windows diagnosed", registry=r)
+        self.findings = Counter("eroica_findings", "Findings at >= 0.5 by root cause", ["root_cause", "category"],
+                                registry=r)
+        self.ttd = Histogram("eroica_time_to_diagnosis_seconds",
+                             "From the window's last document to its stored diagnosis", buckets=TTD_BUCKETS,
+                             registry=r)
+        r.register(_Queue(eng))
+
+    def ingest_error(self, reason: str) -> None:
+        self.errors.labels(reason=reason).inc()
+
+    def diagnosed(self, w: dict[str, Any], d: Diagnosis, now: float) -> None:
+        self.windows.inc()
+        self.ttd.observe(max(0.0, now - float(w["last_doc_at"])))
+        for wd in d.windows:
+            for f in wd.findings:
+                if f.confidence >= 0.5:
+                    self.findings.labels(root_cause=f.root_cause, category=f.category.value).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,115 @@
+"""Server-rendered pages (no JavaScript, no external requests): the fleet, a job, a host, and each
+window's full report (the same HTML report `eroica diagnose --format html` writes)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+import sqlalchemy as sa
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse
+
+from eroica.engine.diagnosis import Diagnosis
+from eroica.engine.render import render
+from eroica.service import store
+from eroica.service.db import findings, jobs, steps, windows
+from eroica.service.routes import window_json
+
+if TYPE_CHECKING:
+    from eroica.service.app import Service
+
+_ENV = jinja2.Environment(
+    loader=jinja2.FunctionLoader(lambda n: (resources.files("eroica.service") / "templates" / n).read_text()),
+    autoescape=True, undefined=jinja2.StrictUndefined)
+
+
+def step_plot(series: list[dict[str, Any]], wins: list[dict[str, Any]], width: int = 760, height: int = 180
+              ) -> dict[str, Any]:
+    """An SVG-ready step-time plot: the always-on series (median and p90) with each window's steps marked.
+    Without a series, the windows' own step spans are still drawn on the step axis."""
+    xs = [s["first_step"] for s in series] + [s["last_step"] for s in series] + \
+         [w["start_step"] for w in wins] + [w["end_step"] for w in wins]
+    if not xs:
+        return {"empty": True, "width": width, "height": height}
+    x0, x1 = min(xs), max(max(xs), min(xs) + 1)
+    ymax = max([s["p90_seconds"] for s in series] or [1.0]) * 1.15
+    pad = 40
+
+    def x(v: float) -> float:
+        return round(pad + (v - x0) / (x1 - x0) * (width - pad - 10), 1)
+
+    def y(v: float) -> float:
+        return round(height - 20 - v / ymax * (height - 35), 1)
+
+    mid = [((s["first_step"] + s["last_step"]) / 2, s) for s in series]
+    return {
+        "empty": False, "width": width, "height": height,
+        "median": " ".join(f"{x(m)},{y(s['median_seconds'])}" for m, s in mid),
+        "p90": " ".join(f"{x(m)},{y(s['p90_seconds'])}" for m, s in mid),
+        "windows": [{"x": x(w["start_step"]), "w": max(2.0, x(w["end_step"]) - x(w["start_step"])),
+                     "id": w["window_id"], "status": w["status"]} for w in wins],
+        "ymax_ms": round(ymax * 1000), "x0": x0, "x1": x1,
+    }
+
+
+def router(svc: Service) -> APIRouter:
+    r = APIRouter()
+    eng = svc.eng
+
+    def page(name: str, **kw: Any) -> HTMLResponse:
+        return HTMLResponse(_ENV.get_template(name).render(**kw))
+
+    @r.get("/", response_class=HTMLResponse)
+    def fleet() -> HTMLResponse:
+        with eng.connect() as c:
+            js = c.execute(sa.select(jobs).order_by(jobs.c.last_seen.desc()).limit(200)).mappings().all()
+            fs = c.execute(sa.select(findings).where(findings.c.confidence >= 0.5)
+                           .order_by(findings.c.created_at.desc()).limit(500)).mappings().all()
+            status: dict[str, int] = dict(c.execute(
+                sa.select(windows.c.status, sa.func.count()).group_by(windows.c.status)).all())
+        by_cause = Counter((f["root_cause"], f["category"]) for f in fs)
+        latest: dict[str, Any] = {}
+        for f in fs:
+            latest.setdefault(f["job_id"], f)
+        return page("fleet.html.j2", jobs=js, by_cause=by_cause.most_common(), latest=latest, status=status,
+                    findings=fs[:30])
+
+    @r.get("/jobs/{job_id}", response_class=HTMLResponse)
+    def job(job_id: str) -> HTMLResponse:
+        store.valid_job_id(job_id)
+        with eng.connect() as c:
+            j = c.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
+            if j is None:
+                raise store.IngestError(404, f"no job {job_id!r}", "job")
+            ws = [window_json(w) for w in c.execute(sa.select(windows).where(windows.c.job_id == job_id)
+                                                    .order_by(windows.c.start_step)).mappings()]
+            series = [dict(s) for s in c.execute(sa.select(steps).where(steps.c.job_id == job_id)
+                                                 .order_by(steps.c.first_step)).mappings()]
+            fs = c.execute(sa.select(findings).where(findings.c.job_id == job_id)
+                           .order_by(findings.c.confidence.desc())).mappings().all()
+        by_window: dict[int, list[Any]] = {}
+        for f in fs:
+            by_window.setdefault(f["window_pk"], []).append(f)
+        return page("job.html.j2", job=j, windows=ws, by_window=by_window, plot=step_plot(series, ws))
+
+    @r.get("/hosts/{host}", response_class=HTMLResponse)
+    def host(host: str) -> HTMLResponse:
+        with eng.connect() as c:
+            fs = [f for f in c.execute(sa.select(findings).where(findings.c.confidence >= 0.5)
+                                       .order_by(findings.c.created_at.desc()).limit(5000)).mappings()
+                  if host in f["hosts"]]
+        by_cause = Counter(f["root_cause"] for f in fs)
+        return page("host.html.j2", host=host, findings=fs, by_cause=by_cause.most_common(),
+                    jobs=sorted({f["job_id"] for f in fs}))
+
+    @r.get("/windows/{pk}/report", response_class=HTMLResponse)
+    def report(pk: int) -> HTMLResponse:
+        body = store.diagnosis_of(eng, pk)
+        if body is None:
+            raise store.IngestError(404, f"window {pk} has no diagnosis (yet)", "window")
+        return HTMLResponse(render(Diagnosis.model_validate_json(body), "html"))
+
+    return r
