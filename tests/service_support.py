@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
@@ -16,3 +23,46 @@ def incident_docs(inc: str = "INC-0017") -> list[bytes]:
     if files:
         return [f.read_bytes() for f in files]
     return [ln for p in sorted(wdir.glob("pack-*.jsonl")) for ln in p.read_bytes().splitlines() if ln.strip()]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pg_bin(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    cands = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    return str(cands[-1]) if cands else None
+
+
+PG = pg_bin("initdb") and pg_bin("pg_ctl")
+PG_WHY = "PostgreSQL server binaries (initdb, pg_ctl) are not installed (.ci/run installs Debian's postgresql)"
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster in a temporary directory, on a free port, removed afterwards."""
+    d = Path(tempfile.mkdtemp(prefix="eroica-pg-", dir="/tmp"))
+    as_pg: list[str] = []
+    if os.geteuid() == 0:     # initdb refuses to run as root
+        shutil.chown(d, "postgres")
+        as_pg = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+    try:
+        subprocess.run([*as_pg, pg_bin("initdb"), "-D", str(d / "data"), "--auth=trust", "-U", "postgres"],
+                       check=True, capture_output=True)
+        subprocess.run([*as_pg, pg_bin("pg_ctl"), "-D", str(d / "data"), "-l", str(d / "log"), "-w", "start", "-o",
+                        f"-p {port} -k {d} -c listen_addresses=127.0.0.1"], check=True, capture_output=True)
+        import psycopg
+
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+            conn.execute("CREATE DATABASE eroica")
+        yield f"postgresql://postgres@127.0.0.1:{port}/eroica"
+    finally:
+        subprocess.run([*as_pg, pg_bin("pg_ctl"), "-D", str(d / "data"), "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)

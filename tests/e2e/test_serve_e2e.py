@@ -1,0 +1,104 @@
+"""End to end, online: `eroica serve` (a real uvicorn server on 127.0.0.1) and a real 4-rank gloo job
+with a real fault. The finding must be in the API while the job's ranks are still running, whether
+the documents come over HTTP from the collector's sink (no shared directory) or from a watched run
+root, on SQLite and on a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from service_support import PG, PG_WHY, free_port, postgres
+
+from eroica.lab.launch import launch
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.e2e
+TOKEN = "e2e-token"
+
+
+@contextlib.contextmanager
+def serve(tmp: Path, *args: str) -> Iterator[str]:
+    """`eroica serve` as a user runs it, until the block ends."""
+    port = free_port()
+    (tmp / "token").write_text(TOKEN)
+    eroica = Path(sys.executable).parent / "eroica"
+    log = (tmp / "serve.log").open("w")
+    p = subprocess.Popen([str(eroica), "serve", "--data", str(tmp / "data"), "--port", str(port), "--token-file",
+                          str(tmp / "token"), "--grace-seconds", "10", *args], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/healthz", timeout=1).read()
+                break
+            except OSError:
+                if p.poll() is not None or time.time() > deadline:
+                    raise AssertionError("eroica serve did not start:\n" + (tmp / "serve.log").read_text()) from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        p.terminate()
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        log.close()
+
+
+def get(url: str) -> object:
+    return json.loads(urllib.request.urlopen(url, timeout=5).read())
+
+
+def run_online(tmp: Path, url: str, out: Path, env: dict[str, str]) -> None:
+    """The job runs in a thread; the finding has to show up in the API before the job ends."""
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.update(res=launch(out, fault="dataloader_stall", fault_rank=1,
+                                                               fault_step=25, steps=260, env=env, progress=False,
+                                                               extra_args=["--stop-after-windows", "100"])))
+    t.start()
+    found, alive = None, False
+    try:
+        while t.is_alive() and found is None:
+            fs = get(url + "/v1/findings?min_confidence=0.5")
+            assert isinstance(fs, list)
+            found = next((f for f in fs if f["root_cause"] == "dataloader_stall" and f["ranks"] == [1]), None)
+            alive = t.is_alive()
+            time.sleep(0.3)
+    finally:
+        t.join()
+    res = box["res"]
+    assert res.ok, f"job failed: {res.returncodes}\n" + "\n".join(t[-2000:] for t in res.logs.values())  # type: ignore[attr-defined]
+    assert found is not None, f"no dataloader_stall finding while the job ran; got {get(url + '/v1/findings')}"
+    assert alive, "the finding arrived only after the job ended"
+    page = urllib.request.urlopen(f"{url}/jobs/{found['job_id']}", timeout=5).read().decode()
+    assert "dataloader_stall" in page and "full report" in page
+    job = get(f"{url}/v1/jobs/{found['job_id']}")
+    assert isinstance(job, dict) and job["windows"][0]["seconds_to_diagnosis"] is not None
+
+
+@pytest.mark.parametrize("db", ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(not PG, reason=PG_WHY))])
+def test_the_sink_ships_the_window_and_the_finding_is_served_while_the_job_runs(tmp_path: Path, db: str) -> None:
+    with contextlib.ExitStack() as stack:
+        args = ["--db", stack.enter_context(postgres())] if db == "postgresql" else []
+        url = stack.enter_context(serve(tmp_path, *args))
+        run_online(tmp_path, url, tmp_path / "job-sink", {"EROICA_SINK": url, "EROICA_SINK_TOKEN": TOKEN})
+        job = get(f"{url}/v1/jobs/job-sink")
+        assert isinstance(job, dict) and job["steps"], "rank 0's step-time summaries did not arrive"
+        assert not list((tmp_path / "job-sink").glob(".spool/*/*.json.gz")), "documents left in the spool"
+
+
+def test_a_watched_run_root_is_diagnosed_while_the_job_runs(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    root.mkdir()
+    with serve(tmp_path, "--watch", str(root)) as url:
+        run_online(tmp_path, url, root / "job-watched", {})
