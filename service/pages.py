@@ -3,6 +3,7 @@ window's full report (the same HTML report `eroica diagnose --format html` write
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,24 @@ _ENV = jinja2.Environment(
     autoescape=True, undefined=jinja2.StrictUndefined)
 
 
-def step_plot(series: list[dict[str, Any]], wins: list[dict[str, Any]], width: int = 760, height: int = 180
+def _ago(t: float | None) -> str:
+    """A time as a person reads it on a live page: how long ago (UTC clock time beyond a day)."""
+    if t is None:
+        return ""
+    s = time.time() - float(t)
+    if s < 90:
+        return f"{max(0, int(s))} s ago"
+    if s < 5400:
+        return f"{int(s // 60)} min ago"
+    if s < 86400:
+        return f"{s / 3600:.1f} h ago"
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(t)))
+
+
+_ENV.filters["ago"] = _ago
+
+
+def step_plot(series: list[dict[str, Any]], wins: list[dict[str, Any]], width: int = 1040, height: int = 200
               ) -> dict[str, Any]:
     """An SVG-ready step-time plot: the always-on series (median and p90) with each window's steps marked.
     Without a series, the windows' own step spans are still drawn on the step axis."""
