@@ -163,6 +163,10 @@ class WindowInfo(Frozen):
     trigger: Literal["detector", "forced", "requested"]
     triggered_by_rank: int | None = None
     wall_seconds: NonNegativeFloat
+    # this rank's wall clock (unix seconds) when the window opened and closed: how fast the service
+    # diagnosed it is measured from the last rank's close (clocks differ by milliseconds, not steps)
+    opened_unix_seconds: float | None = None
+    closed_unix_seconds: float | None = None
 
 
 class StepTimes(Frozen):

@@ -393,6 +393,7 @@ class Monitor:
         assert plan is not None
         self.windows_closed += 1
         t_sum = time.monotonic()
+        t_closed = time.time()
         wid = window_id(plan)
         trace_path = None
         if self.policy.keep_raw_trace and (self._out is None or self._out.keeps_names):  # raw names
@@ -414,6 +415,9 @@ class Monitor:
         else:
             try:   # a window that cannot be summarized is lost alone, the Monitor goes on
                 doc = summarize(rec, t_sum, time.monotonic())
+                stamps = {"opened_unix_seconds": round(self._win.opened_unix, 3),
+                          "closed_unix_seconds": round(t_closed, 3)}
+                doc = doc.model_copy(update={"window": doc.window.model_copy(update=stamps)})
                 if self._out is not None:
                     doc = self._out.private(doc)
             except Exception as exc:

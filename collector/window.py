@@ -38,6 +38,7 @@ class WindowLifecycle:
         self.bounds: list[int] = []
         self.gaps: list[CollectorGap] = []          # this window's own gaps
         self.opened_at: deque[float] = deque()     # monotonic times windows opened, for the hourly budget
+        self.opened_unix = 0.0
 
     def may_open(self, per_hour: int) -> bool:
         cutoff = time.monotonic() - WINDOW_HOUR
@@ -60,6 +61,7 @@ class WindowLifecycle:
     def open(self, plan: WindowPlan, step: int, policy: TriggerPolicy) -> None:
         self.plan = plan
         self.opened_at.append(time.monotonic())
+        self.opened_unix = time.time()
         self.events, self.events_dropped, self.max_events = [], 0, policy.max_events
         self.gaps = []
         if self.sampler is not None and not self.sampler.start(

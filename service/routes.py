@@ -36,8 +36,11 @@ WINDOW_COLUMNS = ("pk", "job_id", "window_id", "world_size", "start_step", "end_
 
 def window_json(w: Any) -> dict[str, Any]:
     out = {k: w[k] for k in WINDOW_COLUMNS}
-    out["seconds_to_diagnosis"] = (round(w["diagnosed_at"] - w["last_doc_at"], 3)
-                                   if w["diagnosed_at"] is not None else None)
+    done = w["diagnosed_at"]
+    out["seconds_to_diagnosis"] = round(done - w["last_doc_at"], 3) if done is not None else None
+    # from the last rank's window close (its clock) to the stored diagnosis: what an SRE waits
+    out["seconds_close_to_diagnosis"] = (round(done - w["window_closed_at"], 3)
+                                         if done is not None and w["window_closed_at"] is not None else None)
     return out
 
 

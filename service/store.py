@@ -85,6 +85,9 @@ def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: floa
         c.execute(documents.insert().values(window_pk=pk, rank=rank, sha256=digest, body=gzip.compress(text, 1),
                                             host=doc.job.hostname, received_at=now))
         update: dict[str, Any] = {"ranks_reported": windows.c.ranks_reported + 1, "last_doc_at": now}
+        closed = doc.window.closed_unix_seconds
+        if closed is not None and (w is None or w["window_closed_at"] is None or closed > w["window_closed_at"]):
+            update["window_closed_at"] = closed
         if w is not None and w["status"] in ("done", "failed"):
             update["status"] = "ready"       # a late rank: diagnose the window again with it
         c.execute(windows.update().where(windows.c.pk == pk).values(**update))

@@ -84,6 +84,7 @@ def run_online(tmp: Path, url: str, out: Path, env: dict[str, str]) -> None:
     assert "dataloader_stall" in page and "full report" in page
     job = get(f"{url}/v1/jobs/{found['job_id']}")
     assert isinstance(job, dict) and job["windows"][0]["seconds_to_diagnosis"] is not None
+    assert 0 < job["windows"][0]["seconds_close_to_diagnosis"] < 60
 
 
 @pytest.mark.parametrize("db", ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(not PG, reason=PG_WHY))])
