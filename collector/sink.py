@@ -95,7 +95,8 @@ class PatternSink:
                     r.read()
                 return None
             except urllib.error.HTTPError as exc:
-                why = f"{self.url}{path}: HTTP {exc.code} {exc.read()[:200]!r}"
+                with exc:      # its response holds a socket
+                    why = f"{self.url}{path}: HTTP {exc.code} {exc.read()[:200]!r}"
                 if exc.code < 500 and exc.code not in (408, 429):
                     return "refused: " + why
             except (OSError, urllib.error.URLError) as exc:

@@ -155,3 +155,20 @@ def test_the_step_series_and_the_pages_render(client: TestClient) -> None:
     assert rep.status_code == 200 and "cpu_contention" in rep.text
     for page in (fleet, job):
         assert "http://" not in page and "https://" not in page and "<script" not in page
+
+
+def test_an_unknown_job_or_window_is_a_404_naming_it(client: TestClient) -> None:
+    r = client.get("/v1/jobs/nope")
+    assert (r.status_code, r.json()["field"]) == (404, "job")
+    assert client.get("/v1/windows/99").status_code == 404
+    assert client.get("/v1/windows/99/diagnosis").status_code == 404
+
+
+def test_the_schema_is_versioned_and_upgrades_in_place(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from eroica.service.db import make_engine, migrate, revision
+
+    eng = make_engine(f"sqlite:///{tmp_path / 'm.db'}")
+    assert revision(eng) is None
+    migrate(eng)
+    migrate(eng)                 # again: nothing to do, nothing lost
+    assert revision(eng) == "0001"

@@ -1,0 +1,97 @@
+"""The collector's HTTP sink against a real HTTP server on 127.0.0.1: it ships gzip'd documents with
+the job's id and token, spools what a dead service cannot take and sends it first when the service
+is back, drops nothing a refusal would not drop, and never blocks or raises."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from eroica.collector.sink import PatternSink
+
+
+class Recorder(BaseHTTPRequestHandler):
+    got: list[tuple[str, dict[str, str], bytes]] = []
+    status = 201
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        Recorder.got.append((self.path, dict(self.headers), gzip.decompress(body)))
+        self.send_response(Recorder.status)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *a: object) -> None:
+        pass
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _server(port: int) -> ThreadingHTTPServer:
+    srv = ThreadingHTTPServer(("127.0.0.1", port), Recorder)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_documents_arrive_gzipped_with_the_job_and_the_token(tmp_path: Path) -> None:
+    Recorder.got, Recorder.status = [], 201
+    port = _port()
+    srv = _server(port)
+    try:
+        sink = PatternSink(f"http://127.0.0.1:{port}", "job-7", tmp_path / "spool", token="tok")
+        assert sink.submit('{"schema": "eroica.patterns/v1"}')
+        assert sink.submit_steps(0, 19, 0.1, 0.12, 4)
+        assert sink.close(10)
+        (p1, h1, b1), (p2, _, b2) = Recorder.got
+        assert (p1, h1["X-Eroica-Job"], h1["Authorization"], h1["Content-Encoding"]) == (
+            "/v1/patterns", "job-7", "Bearer tok", "gzip")
+        assert json.loads(b1)["schema"] == "eroica.patterns/v1"
+        assert p2 == "/v1/jobs/job-7/steps" and json.loads(b2)["world_size"] == 4
+        assert sink.errors() == [] and sink.sent == 2
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_dead_service_costs_nothing_and_the_spool_is_sent_when_it_is_back(tmp_path: Path) -> None:
+    Recorder.got, Recorder.status = [], 201
+    port = _port()                       # nothing listens yet
+    sink = PatternSink(f"http://127.0.0.1:{port}", "job", tmp_path / "spool", attempts=2, timeout_seconds=1)
+    t0 = time.perf_counter()
+    assert sink.submit('{"n": 1}') and sink.submit('{"n": 2}')
+    assert time.perf_counter() - t0 < 0.05          # submit never waits for the network
+    assert sink.flush(30)
+    assert len(list((tmp_path / "spool").glob("*.json.gz"))) == 2
+    assert all("spooled" in e for e in sink.errors())
+    srv = _server(port)
+    try:
+        assert sink.submit('{"n": 3}') and sink.close(30)
+        assert sorted(json.loads(b)["n"] for _, _, b in Recorder.got) == [1, 2, 3]
+        assert list((tmp_path / "spool").glob("*.json.gz")) == []
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_refusal_is_not_retried_or_spooled_and_says_why(tmp_path: Path) -> None:
+    Recorder.got, Recorder.status = [], 422
+    port = _port()
+    srv = _server(port)
+    try:
+        sink = PatternSink(f"http://127.0.0.1:{port}", "job", tmp_path / "spool")
+        assert sink.submit('{"bad": true}') and sink.close(10)
+        assert len(Recorder.got) == 1 and not (tmp_path / "spool").exists()
+        (err,) = sink.errors()
+        assert err.startswith("refused:") and "HTTP 422" in err
+    finally:
+        srv.shutdown()
+        srv.server_close()
