@@ -1,4 +1,5 @@
-"""`eroica schema {diagnosis,patterns}`: the JSON Schema of a document, generated from the models.
+"""`eroica schema {diagnosis,patterns,api}`: the JSON Schema of a document, generated from the models
+(`api`: the responses of `eroica serve`'s /v1 API).
 
 The committed copies under docs/schema/ are checked against these by the tests; regenerate with
 `eroica schema diagnosis > docs/schema/eroica.diagnosis.v1.schema.json` (and `patterns`).
@@ -19,6 +20,14 @@ MODELS: dict[str, tuple[type[BaseModel], str]] = {"diagnosis": (Diagnosis, "eroi
 
 
 def schema(kind: str) -> dict[str, object]:
+    if kind == "api":
+        from pydantic.json_schema import models_json_schema
+
+        from eroica.service.api_models import API_MODELS
+
+        _, defs = models_json_schema([(x, "serialization") for x in API_MODELS])
+        return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "eroica.api/v1",
+                "title": "eroica serve /v1 responses", **defs}
     model, sid = MODELS[kind]
     s = model.model_json_schema(by_alias=True, mode="serialization")
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": sid, **s}
@@ -26,7 +35,7 @@ def schema(kind: str) -> dict[str, object]:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("schema", help="print the JSON Schema of a document eroica writes")
-    p.add_argument("kind", choices=sorted(MODELS))
+    p.add_argument("kind", choices=sorted([*MODELS, "api"]))
     p.set_defaults(func=run)
 
 

@@ -38,6 +38,7 @@ windows = sa.Table(
     sa.Column("ranks_reported", sa.Integer, nullable=False, default=0),
     sa.Column("first_doc_at", sa.Float, nullable=False),
     sa.Column("last_doc_at", sa.Float, nullable=False),
+    sa.Column("window_opened_at", sa.Float),     # the earliest open among the ranks (revision 0002)
     sa.Column("window_closed_at", sa.Float),     # the latest close among the ranks (their clocks, unix seconds)
     sa.Column("claimed_by", sa.String(64)),
     sa.Column("lease_until", sa.Float),

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from eroica.service import api_models as m
 from eroica.service import store
 from eroica.service.db import findings, jobs, steps, windows
 
@@ -30,8 +31,8 @@ class StepSummaryIn(BaseModel):
 
 
 WINDOW_COLUMNS = ("pk", "job_id", "window_id", "world_size", "start_step", "end_step", "trigger", "status",
-                  "ranks_reported", "first_doc_at", "last_doc_at", "window_closed_at", "attempts", "diagnosed_at",
-                  "error")
+                  "ranks_reported", "first_doc_at", "last_doc_at", "window_opened_at", "window_closed_at", "attempts",
+                  "diagnosed_at", "error")
 
 
 def window_json(w: Any) -> dict[str, Any]:
@@ -55,7 +56,7 @@ def api_router(svc: Service) -> APIRouter:
     r = APIRouter(prefix="/v1")
     eng = svc.eng
 
-    @r.post("/patterns", status_code=201)
+    @r.post("/patterns", status_code=201, response_model=m.Accepted)
     async def post_patterns(request: Request) -> Response:
         job = store.valid_job_id(request.headers.get("x-eroica-job", ""))
         body = read_body(await request.body(), request.headers.get("content-encoding"), svc.settings.max_body_bytes)
@@ -74,7 +75,7 @@ def api_router(svc: Service) -> APIRouter:
         store.add_steps(eng, job_id, s.first_step, s.last_step, s.median_seconds, s.p90_seconds, s.world_size)
         return {"status": "stored"}
 
-    @r.get("/jobs")
+    @r.get("/jobs", response_model=list[m.Job])
     def list_jobs() -> list[dict[str, Any]]:
         with eng.connect() as c:
             rows = c.execute(sa.select(jobs).order_by(jobs.c.last_seen.desc())).mappings().all()
@@ -83,7 +84,7 @@ def api_router(svc: Service) -> APIRouter:
                 .group_by(findings.c.job_id)).all())
         return [{**dict(j), "confident_findings": int(counts.get(j["id"], 0))} for j in rows]
 
-    @r.get("/jobs/{job_id}")
+    @r.get("/jobs/{job_id}", response_model=m.JobDetail)
     def get_job(job_id: str) -> dict[str, Any]:
         store.valid_job_id(job_id)
         with eng.connect() as c:
@@ -95,7 +96,7 @@ def api_router(svc: Service) -> APIRouter:
             return {**dict(j), "windows": [window_json(w) for w in ws.mappings()],
                     "steps": [dict(s) for s in series.mappings()]}
 
-    @r.get("/windows/{pk}")
+    @r.get("/windows/{pk}", response_model=m.WindowDetail)
     def get_window(pk: int) -> dict[str, Any]:
         with eng.connect() as c:
             w = c.execute(sa.select(windows).where(windows.c.pk == pk)).mappings().first()
@@ -112,7 +113,7 @@ def api_router(svc: Service) -> APIRouter:
             raise store.IngestError(404, f"window {pk} has no diagnosis (yet)", "window")
         return Response(body, media_type="application/json")
 
-    @r.get("/findings")
+    @r.get("/findings", response_model=list[m.Finding])
     def list_findings(job: str | None = None, root_cause: str | None = None, host: str | None = None,
                       min_confidence: float = 0.0, limit: int = 200) -> list[dict[str, Any]]:
         q = sa.select(findings).where(findings.c.confidence >= min_confidence)

@@ -85,6 +85,9 @@ def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: floa
         c.execute(documents.insert().values(window_pk=pk, rank=rank, sha256=digest, body=gzip.compress(text, 1),
                                             host=doc.job.hostname, received_at=now))
         update: dict[str, Any] = {"ranks_reported": windows.c.ranks_reported + 1, "last_doc_at": now}
+        opened = doc.window.opened_unix_seconds
+        if opened is not None and (w is None or w["window_opened_at"] is None or opened < w["window_opened_at"]):
+            update["window_opened_at"] = opened
         closed = doc.window.closed_unix_seconds
         if closed is not None and (w is None or w["window_closed_at"] is None or closed > w["window_closed_at"]):
             update["window_closed_at"] = closed

@@ -7,6 +7,7 @@ import gzip
 import json
 import logging
 import time
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -171,4 +172,50 @@ def test_the_schema_is_versioned_and_upgrades_in_place(tmp_path) -> None:  # typ
     assert revision(eng) is None
     migrate(eng)
     migrate(eng)                 # again: nothing to do, nothing lost
-    assert revision(eng) == "0001"
+    assert revision(eng) == "0002"
+
+
+def test_a_database_of_the_first_schema_upgrades_in_place_and_keeps_its_rows(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import sqlalchemy as sa
+    from alembic import command
+    from alembic.config import Config
+
+    from eroica.service.db import MIGRATIONS, make_engine, migrate, revision
+
+    eng = make_engine(f"sqlite:///{tmp_path / 'old.db'}")
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with eng.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+    with eng.begin() as conn:
+        conn.execute(sa.text("INSERT INTO jobs VALUES ('old-job', 4, '[]', 1.0, 2.0)"))
+    migrate(eng)
+    assert revision(eng) == "0002"
+    with eng.connect() as conn:
+        assert conn.execute(sa.text("SELECT id FROM jobs")).scalar() == "old-job"
+        assert "window_opened_at" in [c["name"] for c in sa.inspect(conn).get_columns("windows")]
+
+
+def test_responses_validate_against_the_published_api_schema(client: TestClient) -> None:
+    import jsonschema
+
+    from eroica.cli.schema_cmd import schema
+
+    root = Path(__file__).parents[2]
+    committed = json.loads((root / "docs" / "schema" / "eroica.api.v1.schema.json").read_text())
+    assert committed == schema("api"), "regenerate: eroica schema api > docs/schema/eroica.api.v1.schema.json"
+    for d in incident_docs("INC-0017"):
+        post(client, d)
+    j = wait_done(client, "job-1")
+    defs = committed["$defs"]
+
+    def check(doc: object, name: str) -> None:
+        jsonschema.validate(doc, {"$defs": defs, "$ref": f"#/$defs/{name}"})
+
+    check(j, "JobDetail")
+    for job in client.get("/v1/jobs").json():
+        check(job, "Job")
+    check(client.get(f"/v1/windows/{j['windows'][0]['pk']}").json(), "WindowDetail")
+    for f in client.get("/v1/findings").json():
+        check(f, "Finding")

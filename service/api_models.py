@@ -1,0 +1,83 @@
+"""The API's response documents, typed: FastAPI validates every response against them, and
+`eroica schema api` publishes their JSON Schema (docs/schema/eroica.api.v1.schema.json)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Job(Out):
+    id: str
+    world_size: int
+    hosts: list[str]
+    first_seen: float                 # unix seconds
+    last_seen: float
+    confident_findings: int = 0       # findings at >= 0.5 in its windows
+
+
+class Step(Out):
+    """One summary of the job's always-on step-time series."""
+
+    job_id: str
+    first_step: int
+    last_step: int
+    median_seconds: float
+    p90_seconds: float
+    at: float
+
+
+class Window(Out):
+    pk: int
+    job_id: str
+    window_id: str
+    world_size: int
+    start_step: int
+    end_step: int
+    trigger: str
+    status: str                       # collecting, ready, claimed, done, failed
+    ranks_reported: int
+    first_doc_at: float
+    last_doc_at: float
+    window_opened_at: float | None
+    window_closed_at: float | None
+    attempts: int
+    diagnosed_at: float | None
+    error: str | None
+    seconds_to_diagnosis: float | None          # from the last rank's document
+    seconds_close_to_diagnosis: float | None    # from the last rank's window close
+
+
+class Finding(Out):
+    id: int
+    window_pk: int
+    job_id: str
+    root_cause: str
+    category: str
+    ranks: list[int]
+    hosts: list[str]
+    function: str | None
+    confidence: float
+    summary: str
+    rule_ids: list[str]
+    created_at: float
+
+
+class JobDetail(Job):
+    windows: list[Window]
+    steps: list[Step]
+
+
+class WindowDetail(Window):
+    findings: list[Finding]
+
+
+class Accepted(Out):
+    window: int
+    created: bool                     # False: the same document was already stored
+
+
+API_MODELS: tuple[type[Out], ...] = (Job, JobDetail, Window, WindowDetail, Finding, Step, Accepted)
