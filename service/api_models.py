@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -75,9 +77,30 @@ class WindowDetail(Window):
     findings: list[Finding]
 
 
+class Issue(Out):
+    """One finding's lifecycle across windows: one per job, root cause and ranks."""
+
+    id: int
+    job_id: str
+    root_cause: str
+    category: str
+    ranks: str                        # "1,3"
+    hosts: list[str]
+    function: str | None
+    first_seen: float
+    last_seen: float
+    windows_total: int
+    top_confidence: float
+    last_window_pk: int
+    state: str                        # open, acknowledged, linked, recovered, not_recovered, false_positive
+    history: list[dict[str, Any]]
+    link_url: str | None
+    link_kind: str | None
+
+
 class Accepted(Out):
     window: int
     created: bool                     # False: the same document was already stored
 
 
-API_MODELS: tuple[type[Out], ...] = (Job, JobDetail, Window, WindowDetail, Finding, Step, Accepted)
+API_MODELS: tuple[type[Out], ...] = (Job, JobDetail, Window, WindowDetail, Finding, Step, Accepted, Issue)

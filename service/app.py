@@ -29,7 +29,7 @@ from eroica.engine.load import parse_doc
 from eroica.service import pages, store
 from eroica.service.db import make_engine, migrate
 from eroica.service.metrics import ServiceMetrics
-from eroica.service.routes import api_router
+from eroica.service.routes import api_router, issue_router
 from eroica.service.worker import Diagnoser
 
 log = logging.getLogger("eroica.service")
@@ -199,6 +199,7 @@ def create_app(settings: Settings, start: bool = True) -> FastAPI:
         return await call_next(request)
 
     app.include_router(api_router(svc))
+    app.include_router(issue_router(svc))
     app.include_router(pages.router(svc))
 
     @app.get("/metrics")

@@ -83,6 +83,28 @@ findings = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
 )
 
+issues = sa.Table(   # a finding's lifecycle: one per job, root cause and ranks, across windows (revision 0003)
+    "issues", meta,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(128), nullable=False),
+    sa.Column("root_cause", sa.String(64), nullable=False),
+    sa.Column("category", sa.String(16), nullable=False),
+    sa.Column("ranks", sa.String(512), nullable=False),            # "1,3": part of its identity
+    sa.Column("hosts", sa.JSON, nullable=False),
+    sa.Column("function", sa.Text),
+    sa.Column("first_seen", sa.Float, nullable=False),
+    sa.Column("last_seen", sa.Float, nullable=False),
+    sa.Column("windows_total", sa.Integer, nullable=False),
+    sa.Column("top_confidence", sa.Float, nullable=False),
+    sa.Column("last_window_pk", sa.Integer, nullable=False),
+    # open -> acknowledged -> linked -> recovered | not_recovered | false_positive
+    sa.Column("state", sa.String(16), nullable=False, index=True),
+    sa.Column("history", sa.JSON, nullable=False),                 # [{state, who, at, why|url}]
+    sa.Column("link_url", sa.Text),
+    sa.Column("link_kind", sa.String(32)),                         # ticket, change_request, commit, config
+    sa.UniqueConstraint("job_id", "root_cause", "ranks", name="uq_issues_job_cause_ranks"),
+)
+
 steps = sa.Table(   # the always-on step-time series: one row per summary a rank sends every N steps
     "step_series", meta,
     sa.Column("job_id", sa.String(128), sa.ForeignKey("jobs.id"), primary_key=True),

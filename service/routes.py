@@ -131,3 +131,45 @@ def api_router(svc: Service) -> APIRouter:
 
 def dumps(x: Any) -> str:
     return json.dumps(x, separators=(",", ":"))
+
+
+class TransitionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    who: str
+    why: str | None = None
+    url: str | None = None
+    kind: str | None = None
+
+
+def issue_router(svc: Service) -> APIRouter:
+    from eroica.service.db import issues
+    from eroica.service.lifecycle import export_false_positive, transition
+
+    r = APIRouter(prefix="/v1")
+    eng = svc.eng
+
+    @r.get("/issues", response_model=list[m.Issue])
+    def list_issues(state: str | None = None, job: str | None = None) -> list[dict[str, Any]]:
+        q = sa.select(issues)
+        if state is not None:
+            q = q.where(issues.c.state == state)
+        if job is not None:
+            q = q.where(issues.c.job_id == store.valid_job_id(job))
+        with eng.connect() as c:
+            return [dict(x) for x in c.execute(q.order_by(issues.c.last_seen.desc()).limit(1000)).mappings()]
+
+    @r.post("/issues/{iid}/{action}", response_model=m.Issue)
+    async def act(iid: int, action: str, request: Request) -> dict[str, Any]:
+        state = {"ack": "acknowledged", "link": "linked"}.get(action, action)
+        try:
+            body = TransitionIn.model_validate_json(await request.body())
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise store.IngestError(422, err["msg"], ".".join(str(x) for x in err["loc"])) from exc
+        return transition(eng, iid, state, body.who, body.why, body.url, body.kind)
+
+    @r.get("/issues/{iid}/incident")
+    def export(iid: int) -> dict[str, Any]:
+        return export_false_positive(eng, iid)
+
+    return r

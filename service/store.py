@@ -157,6 +157,9 @@ def store_diagnosis(eng: sa.Engine, pk: int, worker: str, d: Diagnosis, now: flo
                 rule_ids=f.rule_ids, created_at=now))
         c.execute(windows.update().where(windows.c.pk == pk).values(status="done", diagnosed_at=now,
                                                                     lease_until=None, error=None))
+        from eroica.service.lifecycle import record_findings
+
+        record_findings(c, pk, w.job_id, d, now)
     return True
 
 

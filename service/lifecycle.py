@@ -1,0 +1,115 @@
+"""A finding's lifecycle: the findings of one job, root cause and ranks across windows are one
+issue (one ticket, one alert), which people move through
+
+    open -> acknowledged (who, when) -> linked (a ticket, a change request, a commit, a config change)
+         -> recovered | not_recovered | false_positive (who, why)
+
+Every transition is checked and kept in the issue's history. A false positive is data: it exports
+in the incident format (`incidents/<ID>/patterns`, `expected.yaml` saying the cause must not be
+reported on those ranks), so it becomes a regression case for the rules.
+"""
+
+from __future__ import annotations
+
+import gzip
+import time
+from typing import Any
+
+import sqlalchemy as sa
+import yaml
+
+from eroica.engine.diagnosis import Diagnosis
+from eroica.service.db import documents, issues, windows
+from eroica.service.store import IngestError
+
+CONFIDENT = 0.5
+CLOSED = ("recovered", "not_recovered", "false_positive")
+NEXT = {"acknowledged": ("open",), "linked": ("open", "acknowledged", "linked"),
+        **{s: ("open", "acknowledged", "linked") for s in CLOSED}}
+LINK_KINDS = ("ticket", "change_request", "commit", "config")
+
+
+def record_findings(c: sa.Connection, pk: int, job_id: str, d: Diagnosis, now: float) -> list[int]:
+    """Fold a window's confident findings into the job's issues (inside the diagnosis's transaction);
+    the ids of the issues this window touched. A closed issue that shows up again is reopened."""
+    touched = []
+    for wd in d.windows:
+        for f in wd.findings:
+            if f.confidence < CONFIDENT:
+                continue
+            ranks = ",".join(map(str, sorted(f.ranks)))
+            row = c.execute(sa.select(issues).where(issues.c.job_id == job_id, issues.c.root_cause == f.root_cause,
+                                                    issues.c.ranks == ranks)).mappings().first()
+            if row is None:
+                iid = c.execute(issues.insert().returning(issues.c.id).values(
+                    job_id=job_id, root_cause=f.root_cause, category=f.category.value, ranks=ranks, hosts=f.hosts,
+                    function=f.function, first_seen=now, last_seen=now, windows_total=1,
+                    top_confidence=f.confidence, last_window_pk=pk, state="open",
+                    history=[{"state": "open", "who": "eroica", "at": now, "window": pk}])).scalar_one()
+            else:
+                iid = row["id"]
+                upd: dict[str, Any] = {"last_seen": now, "last_window_pk": pk,
+                                       "windows_total": row["windows_total"] + (row["last_window_pk"] != pk),
+                                       "top_confidence": max(row["top_confidence"], f.confidence),
+                                       "hosts": sorted(set(row["hosts"]) | set(f.hosts))}
+                if row["state"] in ("recovered", "false_positive"):
+                    upd["state"] = "open"
+                    upd["history"] = [*row["history"], {"state": "open", "who": "eroica", "at": now, "window": pk,
+                                                        "why": f"seen again after {row['state']}"}]
+                c.execute(issues.update().where(issues.c.id == iid).values(**upd))
+            touched.append(int(iid))
+    return touched
+
+
+def transition(eng: sa.Engine, iid: int, state: str, who: str, why: str | None = None, url: str | None = None,
+               kind: str | None = None, now: float | None = None) -> dict[str, Any]:
+    """Move an issue to `state`; a 4xx (IngestError) naming the field when the move is not allowed."""
+    now = time.time() if now is None else now
+    if state not in NEXT:
+        raise IngestError(422, f"unknown state {state!r}; one of {', '.join(NEXT)}", "state")
+    if not who or len(who) > 200:
+        raise IngestError(422, "say who does this (1-200 characters)", "who")
+    if state == "linked":
+        if not url or len(url) > 2000:
+            raise IngestError(422, "a link needs the ticket or change (URL or id, up to 2000 characters)", "url")
+        if kind not in LINK_KINDS:
+            raise IngestError(422, f"link kind must be one of {', '.join(LINK_KINDS)}", "kind")
+    if state == "false_positive" and not why:
+        raise IngestError(422, "closing as a false positive needs the reason (it becomes a regression case)", "why")
+    with eng.begin() as c:
+        row = c.execute(sa.select(issues).where(issues.c.id == iid)).mappings().first()
+        if row is None:
+            raise IngestError(404, f"no issue {iid}", "issue")
+        if row["state"] not in NEXT[state]:
+            raise IngestError(409, f"issue {iid} is {row['state']}: it cannot become {state}", "state")
+        entry: dict[str, Any] = {"state": state, "who": who, "at": now}
+        entry.update({k: v for k, v in (("why", why), ("url", url)) if v})
+        upd: dict[str, Any] = {"state": state, "history": [*row["history"], entry]}
+        if state == "linked":
+            upd.update(link_url=url, link_kind=kind)
+        c.execute(issues.update().where(issues.c.id == iid).values(**upd))
+        return dict(c.execute(sa.select(issues).where(issues.c.id == iid)).mappings().one())
+
+
+def export_false_positive(eng: sa.Engine, iid: int) -> dict[str, Any]:
+    """An issue closed as a false positive in the incident format: the window's documents, an
+    expected.yaml that forbids the cause on those ranks, and a context.yaml saying where it came from."""
+    with eng.connect() as c:
+        row = c.execute(sa.select(issues).where(issues.c.id == iid)).mappings().first()
+        if row is None:
+            raise IngestError(404, f"no issue {iid}", "issue")
+        if row["state"] != "false_positive":
+            raise IngestError(409, f"issue {iid} is {row['state']}, not a false positive", "state")
+        w = c.execute(sa.select(windows.c.window_id, windows.c.job_id).where(
+            windows.c.pk == row["last_window_pk"])).one()
+        docs = [gzip.decompress(b).decode() for b in c.execute(
+            sa.select(documents.c.body).where(documents.c.window_pk == row["last_window_pk"])
+            .order_by(documents.c.rank)).scalars()]
+    ranks = [int(x) for x in row["ranks"].split(",")]
+    why = next((h.get("why") for h in reversed(row["history"]) if h["state"] == "false_positive"), "")
+    expected = {"expect": [], "must_not": [{"root_cause": row["root_cause"]}],
+                "min_confidence": CONFIDENT}
+    context = {"source": f"eroica serve: issue {iid}, closed as a false positive", "job": {"name": w.job_id},
+               "window": w.window_id, "ranks": ranks, "why": why}
+    return {"window": w.window_id, "documents": docs, "expected_yaml": yaml.safe_dump(expected, sort_keys=False),
+            "context_yaml": yaml.safe_dump(context, sort_keys=False)}
