@@ -11,6 +11,7 @@ from eroica.cli import (
     diagnose_cmd,
     draft_cmd,
     eval_cmd,
+    findings_cmd,
     ingest_cmd,
     policy_cmd,
     record,
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     policy_cmd.add_parser(sub)
     control_cmd.add_parser(sub)
     serve_cmd.add_parser(sub)
+    findings_cmd.add_parser(sub)
     return p
 
 

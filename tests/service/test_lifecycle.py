@@ -74,3 +74,37 @@ def test_a_false_positive_needs_its_reason_and_exports_as_a_regression_incident(
     res = evaluate_incident(inc)
     # today's rules still report it: as a regression case, it fails until they are fixed
     assert not res.correct and any("cpu_contention" in why for why in res.reasons)
+
+
+def test_the_cli_lists_acknowledges_links_closes_and_exports(live: str, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import urllib.request
+
+    from service_support import TOKEN
+
+    from eroica.cli.main import main
+
+    for d in incident_docs("INC-0017"):
+        req = urllib.request.Request(live + "/v1/patterns", data=gzip.compress(d), method="POST",
+                                     headers={**AUTH, "X-Eroica-Job": "job-c", "Content-Encoding": "gzip"})
+        urllib.request.urlopen(req).read()
+    tok = tmp_path / "token"
+    tok.write_text(TOKEN)
+    base = ["findings", "--server", live, "--token-file", str(tok)]
+    t0 = time.time()
+    while time.time() - t0 < 60:
+        capsys.readouterr()
+        assert main([*base, "list"]) == 0
+        out = capsys.readouterr().out
+        if "cpu_contention" in out:
+            break
+        time.sleep(0.3)
+    iid = int(out.split()[0])
+    assert "open" in out and "job-c" in out
+    assert main([*base, "ack", str(iid), "--who", "dave"]) == 0
+    assert main([*base, "link", str(iid), "https://tickets.example/T-9", "--who", "dave"]) == 0
+    assert main([*base, "ack", str(iid)]) == 1                              # a 409, said plainly
+    assert "HTTP 409" in capsys.readouterr().err
+    assert main([*base, "close", str(iid), "false_positive", "--why", "a planned backup job", "--who", "dave"]) == 0
+    assert main([*base, "export", str(iid), str(tmp_path / "inc" / "FP-1")]) == 0
+    assert (tmp_path / "inc" / "FP-1" / "expected.yaml").exists()
+    assert len(list((tmp_path / "inc" / "FP-1" / "patterns").rglob("rank-*.json"))) == 4
