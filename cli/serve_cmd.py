@@ -28,6 +28,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
     p.add_argument("--knowledge", action="append", default=[], help="a site knowledge directory, as for diagnose")
     p.add_argument("--workers", type=int, default=1, help="diagnosis worker processes (default 1)")
+    p.add_argument("--alerts", type=Path, help="an alert file (eroica.alerts/v1): Alertmanager, webhook and Slack "
+                                              "routes by category; see eroica.service.alerts")
     p.set_defaults(func=run)
 
 
@@ -56,9 +58,18 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"eroica serve: --watch {', '.join(missing)}: not a directory", file=sys.stderr)
         return 2
-    settings = Settings(db_url=url, token=token, read_token=args.read_token, max_body_bytes=args.max_body_bytes,
-                        grace_seconds=args.grace_seconds, watch=list(args.watch), knowledge_dirs=list(args.knowledge),
-                        workers=args.workers)
+    alerts = None
+    if args.alerts is not None:
+        from eroica.service.alerts import load_alerts
+
+        try:
+            alerts = load_alerts(args.alerts)
+        except ValueError as exc:
+            print(f"eroica serve: {exc}", file=sys.stderr)
+            return 2
+    settings = Settings(db_url=url, alerts=alerts, token=token, read_token=args.read_token,
+                        max_body_bytes=args.max_body_bytes, grace_seconds=args.grace_seconds,
+                        watch=list(args.watch), knowledge_dirs=list(args.knowledge), workers=args.workers)
     print(f"eroica serve: http://{args.host}:{args.port}/ ({url.split('@')[-1]})", flush=True)
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
     return 0

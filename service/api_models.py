@@ -96,6 +96,12 @@ class Issue(Out):
     history: list[dict[str, Any]]
     link_url: str | None
     link_kind: str | None
+    alert_dirty: bool
+    alert_state: str                  # none, delivered, failed, unrouted
+    alert_attempts: int
+    alert_error: str | None
+    alert_sent_at: float | None
+    alert_next_at: float | None
 
 
 class Accepted(Out):

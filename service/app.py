@@ -46,6 +46,7 @@ class Settings:
     knowledge_dirs: list[str] = field(default_factory=list)
     workers: int = 1
     poll_seconds: float = 0.5
+    alerts: Any = None                       # an AlertConfig (eroica.service.alerts), or no alerting
     name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
 
@@ -69,6 +70,12 @@ class Service:
 
             watcher = Watcher(self, self.settings.watch)
             self._threads.append(threading.Thread(target=watcher.run, args=(self._stop,), name="eroica-watch",
+                                                  daemon=True))
+        if self.settings.alerts is not None:
+            from eroica.service.alerts import Deliverer
+
+            deliverer = Deliverer(self.eng, self.settings.alerts)
+            self._threads.append(threading.Thread(target=deliverer.run, args=(self._stop,), name="eroica-alerts",
                                                   daemon=True))
         for t in self._threads:
             t.start()

@@ -102,6 +102,13 @@ issues = sa.Table(   # a finding's lifecycle: one per job, root cause and ranks,
     sa.Column("history", sa.JSON, nullable=False),                 # [{state, who, at, why|url}]
     sa.Column("link_url", sa.Text),
     sa.Column("link_kind", sa.String(32)),                         # ticket, change_request, commit, config
+    # its alert (revision 0004): dirty when it must be (re)sent; none, delivered or failed
+    sa.Column("alert_dirty", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("alert_state", sa.String(16), nullable=False, server_default="none"),
+    sa.Column("alert_attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("alert_error", sa.Text),
+    sa.Column("alert_sent_at", sa.Float),
+    sa.Column("alert_next_at", sa.Float),
     sa.UniqueConstraint("job_id", "root_cause", "ranks", name="uq_issues_job_cause_ranks"),
 )
 

@@ -44,14 +44,14 @@ def record_findings(c: sa.Connection, pk: int, job_id: str, d: Diagnosis, now: f
                 iid = c.execute(issues.insert().returning(issues.c.id).values(
                     job_id=job_id, root_cause=f.root_cause, category=f.category.value, ranks=ranks, hosts=f.hosts,
                     function=f.function, first_seen=now, last_seen=now, windows_total=1,
-                    top_confidence=f.confidence, last_window_pk=pk, state="open",
+                    top_confidence=f.confidence, last_window_pk=pk, state="open", alert_dirty=True,
                     history=[{"state": "open", "who": "eroica", "at": now, "window": pk}])).scalar_one()
             else:
                 iid = row["id"]
                 upd: dict[str, Any] = {"last_seen": now, "last_window_pk": pk,
                                        "windows_total": row["windows_total"] + (row["last_window_pk"] != pk),
                                        "top_confidence": max(row["top_confidence"], f.confidence),
-                                       "hosts": sorted(set(row["hosts"]) | set(f.hosts))}
+                                       "hosts": sorted(set(row["hosts"]) | set(f.hosts)), "alert_dirty": True}
                 if row["state"] in ("recovered", "false_positive"):
                     upd["state"] = "open"
                     upd["history"] = [*row["history"], {"state": "open", "who": "eroica", "at": now, "window": pk,
@@ -84,7 +84,7 @@ def transition(eng: sa.Engine, iid: int, state: str, who: str, why: str | None =
             raise IngestError(409, f"issue {iid} is {row['state']}: it cannot become {state}", "state")
         entry: dict[str, Any] = {"state": state, "who": who, "at": now}
         entry.update({k: v for k, v in (("why", why), ("url", url)) if v})
-        upd: dict[str, Any] = {"state": state, "history": [*row["history"], entry]}
+        upd: dict[str, Any] = {"state": state, "history": [*row["history"], entry], "alert_dirty": True}
         if state == "linked":
             upd.update(link_url=url, link_kind=kind)
         c.execute(issues.update().where(issues.c.id == iid).values(**upd))

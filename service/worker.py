@@ -41,4 +41,11 @@ class Diagnoser:
         return self.pool.submit(diagnose_window, window_id, docs, history, knowledge_dirs)
 
     def close(self) -> None:
+        """Stop at once: queued diagnoses are dropped (their windows stay claimed and go to the next
+        replica when the lease ends) and the worker processes are ended, never left behind."""
+        procs = list(getattr(self.pool, "_processes", {}).values())   # the pool has no public handle on them
         self.pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.join(5)

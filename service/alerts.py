@@ -1,0 +1,167 @@
+"""Alerts: one per issue (job, root cause, ranks), sent when it opens, updated when later windows see
+it again, resolved when it is closed. Routed by the taxonomy's category (hardware to the fleet's
+on-call, software to the job's owners) to the Prometheus Alertmanager v2 API, a JSON webhook (the
+Alertmanager webhook format) or a Slack-compatible incoming webhook. Delivery runs on its own thread
+with a bounded retry and backoff; its state is stored on the issue, so a sink that is down or slow
+never holds up a diagnosis and the pages show what was not delivered.
+
+    schema: eroica.alerts/v1
+    external_url: http://eroica.example:8080        # links in alerts point here
+    routes:
+      - {name: fleet-oncall, match: {category: hardware}, kind: alertmanager, url: http://am:9093}
+      - {name: job-owners, match: {category: software}, kind: slack, url: https://hooks.slack.com/...}
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlalchemy as sa
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from eroica.service.db import issues
+
+log = logging.getLogger("eroica.service")
+SCHEMA = "eroica.alerts/v1"
+RESOLVED = ("recovered", "false_positive")
+
+
+class Route(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    match: dict[Literal["category", "root_cause", "job"], str] = Field(default_factory=dict)
+    kind: Literal["alertmanager", "webhook", "slack"]
+    url: str = Field(pattern=r"^https?://")
+    timeout_seconds: float = Field(5.0, gt=0, le=60)
+    attempts: int = Field(3, ge=1, le=10)
+
+
+class AlertConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_: Literal["eroica.alerts/v1"] = Field(alias="schema")
+    external_url: str = "http://127.0.0.1:8080"
+    routes: list[Route] = Field(min_length=1)
+    retry_seconds: float = Field(30.0, gt=0)    # a failed delivery is tried again this much later (doubling)
+
+
+def load_alerts(path: Path) -> AlertConfig:
+    """The alert file, validated: every problem with the file and the field, and what to do."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: cannot read the alert file: {exc}") from exc
+    try:
+        return AlertConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError("; ".join(f"{path}: {'.'.join(str(x) for x in e['loc'])}: {e['msg']}"
+                                   for e in exc.errors())) from exc
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def alert_of(i: dict[str, Any], cfg: AlertConfig, now: float) -> dict[str, Any]:
+    """The Alertmanager v2 alert for an issue: stable labels (its identity), the rest in annotations."""
+    resolved = i["state"] in RESOLVED
+    return {
+        "labels": {"alertname": "EroicaFinding", "job": i["job_id"], "root_cause": i["root_cause"],
+                   "category": i["category"], "host": (i["hosts"] or [""])[0], "ranks": i["ranks"],
+                   "severity": "critical" if i["category"] == "hardware" else "warning"},
+        "annotations": {"summary": f"{i['root_cause']} on rank(s) {i['ranks']} of job {i['job_id']}",
+                        "function": i["function"] or "", "confidence": f"{i['top_confidence']:.2f}",
+                        "windows": str(i["windows_total"]), "state": i["state"], "issue": str(i["id"]),
+                        "link": i["link_url"] or ""},
+        "startsAt": _iso(i["first_seen"]),
+        "endsAt": _iso(now if resolved else now + 4 * 3600),
+        "generatorURL": f"{cfg.external_url.rstrip('/')}/jobs/{i['job_id']}",
+    }
+
+
+def payload(route: Route, alert: dict[str, Any], cfg: AlertConfig) -> tuple[str, dict[str, Any] | list[Any]]:
+    if route.kind == "alertmanager":
+        return route.url.rstrip("/") + "/api/v2/alerts", [alert]
+    status = "resolved" if alert["endsAt"] <= _iso(time.time()) else "firing"
+    if route.kind == "webhook":
+        return route.url, {"version": "4", "status": status, "receiver": route.name, "groupLabels": {},
+                           "commonLabels": alert["labels"], "commonAnnotations": alert["annotations"],
+                           "externalURL": cfg.external_url, "truncatedAlerts": 0,
+                           "alerts": [{**alert, "status": status}]}
+    a = alert["annotations"]
+    text = (f"[{status.upper()}] {a['summary']} (confidence {a['confidence']}, {a['windows']} window(s), "
+            f"{a['state']}) {alert['generatorURL']}")
+    return route.url, {"text": text[:2900]}
+
+
+class Deliverer:
+    """Sends the alerts of dirty issues; one thread, never in the diagnosis's way."""
+
+    def __init__(self, eng: sa.Engine, cfg: AlertConfig) -> None:
+        self.eng, self.cfg = eng, cfg
+
+    def route(self, i: dict[str, Any]) -> Route | None:
+        keys = {"category": i["category"], "root_cause": i["root_cause"], "job": i["job_id"]}
+        return next((r for r in self.cfg.routes if all(keys[k] == v for k, v in r.match.items())), None)
+
+    def send(self, route: Route, body: tuple[str, Any]) -> str | None:
+        url, data = body
+        req = urllib.request.Request(url, data=json.dumps(data).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        why = ""
+        delay = 0.5
+        for k in range(route.attempts):
+            try:
+                with urllib.request.urlopen(req, timeout=route.timeout_seconds) as r:
+                    r.read()
+                return None
+            except urllib.error.HTTPError as exc:
+                with exc:
+                    why = f"{route.name}: HTTP {exc.code} {exc.read()[:200]!r}"
+            except (OSError, urllib.error.URLError) as exc:
+                why = f"{route.name}: {exc!r}"
+            if k + 1 < route.attempts:
+                time.sleep(delay)
+                delay *= 2
+        return why
+
+    def round(self, now: float | None = None) -> int:
+        now = time.time() if now is None else now
+        with self.eng.connect() as c:
+            todo = [dict(x) for x in c.execute(sa.select(issues).where(
+                issues.c.alert_dirty.is_(True),
+                sa.or_(issues.c.alert_next_at.is_(None), issues.c.alert_next_at <= now))).mappings()]
+        for i in todo:
+            route = self.route(i)
+            if route is None:
+                upd: dict[str, Any] = {"alert_dirty": False, "alert_state": "unrouted",
+                                       "alert_error": "no route matches"}
+            else:
+                why = self.send(route, payload(route, alert_of(i, self.cfg, time.time()), self.cfg))
+                attempts = i["alert_attempts"] + 1
+                if why is None:
+                    upd = {"alert_dirty": False, "alert_state": "delivered", "alert_error": None,
+                           "alert_sent_at": time.time(), "alert_attempts": attempts, "alert_next_at": None}
+                else:
+                    log.warning("eroica serve: alert for issue %s not delivered: %s", i["id"], why)
+                    upd = {"alert_state": "failed", "alert_error": why[:2000], "alert_attempts": attempts,
+                           "alert_next_at": time.time() + self.cfg.retry_seconds * 2 ** min(attempts - 1, 6)}
+            with self.eng.begin() as c:
+                c.execute(issues.update().where(issues.c.id == i["id"]).values(**upd))
+        return len(todo)
+
+    def run(self, stop: threading.Event, every: float = 0.5) -> None:
+        while not stop.is_set():
+            try:
+                self.round()
+            except Exception as exc:   # the database or a route hiccups: the next round tries again
+                log.warning("eroica serve: alert delivery: %r", exc)
+            stop.wait(every)
