@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse
 from eroica.engine.diagnosis import Diagnosis
 from eroica.engine.render import render
 from eroica.service import store
-from eroica.service.db import findings, jobs, steps, windows
+from eroica.service.db import findings, issues, jobs, steps, windows
 from eroica.service.routes import window_json
 
 if TYPE_CHECKING:
@@ -86,6 +86,8 @@ def router(svc: Service) -> APIRouter:
             js = c.execute(sa.select(jobs).order_by(jobs.c.last_seen.desc()).limit(200)).mappings().all()
             fs = c.execute(sa.select(findings).where(findings.c.confidence >= 0.5)
                            .order_by(findings.c.created_at.desc()).limit(500)).mappings().all()
+            undelivered = c.execute(sa.select(issues).where(issues.c.alert_state == "failed")
+                                    .order_by(issues.c.last_seen.desc()).limit(50)).mappings().all()
             status: dict[str, int] = dict(c.execute(
                 sa.select(windows.c.status, sa.func.count()).group_by(windows.c.status)).all())
         by_cause = Counter((f["root_cause"], f["category"]) for f in fs)
@@ -93,7 +95,7 @@ def router(svc: Service) -> APIRouter:
         for f in fs:
             latest.setdefault(f["job_id"], f)
         return page("fleet.html.j2", jobs=js, by_cause=by_cause.most_common(), latest=latest, status=status,
-                    findings=fs[:30])
+                    findings=fs[:30], undelivered=undelivered)
 
     @r.get("/jobs/{job_id}", response_class=HTMLResponse)
     def job(job_id: str) -> HTMLResponse:

@@ -1,0 +1,142 @@
+"""Alerts to a real Alertmanager v2 receiver on 127.0.0.1: routed by category, one alert per issue
+across windows (updated, never a new page), resolved when the issue is closed; a receiver that times
+out never holds up a diagnosis, and the failed delivery is stored, retried and shown."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from service_support import AUTH, TOKEN, free_port, incident_docs
+
+from eroica.service.alerts import AlertConfig, load_alerts
+from eroica.service.app import Settings, create_app
+
+
+class Receiver:
+    """An Alertmanager v2 `POST /api/v2/alerts` endpoint that records what it is sent."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.got: list[list[dict]] = []  # type: ignore[type-arg]
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                time.sleep(delay)
+                if self.path != "/api/v2/alerts":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                outer.got.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.port = free_port()
+        self.srv = ThreadingHTTPServer(("127.0.0.1", self.port), H)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+@pytest.fixture
+def receivers() -> Iterator[tuple[Receiver, Receiver]]:
+    hw, sw = Receiver(), Receiver()
+    yield hw, sw
+    hw.close()
+    sw.close()
+
+
+def app_with(tmp: Path, cfg: AlertConfig) -> TestClient:
+    return TestClient(create_app(Settings(db_url=f"sqlite:///{tmp / 'a.db'}", token=TOKEN, grace_seconds=1.0,
+                                          poll_seconds=0.1, alerts=cfg)))
+
+
+def post_window(c: TestClient, job: str, inc: str, index: int = 0) -> None:
+    for d in incident_docs(inc):
+        doc = json.loads(d)
+        w = doc["window"]
+        span = w["end_step"] - w["start_step"]
+        w.update(window_id=f"w{index:03d}-s{30 + 40 * index}", start_step=30 + 40 * index,
+                 end_step=30 + 40 * index + span)
+        r = c.post("/v1/patterns", content=gzip.compress(json.dumps(doc).encode()),
+                   headers={**AUTH, "X-Eroica-Job": job, "Content-Encoding": "gzip"})
+        assert r.status_code == 201, r.text
+
+
+def until(cond, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    t0 = time.time()
+    while not cond():
+        assert time.time() - t0 < timeout, "timed out"
+        time.sleep(0.1)
+
+
+def test_one_alert_per_issue_routed_by_category_updated_across_windows_then_resolved(
+        tmp_path: Path, receivers: tuple[Receiver, Receiver]) -> None:
+    hw, sw = receivers
+    cfg = AlertConfig.model_validate({"schema": "eroica.alerts/v1", "external_url": "http://eroica.test", "routes": [
+        {"name": "fleet-oncall", "match": {"category": "hardware"}, "kind": "alertmanager", "url": hw.url},
+        {"name": "job-owners", "match": {"category": "software"}, "kind": "alertmanager", "url": sw.url}]})
+    with app_with(tmp_path, cfg) as c:
+        post_window(c, "train-a", "INC-0001", 0)               # dataloader_stall: software
+        post_window(c, "train-b", "INC-0024", 0)               # nic_degraded: hardware
+        until(lambda: sw.got and hw.got)
+        (a,) = sw.got[0]
+        assert a["labels"] == {"alertname": "EroicaFinding", "job": "train-a", "root_cause": "dataloader_stall",
+                               "category": "software", "host": "vm", "ranks": "1", "severity": "warning"}
+        assert a["generatorURL"] == "http://eroica.test/jobs/train-a" and a["annotations"]["state"] == "open"
+        hw_labels = hw.got[0][0]["labels"]
+        assert (hw_labels["root_cause"], hw_labels["severity"]) == ("nic_degraded", "critical")
+        # the same fault in two more windows: the same alert, updated
+        post_window(c, "train-a", "INC-0001", 1)
+        post_window(c, "train-a", "INC-0001", 2)
+        until(lambda: c.get("/v1/issues", params={"job": "train-a"}).json()[0]["windows_total"] == 3)
+        until(lambda: not c.get("/v1/issues", params={"job": "train-a"}).json()[0]["alert_dirty"])
+        (issue,) = c.get("/v1/issues", params={"job": "train-a"}).json()
+        assert {json.dumps(x[0]["labels"], sort_keys=True) for x in sw.got} == {json.dumps(a["labels"], sort_keys=True)}
+        assert sw.got[-1][0]["annotations"]["windows"] == "3"
+        # fixed: resolved (endsAt no later than now)
+        c.post(f"/v1/issues/{issue['id']}/recovered", headers=AUTH, content=json.dumps({"who": "sre"}))
+        until(lambda: sw.got[-1][0]["annotations"]["state"] == "recovered")
+        assert sw.got[-1][0]["endsAt"] <= time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))
+
+
+def test_a_receiver_that_times_out_never_holds_up_diagnosis_and_the_failure_is_stored_and_shown(
+        tmp_path: Path) -> None:
+    slow = Receiver(delay=3.0)
+    try:
+        cfg = AlertConfig.model_validate({"schema": "eroica.alerts/v1", "retry_seconds": 0.5, "routes": [
+            {"name": "slow", "kind": "alertmanager", "url": slow.url, "timeout_seconds": 0.3, "attempts": 2}]})
+        with app_with(tmp_path, cfg) as c:
+            t0 = time.time()
+            post_window(c, "train-c", "INC-0001", 0)
+            until(lambda: c.get("/v1/jobs/train-c").json()["windows"][0]["status"] == "done", 30)
+            assert time.time() - t0 < 20
+            until(lambda: c.get("/v1/issues").json()[0]["alert_attempts"] >= 2, 30)   # retried
+            (i,) = c.get("/v1/issues").json()
+            assert i["alert_state"] == "failed" and "slow" in i["alert_error"] and i["alert_dirty"]
+            assert "Undelivered alerts" in c.get("/").text
+    finally:
+        slow.close()
+
+
+def test_the_alert_file_is_validated_with_the_file_and_the_field(tmp_path: Path) -> None:
+    f = tmp_path / "alerts.yaml"
+    f.write_text("schema: eroica.alerts/v1\nroutes:\n  - {name: x, kind: pager, url: ftp://nope}\n")
+    with pytest.raises(ValueError) as e:
+        load_alerts(f)
+    msg = str(e.value)
+    assert f"{f}: routes.0.kind" in msg and f"{f}: routes.0.url" in msg
