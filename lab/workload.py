@@ -53,6 +53,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault-rank", default="1", help="rank, or one rank per fault separated by commas")
     p.add_argument("--fault-step", type=int, default=25)
     p.add_argument("--every", type=int, default=1, help="apply the fault every N-th step (intermittent)")
+    p.add_argument("--fault-until", type=int, default=None,
+                   help="lift the fault at this step (the fix, inside the running job); default: never")
     p.add_argument("--stall-seconds", type=float, default=0.12)
     p.add_argument("--imbalance-factor", type=int, default=6)
     p.add_argument("--uneven-by-design", type=int, default=1, metavar="FACTOR",
@@ -253,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     state = {"step": 0}
 
     def active(step: int) -> bool:
-        return fault != "none" and step >= args.fault_step and (step - args.fault_step) % args.every == 0
+        return (fault != "none" and step >= args.fault_step and (step - args.fault_step) % args.every == 0
+                and (args.fault_until is None or step < args.fault_until))
 
     class Synthetic(Dataset):
         def __len__(self) -> int:

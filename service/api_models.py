@@ -102,6 +102,8 @@ class Issue(Out):
     alert_error: str | None
     alert_sent_at: float | None
     alert_next_at: float | None
+    # healthy_seconds, slow_seconds, current_seconds, recovered, recovered_from_step, accelerator_hours, band_ratio
+    recovery: dict[str, Any] | None
 
 
 class Accepted(Out):

@@ -29,6 +29,7 @@ from eroica.engine.load import parse_doc
 from eroica.service import pages, store
 from eroica.service.db import make_engine, migrate
 from eroica.service.metrics import ServiceMetrics
+from eroica.service.recovery import assess
 from eroica.service.routes import api_router, issue_router
 from eroica.service.worker import Diagnoser
 
@@ -115,6 +116,8 @@ class Service:
                 store.mark_ready(self.eng, s.grace_seconds)
                 pk = store.claim(self.eng, s.name)
                 if pk is None:
+                    for iid in assess(self.eng):
+                        self.metrics.recovered(self.eng, iid)
                     self._stop.wait(s.poll_seconds)
                     continue
                 self._diagnose(pk)

@@ -109,6 +109,7 @@ issues = sa.Table(   # a finding's lifecycle: one per job, root cause and ranks,
     sa.Column("alert_error", sa.Text),
     sa.Column("alert_sent_at", sa.Float),
     sa.Column("alert_next_at", sa.Float),
+    sa.Column("recovery", sa.JSON),            # what the job's step series says since (revision 0005)
     sa.UniqueConstraint("job_id", "root_cause", "ranks", name="uq_issues_job_cause_ranks"),
 )
 

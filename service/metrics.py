@@ -57,6 +57,11 @@ class ServiceMetrics:
         self.ttd = Histogram("eroica_time_to_diagnosis_seconds",
                              "From the window's last document to its stored diagnosis", buckets=TTD_BUCKETS,
                              registry=r)
+        self.hours = Counter("eroica_recovered_accelerator_hours", "Accelerator-hours given back by fixed findings "
+                             "(slow minus current step time, times steps and accelerators, since recovery)",
+                             registry=r)
+        self.fixed = Counter("eroica_findings_recovered", "Issues closed as recovered by the job's own step series",
+                             ["root_cause"], registry=r)
         r.register(_Queue(eng))
 
     def ingest_error(self, reason: str) -> None:
@@ -69,6 +74,14 @@ class ServiceMetrics:
             for f in wd.findings:
                 if f.confidence >= 0.5:
                     self.findings.labels(root_cause=f.root_cause, category=f.category.value).inc()
+
+    def recovered(self, eng: sa.Engine, iid: int) -> None:
+        from eroica.service.db import issues
+
+        with eng.connect() as c:
+            i = c.execute(sa.select(issues.c.root_cause, issues.c.recovery).where(issues.c.id == iid)).one()
+        self.fixed.labels(root_cause=i.root_cause).inc()
+        self.hours.inc(float((i.recovery or {}).get("accelerator_hours", 0.0)))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
