@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
+import time
+import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
@@ -66,3 +72,72 @@ def postgres() -> Iterator[str]:
         subprocess.run([*as_pg, pg_bin("pg_ctl"), "-D", str(d / "data"), "-m", "immediate", "stop"],
                        capture_output=True)
         shutil.rmtree(d, ignore_errors=True)
+
+
+SERVE_TOKEN = "e2e-token"
+
+
+@contextlib.contextmanager
+def serve(tmp: Path, *args: str) -> Iterator[str]:
+    """`eroica serve` as a user runs it, until the block ends."""
+    port = free_port()
+    (tmp / "token").write_text(SERVE_TOKEN)
+    eroica = Path(sys.executable).parent / "eroica"
+    log = (tmp / "serve.log").open("w")
+    p = subprocess.Popen([str(eroica), "serve", "--data", str(tmp / "data"), "--port", str(port), "--token-file",
+                          str(tmp / "token"), "--grace-seconds", "10", *args], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/healthz", timeout=1).read()
+                break
+            except OSError:
+                if p.poll() is not None or time.time() > deadline:
+                    raise AssertionError("eroica serve did not start:\n" + (tmp / "serve.log").read_text()) from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        p.terminate()
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        log.close()
+
+
+def get(url: str) -> object:
+    return json.loads(urllib.request.urlopen(url, timeout=5).read())
+
+
+class Receiver:
+    """An Alertmanager v2 `POST /api/v2/alerts` endpoint that records what it is sent."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.got: list[list[dict]] = []  # type: ignore[type-arg]
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                time.sleep(delay)
+                if self.path != "/api/v2/alerts":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                outer.got.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.port = free_port()
+        self.srv = ThreadingHTTPServer(("127.0.0.1", self.port), H)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()

@@ -6,57 +6,19 @@ root, on SQLite and on a real PostgreSQL server."""
 from __future__ import annotations
 
 import contextlib
-import json
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_support import PG, PG_WHY, free_port, postgres
+from service_support import PG, PG_WHY, get, postgres, serve
+from service_support import SERVE_TOKEN as TOKEN
 
 from eroica.lab.launch import launch
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e
-TOKEN = "e2e-token"
-
-
-@contextlib.contextmanager
-def serve(tmp: Path, *args: str) -> Iterator[str]:
-    """`eroica serve` as a user runs it, until the block ends."""
-    port = free_port()
-    (tmp / "token").write_text(TOKEN)
-    eroica = Path(sys.executable).parent / "eroica"
-    log = (tmp / "serve.log").open("w")
-    p = subprocess.Popen([str(eroica), "serve", "--data", str(tmp / "data"), "--port", str(port), "--token-file",
-                          str(tmp / "token"), "--grace-seconds", "10", *args], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/healthz", timeout=1).read()
-                break
-            except OSError:
-                if p.poll() is not None or time.time() > deadline:
-                    raise AssertionError("eroica serve did not start:\n" + (tmp / "serve.log").read_text()) from None
-                time.sleep(0.2)
-        yield url
-    finally:
-        p.terminate()
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-        log.close()
-
-
-def get(url: str) -> object:
-    return json.loads(urllib.request.urlopen(url, timeout=5).read())
 
 
 def run_online(tmp: Path, url: str, out: Path, env: dict[str, str]) -> None:

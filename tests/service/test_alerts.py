@@ -6,50 +6,16 @@ from __future__ import annotations
 
 import gzip
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import AUTH, TOKEN, free_port, incident_docs
+from service_support import AUTH, TOKEN, Receiver, incident_docs
 
 from eroica.service.alerts import AlertConfig, load_alerts
 from eroica.service.app import Settings, create_app
-
-
-class Receiver:
-    """An Alertmanager v2 `POST /api/v2/alerts` endpoint that records what it is sent."""
-
-    def __init__(self, delay: float = 0.0) -> None:
-        self.got: list[list[dict]] = []  # type: ignore[type-arg]
-        outer = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                time.sleep(delay)
-                if self.path != "/api/v2/alerts":
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                outer.got.append(json.loads(body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *a: object) -> None:
-                pass
-
-        self.port = free_port()
-        self.srv = ThreadingHTTPServer(("127.0.0.1", self.port), H)
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.srv.shutdown()
-        self.srv.server_close()
 
 
 @pytest.fixture
