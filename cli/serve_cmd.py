@@ -28,6 +28,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
     p.add_argument("--knowledge", action="append", default=[], help="a site knowledge directory, as for diagnose")
     p.add_argument("--workers", type=int, default=1, help="diagnosis worker processes (default 1)")
+    p.add_argument("--drain-min-jobs", type=int, default=3,
+                   help="a host is on the drain list when confident hardware findings name it in this many jobs")
     p.add_argument("--alerts", type=Path, help="an alert file (eroica.alerts/v1): Alertmanager, webhook and Slack "
                                               "routes by category; see eroica.service.alerts")
     p.set_defaults(func=run)
@@ -67,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"eroica serve: {exc}", file=sys.stderr)
             return 2
-    settings = Settings(db_url=url, alerts=alerts, token=token, read_token=args.read_token,
+    if args.drain_min_jobs < 1:
+        print(f"eroica serve: --drain-min-jobs must be at least 1, got {args.drain_min_jobs}", file=sys.stderr)
+        return 2
+    settings = Settings(db_url=url, alerts=alerts, drain_min_jobs=args.drain_min_jobs, token=token,
+                        read_token=args.read_token,
                         max_body_bytes=args.max_body_bytes, grace_seconds=args.grace_seconds,
                         watch=list(args.watch), knowledge_dirs=list(args.knowledge), workers=args.workers)
     print(f"eroica serve: http://{args.host}:{args.port}/ ({url.split('@')[-1]})", flush=True)

@@ -48,6 +48,15 @@ class Settings:
     workers: int = 1
     poll_seconds: float = 0.5
     alerts: Any = None                       # an AlertConfig (eroica.service.alerts), or no alerting
+    drain_min_jobs: int = 3                  # a host drains when confident hardware findings name it in this many jobs
+    drain_min_confidence: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.drain_min_jobs < 1:
+            raise ValueError(f"drain_min_jobs must be at least 1, got {self.drain_min_jobs}")
+        if not 0.5 <= self.drain_min_confidence <= 1:
+            raise ValueError(f"drain_min_confidence must be in [0.5, 1] (a lead is never a drain), got "
+                             f"{self.drain_min_confidence}")
     name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
 

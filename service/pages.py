@@ -115,6 +115,13 @@ def router(svc: Service) -> APIRouter:
             by_window.setdefault(f["window_pk"], []).append(f)
         return page("job.html.j2", job=j, windows=ws, by_window=by_window, plot=step_plot(series, ws))
 
+    @r.get("/hosts", response_class=HTMLResponse)
+    def hosts() -> HTMLResponse:
+        from eroica.service.fleet import host_ranking
+
+        s = svc.settings
+        return page("hosts.html.j2", hosts=host_ranking(eng, s.drain_min_confidence), min_jobs=s.drain_min_jobs)
+
     @r.get("/hosts/{host}", response_class=HTMLResponse)
     def host(host: str) -> HTMLResponse:
         with eng.connect() as c:

@@ -168,6 +168,22 @@ def issue_router(svc: Service) -> APIRouter:
             raise store.IngestError(422, err["msg"], ".".join(str(x) for x in err["loc"])) from exc
         return transition(eng, iid, state, body.who, body.why, body.url, body.kind)
 
+    @r.get("/hosts")
+    def hosts() -> list[dict[str, Any]]:
+        from eroica.service.fleet import host_ranking
+
+        return host_ranking(eng, svc.settings.drain_min_confidence)
+
+    @r.get("/drain")
+    def drain(format: str = "json") -> Response:
+        from eroica.service.fleet import drain_list
+
+        s = svc.settings
+        hosts = drain_list(eng, s.drain_min_jobs, s.drain_min_confidence)
+        if format == "text":
+            return Response("".join(h["host"] + "\n" for h in hosts), media_type="text/plain")
+        return JSONResponse({"min_jobs": s.drain_min_jobs, "min_confidence": s.drain_min_confidence, "hosts": hosts})
+
     @r.get("/issues/{iid}/incident")
     def export(iid: int) -> dict[str, Any]:
         return export_false_positive(eng, iid)
