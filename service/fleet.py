@@ -35,3 +35,34 @@ def host_ranking(eng: sa.Engine, min_confidence: float = 0.5) -> list[dict[str, 
 def drain_list(eng: sa.Engine, min_jobs: int, min_confidence: float) -> list[dict[str, Any]]:
     """Hosts named by confident hardware findings in at least `min_jobs` jobs."""
     return [e for e in host_ranking(eng, min_confidence) if e["hardware_jobs"] >= min_jobs]
+
+
+def week_summary(eng: sa.Engine, since: float, until: float) -> dict[str, Any]:
+    """For a period: how many slowdowns (issues opened), how fast they were localized (the window's
+    first open to its stored diagnosis), how many were fixed and how fast (diagnosis to recovery), and
+    the accelerator-hours fixing them gave back."""
+    import statistics
+
+    from eroica.service.db import windows
+
+    with eng.connect() as c:
+        opened = c.execute(sa.select(issues).where(issues.c.first_seen >= since, issues.c.first_seen < until)
+                           ).mappings().all()
+        wins = c.execute(sa.select(windows.c.window_opened_at, windows.c.diagnosed_at).where(
+            windows.c.diagnosed_at >= since, windows.c.diagnosed_at < until,
+            windows.c.window_opened_at.is_not(None))).all()
+    localize = [w.diagnosed_at - w.window_opened_at for w in wins]
+    fixed = [i for i in opened if i["state"] == "recovered"]
+    mitigate = [next(h["at"] for h in reversed(i["history"]) if h["state"] == "recovered") - i["first_seen"]
+                for i in fixed]
+
+    def med(xs: list[float]) -> float | None:
+        return round(statistics.median(xs), 3) if xs else None
+
+    return {"since": since, "until": until, "slowdowns": len(opened),
+            "hardware": sum(i["category"] == "hardware" for i in opened),
+            "median_seconds_to_localize": med(localize), "windows_localized": len(localize),
+            "fixed": len(fixed), "false_positives": sum(i["state"] == "false_positive" for i in opened),
+            "median_seconds_to_mitigate": med(mitigate),
+            "accelerator_hours_recovered": round(sum(float((i["recovery"] or {}).get("accelerator_hours", 0))
+                                                     for i in fixed), 6)}

@@ -94,8 +94,11 @@ def router(svc: Service) -> APIRouter:
         latest: dict[str, Any] = {}
         for f in fs:
             latest.setdefault(f["job_id"], f)
+        from eroica.service.fleet import week_summary
+
+        week = week_summary(eng, time.time() - 7 * 86400, time.time() + 1)
         return page("fleet.html.j2", jobs=js, by_cause=by_cause.most_common(), latest=latest, status=status,
-                    findings=fs[:30], undelivered=undelivered)
+                    findings=fs[:30], undelivered=undelivered, week=week)
 
     @r.get("/jobs/{job_id}", response_class=HTMLResponse)
     def job(job_id: str) -> HTMLResponse:

@@ -174,6 +174,15 @@ def issue_router(svc: Service) -> APIRouter:
 
         return host_ranking(eng, svc.settings.drain_min_confidence)
 
+    @r.get("/summary")
+    def summary(days: float = 7.0) -> dict[str, Any]:
+        import time as _time
+
+        from eroica.service.fleet import week_summary
+
+        now = _time.time()
+        return week_summary(eng, now - max(0.0, min(days, 3660.0)) * 86400, now + 1)
+
     @r.get("/drain")
     def drain(format: str = "json") -> Response:
         from eroica.service.fleet import drain_list

@@ -69,6 +69,10 @@ def test_slow_localized_alerted_fixed_recovered(tmp_path: Path, lifted: bool) ->
                 assert rec["slow_seconds"] > rec["healthy_seconds"]
                 assert [h["state"] for h in i["history"]] == ["open", "acknowledged", "linked", "recovered"]
                 assert am.got[-1][0]["annotations"]["state"] == "recovered"            # the alert resolved
+                week = get(url + "/v1/summary?days=7")
+                assert isinstance(week, dict) and (week["slowdowns"], week["fixed"]) == (1, 1), week
+                assert week["median_seconds_to_localize"] > 0 and week["accelerator_hours_recovered"] > 0
+                print("the week's numbers:", json.dumps(week), "recovery:", json.dumps(rec))
             else:
                 assert i["state"] == "linked" and rec is not None and rec["recovered"] is False, i
                 assert am.got[-1][0]["annotations"]["state"] != "recovered"

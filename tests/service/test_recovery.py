@@ -61,6 +61,10 @@ def test_the_service_closes_a_recovered_issue_with_its_numbers_and_leaves_a_slow
     text = client.get("/metrics").text
     assert 'eroica_findings_recovered_total{root_cause="cpu_contention"} 1.0' in text
     assert f"eroica_recovered_accelerator_hours_total {rec['accelerator_hours']}" in text
+    week = client.get("/v1/summary", params={"days": 7}).json()
+    assert (week["slowdowns"], week["fixed"]) == (2, 1)
+    assert week["accelerator_hours_recovered"] == rec["accelerator_hours"] and week["median_seconds_to_mitigate"] > 0
+    assert "The last 7 days" in client.get("/").text
     json.dumps(rec)
 
 
