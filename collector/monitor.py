@@ -317,8 +317,9 @@ class Monitor:
     def _writer_errors(self) -> None:
         if self._out is not None:
             for path, exc in self._out.errors():
-                self._warn("write", exc)
-                self._gap("write", f"{path}: {exc!r}"[:200])
+                source = "sink" if path == "sink" else "write"
+                self._warn(source, exc)
+                self._gap(source, f"{path}: {exc!r}"[:200])
 
     def _runtime_control(self) -> None:
         """Read the published control changes every control_poll_steps; apply each at its step."""

@@ -79,7 +79,7 @@ class PatternOutput:
     def errors(self) -> list[tuple[str, BaseException]]:
         out = self._writer.errors() if self._writer is not None else []
         if self.sink is not None:
-            out += [("sink", ConnectionError(msg)) for msg in self.sink.errors()]
+            out += self.sink.errors()
         return out
 
     def close(self, timeout_seconds: float) -> None:

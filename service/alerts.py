@@ -19,7 +19,6 @@ import json
 import logging
 import threading
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +27,7 @@ import sqlalchemy as sa
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from eroica.collector.sink import post_with_retry
 from eroica.service.db import issues
 
 log = logging.getLogger("eroica.service")
@@ -116,22 +116,7 @@ class Deliverer:
         url, data = body
         req = urllib.request.Request(url, data=json.dumps(data).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
-        why = ""
-        delay = 0.5
-        for k in range(route.attempts):
-            try:
-                with urllib.request.urlopen(req, timeout=route.timeout_seconds) as r:
-                    r.read()
-                return None
-            except urllib.error.HTTPError as exc:
-                with exc:
-                    why = f"{route.name}: HTTP {exc.code} {exc.read()[:200]!r}"
-            except (OSError, urllib.error.URLError) as exc:
-                why = f"{route.name}: {exc!r}"
-            if k + 1 < route.attempts:
-                time.sleep(delay)
-                delay *= 2
-        return why
+        return post_with_retry(req, route.attempts, route.timeout_seconds, route.name)
 
     def round(self, now: float | None = None) -> int:
         now = time.time() if now is None else now

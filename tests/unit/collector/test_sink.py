@@ -56,7 +56,7 @@ def test_documents_arrive_gzipped_with_the_job_and_the_token(tmp_path: Path) -> 
             "/v1/patterns", "job-7", "Bearer tok", "gzip")
         assert json.loads(b1)["schema"] == "eroica.patterns/v1"
         assert p2 == "/v1/jobs/job-7/steps" and json.loads(b2)["world_size"] == 4
-        assert sink.errors() == [] and sink.sent == 2
+        assert sink.messages() == [] and sink.sent == 2
     finally:
         srv.shutdown()
         srv.server_close()
@@ -71,7 +71,7 @@ def test_a_dead_service_costs_nothing_and_the_spool_is_sent_when_it_is_back(tmp_
     assert time.perf_counter() - t0 < 0.05          # submit never waits for the network
     assert sink.flush(30)
     assert len(list((tmp_path / "spool").glob("*.json.gz"))) == 2
-    assert all("spooled" in e for e in sink.errors())
+    assert all("spooled" in e for e in sink.messages())
     srv = _server(port)
     try:
         assert sink.submit('{"n": 3}') and sink.close(30)
@@ -90,7 +90,7 @@ def test_a_refusal_is_not_retried_or_spooled_and_says_why(tmp_path: Path) -> Non
         sink = PatternSink(f"http://127.0.0.1:{port}", "job", tmp_path / "spool")
         assert sink.submit('{"bad": true}') and sink.close(10)
         assert len(Recorder.got) == 1 and not (tmp_path / "spool").exists()
-        (err,) = sink.errors()
+        (err,) = sink.messages()
         assert err.startswith("refused:") and "HTTP 422" in err
     finally:
         srv.shutdown()
