@@ -45,8 +45,18 @@ def make_sink(url: str | None, job: str, out_dir: Path, rank: int) -> PatternSin
     url = url or os.environ.get(SINK_ENV) or None
     if not url:
         return None
-    job_id = JOB_ID.sub("-", job or out_dir.resolve().name).strip("-.")[:128] or "job"
-    return PatternSink(url, job_id, out_dir / ".spool" / f"rank-{rank}", os.environ.get(SINK_TOKEN_ENV))
+    return PatternSink(url, sink_job_id(job, out_dir), out_dir / ".spool" / f"rank-{rank}",
+                       os.environ.get(SINK_TOKEN_ENV))
+
+
+def sink_job_id(job: str, out_dir: Path) -> str:
+    """The run's id at the service: its run directory's name (one per run, the same on every rank),
+    after the job's name when it has a real one. A scheduler's name alone would merge runs: torchrun
+    sets TORCHELASTIC_RUN_ID to "none" for every static job, and a restarted job keeps its name."""
+    run = out_dir.resolve().name
+    name = "" if job.strip().lower() in ("", "none", "default") else job.strip()
+    raw = run if not name or name == run else f"{name}.{run}"
+    return JOB_ID.sub("-", raw).strip("-.")[-128:].lstrip("-.") or "job"
 MAX_NAME = 200          # characters of a function or region name kept
 
 

@@ -95,3 +95,13 @@ def test_a_refusal_is_not_retried_or_spooled_and_says_why(tmp_path: Path) -> Non
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_the_sinks_job_id_is_one_per_run_and_never_a_shared_placeholder(tmp_path: Path) -> None:
+    from eroica.collector.monitor import sink_job_id
+
+    assert sink_job_id("", tmp_path / "job-sink") == "job-sink"
+    assert sink_job_id("none", tmp_path / "run-1") == "run-1"             # torchrun's static run id
+    assert sink_job_id("llm-7b", tmp_path / "run-2") == "llm-7b.run-2"    # a restart gets a new run dir
+    assert sink_job_id("a b/c", tmp_path / "r") == "a-b-c.r"
+    assert len(sink_job_id("x" * 300, tmp_path / "r")) <= 128
