@@ -92,7 +92,7 @@ def _factors(c: Conclusion, facts: list[Fact], slow: RankSlowness | None, analys
     )
 
 
-def _evidence(c: Conclusion, facts: list[Fact], rules: list[str], also: set[str],
+def _evidence(c: Conclusion, facts: list[Fact], also: set[str],
               analysis: PeerAnalysis, factors: ConfidenceFactors) -> list[str]:
     ev = [line for f in facts if (line := f.evidence()) is not None]
     if c.hypotheses:
@@ -143,7 +143,7 @@ def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conc
             root_cause=cause, category=FindingCategory(tax.category), component=tax.component,
             ranks=[r], hosts=[w.columns.hostname[row]] if row is not None else [], function=function,
             confidence=round(float(conf), 4), confidence_factors=factors, summary=" ".join(c.summary.split()),
-            evidence=_evidence(c, facts, rules[(cause, r)], also[(cause, r)], analysis, factors),
+            evidence=_evidence(c, facts, also[(cause, r)], analysis, factors),
             rule_ids=rules[(cause, r)], derived_via=list(c.via),
             rule_status={k: (rule_status or {}).get(k, "?") for k in [*rules[(cause, r)], *c.via]},
             fix_template=c.fix_template, runbook=tax.runbook,

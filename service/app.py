@@ -4,14 +4,12 @@ background loops (dispatcher: ready windows -> worker process -> stored diagnosi
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hmac
 import logging
 import os
 import socket
 import threading
 import time
-import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,9 +109,9 @@ class Service:
             raise store.IngestError(422, err["msg"], ".".join(str(x) for x in err["loc"])) from exc
         try:
             got = store.ingest(self.eng, job_id, doc, body)
-        except store.IngestError as exc:
+        except store.IngestError:
             self.metrics.ingest_error("refused")
-            raise exc
+            raise
         if got.created:
             self.metrics.documents.inc()
         return got
@@ -161,22 +159,6 @@ class _BodyLimit(BaseHTTPMiddleware):
                         request.url.path, size, self.limit)
             return JSONResponse({"error": f"body over {self.limit} bytes", "field": "body"}, status_code=413)
         return await call_next(request)
-
-
-def read_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
-    """The request body, gunzipped when it says so, never more than `limit` bytes."""
-    if raw and len(raw) > limit:
-        raise store.IngestError(413, f"body over {limit} bytes", "body")
-    if (encoding or "").lower() == "gzip":
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            out = d.decompress(raw, limit + 1)
-        except zlib.error as exc:
-            raise store.IngestError(400, f"Content-Encoding gzip, but the body is not gzip: {exc}", "body") from exc
-        if len(out) > limit:
-            raise store.IngestError(413, f"body over {limit} bytes once decompressed", "body")
-        return out
-    return raw
 
 
 def authorized(request: Request, token: str | None) -> bool:
@@ -232,6 +214,3 @@ def create_app(settings: Settings, start: bool = True) -> FastAPI:
 
     return app
 
-
-def gz(text: str) -> bytes:
-    return gzip.compress(text.encode(), 1)

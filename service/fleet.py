@@ -4,11 +4,12 @@ only, so one low-confidence finding never drains a host; the thresholds are vali
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import sqlalchemy as sa
 
-from eroica.service.db import issues
+from eroica.service.db import issues, windows
 
 
 def host_ranking(eng: sa.Engine, min_confidence: float = 0.5) -> list[dict[str, Any]]:
@@ -41,10 +42,6 @@ def week_summary(eng: sa.Engine, since: float, until: float) -> dict[str, Any]:
     """For a period: how many slowdowns (issues opened), how fast they were localized (the window's
     first open to its stored diagnosis), how many were fixed and how fast (diagnosis to recovery), and
     the accelerator-hours fixing them gave back."""
-    import statistics
-
-    from eroica.service.db import windows
-
     with eng.connect() as c:
         opened = c.execute(sa.select(issues).where(issues.c.first_seen >= since, issues.c.first_seen < until)
                            ).mappings().all()

@@ -20,7 +20,7 @@ import yaml
 
 from eroica.engine.diagnosis import Diagnosis
 from eroica.service.db import documents, issues, windows
-from eroica.service.store import IngestError
+from eroica.service.errors import IngestError
 
 CONFIDENT = 0.5
 CLOSED = ("recovered", "not_recovered", "false_positive")

@@ -17,6 +17,7 @@ from eroica.engine.diagnosis import Diagnosis
 from eroica.engine.render import render
 from eroica.service import store
 from eroica.service.db import findings, issues, jobs, steps, windows
+from eroica.service.fleet import host_ranking, week_summary
 from eroica.service.routes import window_json
 
 if TYPE_CHECKING:
@@ -94,8 +95,6 @@ def router(svc: Service) -> APIRouter:
         latest: dict[str, Any] = {}
         for f in fs:
             latest.setdefault(f["job_id"], f)
-        from eroica.service.fleet import week_summary
-
         week = week_summary(eng, time.time() - 7 * 86400, time.time() + 1)
         return page("fleet.html.j2", jobs=js, by_cause=by_cause.most_common(), latest=latest, status=status,
                     findings=fs[:30], undelivered=undelivered, week=week)
@@ -120,8 +119,6 @@ def router(svc: Service) -> APIRouter:
 
     @r.get("/hosts", response_class=HTMLResponse)
     def hosts() -> HTMLResponse:
-        from eroica.service.fleet import host_ranking
-
         s = svc.settings
         return page("hosts.html.j2", hosts=host_ranking(eng, s.drain_min_confidence), min_jobs=s.drain_min_jobs)
 

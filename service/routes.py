@@ -3,7 +3,8 @@ against its pattern, a window's number), never a file name: no request reaches t
 
 from __future__ import annotations
 
-import json
+import time
+import zlib
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -13,7 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eroica.service import api_models as m
 from eroica.service import store
-from eroica.service.db import findings, jobs, steps, windows
+from eroica.service.db import findings, issues, jobs, steps, windows
+from eroica.service.fleet import drain_list, host_ranking, week_summary
+from eroica.service.lifecycle import export_false_positive, transition
 
 if TYPE_CHECKING:
     from eroica.service.app import Service
@@ -50,9 +53,23 @@ def finding_json(f: Any) -> dict[str, Any]:
                               "confidence", "summary", "rule_ids", "created_at")}
 
 
-def api_router(svc: Service) -> APIRouter:
-    from eroica.service.app import read_body
+def read_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
+    """The request body, gunzipped when it says so, never more than `limit` bytes."""
+    if raw and len(raw) > limit:
+        raise store.IngestError(413, f"body over {limit} bytes", "body")
+    if (encoding or "").lower() == "gzip":
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out = d.decompress(raw, limit + 1)
+        except zlib.error as exc:
+            raise store.IngestError(400, f"Content-Encoding gzip, but the body is not gzip: {exc}", "body") from exc
+        if len(out) > limit:
+            raise store.IngestError(413, f"body over {limit} bytes once decompressed", "body")
+        return out
+    return raw
 
+
+def api_router(svc: Service) -> APIRouter:
     r = APIRouter(prefix="/v1")
     eng = svc.eng
 
@@ -129,9 +146,6 @@ def api_router(svc: Service) -> APIRouter:
     return r
 
 
-def dumps(x: Any) -> str:
-    return json.dumps(x, separators=(",", ":"))
-
 
 class TransitionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -142,8 +156,6 @@ class TransitionIn(BaseModel):
 
 
 def issue_router(svc: Service) -> APIRouter:
-    from eroica.service.db import issues
-    from eroica.service.lifecycle import export_false_positive, transition
 
     r = APIRouter(prefix="/v1")
     eng = svc.eng
@@ -170,23 +182,15 @@ def issue_router(svc: Service) -> APIRouter:
 
     @r.get("/hosts")
     def hosts() -> list[dict[str, Any]]:
-        from eroica.service.fleet import host_ranking
-
         return host_ranking(eng, svc.settings.drain_min_confidence)
 
     @r.get("/summary")
     def summary(days: float = 7.0) -> dict[str, Any]:
-        import time as _time
-
-        from eroica.service.fleet import week_summary
-
-        now = _time.time()
+        now = time.time()
         return week_summary(eng, now - max(0.0, min(days, 3660.0)) * 86400, now + 1)
 
     @r.get("/drain")
     def drain(format: str = "json") -> Response:
-        from eroica.service.fleet import drain_list
-
         s = svc.settings
         hosts = drain_list(eng, s.drain_min_jobs, s.drain_min_confidence)
         if format == "text":

@@ -20,17 +20,11 @@ import sqlalchemy as sa
 from eroica.collector.facts import PatternsDoc
 from eroica.engine.diagnosis import Diagnosis
 from eroica.service.db import diagnoses, documents, findings, jobs, steps, windows
+from eroica.service.errors import IngestError
+from eroica.service.lifecycle import record_findings
 
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LEASE_SECONDS = 120.0
-
-
-class IngestError(ValueError):
-    """A document the service refuses: `status` is the HTTP status, `field` what is wrong."""
-
-    def __init__(self, status: int, message: str, field: str = "") -> None:
-        super().__init__(message)
-        self.status, self.message, self.field = status, message, field
 
 
 @dataclass(frozen=True)
@@ -157,8 +151,6 @@ def store_diagnosis(eng: sa.Engine, pk: int, worker: str, d: Diagnosis, now: flo
                 rule_ids=f.rule_ids, created_at=now))
         c.execute(windows.update().where(windows.c.pk == pk).values(status="done", diagnosed_at=now,
                                                                     lease_until=None, error=None))
-        from eroica.service.lifecycle import record_findings
-
         record_findings(c, pk, w.job_id, d, now)
     return True
 

@@ -11,7 +11,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eroica.service.store import JOB_ID, IngestError
+from eroica.service.errors import IngestError
+from eroica.service.store import JOB_ID
 
 if TYPE_CHECKING:
     from eroica.service.app import Service
