@@ -46,7 +46,7 @@ def make_sink(url: str | None, job: str, out_dir: Path, rank: int) -> PatternSin
     if not url:
         return None
     return PatternSink(url, sink_job_id(job, out_dir), out_dir / ".spool" / f"rank-{rank}",
-                       os.environ.get(SINK_TOKEN_ENV))
+                       os.environ.get(SINK_TOKEN_ENV), job_name=sink_job_name(job))
 
 
 def sink_job_id(job: str, out_dir: Path) -> str:
@@ -57,6 +57,15 @@ def sink_job_id(job: str, out_dir: Path) -> str:
     name = "" if job.strip().lower() in ("", "none", "default") else job.strip()
     raw = run if not name or name == run else f"{name}.{run}"
     return JOB_ID.sub("-", raw).strip("-.")[-128:].lstrip("-.") or "job"
+
+
+def sink_job_name(job: str) -> str | None:
+    """The job's name at the service, shared by its runs (so a restart is followed), when it has a
+    real one; None otherwise (each run then stands alone)."""
+    name = "" if job.strip().lower() in ("", "none", "default") else job.strip()
+    return JOB_ID.sub("-", name).strip("-.")[:128].strip("-.") or None
+
+
 MAX_NAME = 200          # characters of a function or region name kept
 
 

@@ -49,8 +49,10 @@ def post_with_retry(req: urllib.request.Request, attempts: int, timeout: float, 
 
 class PatternSink(QueueThread):
     def __init__(self, url: str, job_id: str, spool_dir: Path, token: str | None = None, max_pending: int = 8,
-                 attempts: int = 3, timeout_seconds: float = 5.0, spool_max_files: int = 256) -> None:
+                 attempts: int = 3, timeout_seconds: float = 5.0, spool_max_files: int = 256,
+                 job_name: str | None = None) -> None:
         self.url = url.rstrip("/")
+        self.job_name = job_name
         self.job_id, self.spool, self.token = job_id, Path(spool_dir), token
         self.attempts, self.timeout, self.spool_max = attempts, timeout_seconds, spool_max_files
         self.sent = 0
@@ -75,6 +77,8 @@ class PatternSink(QueueThread):
 
     def _post(self, path: str, body: bytes) -> str | None:
         headers = {"Content-Type": "application/json", "Content-Encoding": "gzip", "X-Eroica-Job": self.job_id}
+        if self.job_name:
+            headers["X-Eroica-Job-Name"] = self.job_name
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(self.url + path, data=gzip.compress(body, 1), headers=headers, method="POST")

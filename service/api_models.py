@@ -13,7 +13,8 @@ class Out(BaseModel):
 
 
 class Job(Out):
-    id: str
+    id: str                           # one run
+    name: str | None = None           # the job's name, shared by its runs (restarts)
     world_size: int
     hosts: list[str]
     first_seen: float                 # unix seconds
@@ -102,8 +103,10 @@ class Issue(Out):
     alert_error: str | None
     alert_sent_at: float | None
     alert_next_at: float | None
-    # healthy_seconds, slow_seconds, current_seconds, recovered, recovered_from_step, accelerator_hours, band_ratio
+    # healthy_seconds, slow_seconds, current_seconds, recovered, recovered_from_step, accelerator_hours, band_ratio,
+    # onset_after_step, onset_at, seconds_to_detect
     recovery: dict[str, Any] | None
+    runs: list[str] | None = None     # the job's runs it was followed through (restarts), oldest first
 
 
 class Accepted(Out):

@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -96,7 +97,7 @@ class Service:
             self.diagnoser.close()
         self.eng.dispose()
 
-    def accept(self, job_id: str, body: bytes, where: str) -> store.Ingested:
+    def accept(self, job_id: str, body: bytes, where: str, name: str | None = None) -> store.Ingested:
         """Validate and store one document (the API and the watcher both come here)."""
         try:
             doc = parse_doc(body, where)
@@ -108,7 +109,7 @@ class Service:
             err = exc.errors()[0]
             raise store.IngestError(422, err["msg"], ".".join(str(x) for x in err["loc"])) from exc
         try:
-            got = store.ingest(self.eng, job_id, doc, body)
+            got = store.ingest(self.eng, job_id, doc, body, name=name)
         except store.IngestError:
             self.metrics.ingest_error("refused")
             raise
@@ -161,6 +162,9 @@ class _BodyLimit(BaseHTTPMiddleware):
         return await call_next(request)
 
 
+FORM_ACTION = re.compile(r"/issues/[0-9]+/act")
+
+
 def authorized(request: Request, token: str | None) -> bool:
     if token is None:
         return True
@@ -192,7 +196,8 @@ def create_app(settings: Settings, start: bool = True) -> FastAPI:
 
     @app.middleware("http")
     async def _auth(request: Request, call_next: RequestResponseEndpoint) -> Response:
-        writes = request.method not in ("GET", "HEAD")
+        # the job page's forms carry the token in their body (a browser cannot send the header): checked there
+        writes = request.method not in ("GET", "HEAD") and not FORM_ACTION.fullmatch(request.url.path)
         needs = writes or (settings.read_token and request.url.path not in ("/healthz", "/metrics"))
         if needs and not authorized(request, settings.token):
             log.warning("eroica serve: %s %s: missing or wrong bearer token", request.method, request.url.path)

@@ -17,7 +17,8 @@ meta = sa.MetaData(naming_convention=NAMING)
 
 jobs = sa.Table(
     "jobs", meta,
-    sa.Column("id", sa.String(128), primary_key=True),          # the job's name or run id
+    sa.Column("id", sa.String(128), primary_key=True),          # one run: the job's name and run directory
+    sa.Column("name", sa.String(128), index=True),               # the job's name, the same for its restarts (0006)
     sa.Column("world_size", sa.Integer, nullable=False),
     sa.Column("hosts", sa.JSON, nullable=False),
     sa.Column("first_seen", sa.Float, nullable=False),           # unix seconds
@@ -110,6 +111,7 @@ issues = sa.Table(   # a finding's lifecycle: one per job, root cause and ranks,
     sa.Column("alert_sent_at", sa.Float),
     sa.Column("alert_next_at", sa.Float),
     sa.Column("recovery", sa.JSON),            # what the job's step series says since (revision 0005)
+    sa.Column("runs", sa.JSON),                # the runs of the job it was followed through, oldest first (0006)
     sa.UniqueConstraint("job_id", "root_cause", "ranks", name="uq_issues_job_cause_ranks"),
 )
 

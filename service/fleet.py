@@ -39,9 +39,9 @@ def drain_list(eng: sa.Engine, min_jobs: int, min_confidence: float) -> list[dic
 
 
 def week_summary(eng: sa.Engine, since: float, until: float) -> dict[str, Any]:
-    """For a period: how many slowdowns (issues opened), how fast they were localized (the window's
-    first open to its stored diagnosis), how many were fixed and how fast (diagnosis to recovery), and
-    the accelerator-hours fixing them gave back."""
+    """For a period: how many slowdowns (issues opened), how fast they were detected (the fault's
+    onset in the step series to the window's opening), localized (the window's first open to its
+    stored diagnosis), fixed (diagnosis to recovery), and the accelerator-hours fixing them gave back."""
     with eng.connect() as c:
         opened = c.execute(sa.select(issues).where(issues.c.first_seen >= since, issues.c.first_seen < until)
                            ).mappings().all()
@@ -49,6 +49,8 @@ def week_summary(eng: sa.Engine, since: float, until: float) -> dict[str, Any]:
             windows.c.diagnosed_at >= since, windows.c.diagnosed_at < until,
             windows.c.window_opened_at.is_not(None))).all()
     localize = [w.diagnosed_at - w.window_opened_at for w in wins]
+    detect = [float(i["recovery"]["seconds_to_detect"]) for i in opened
+              if (i["recovery"] or {}).get("seconds_to_detect") is not None]
     fixed = [i for i in opened if i["state"] == "recovered"]
     mitigate = [next(h["at"] for h in reversed(i["history"]) if h["state"] == "recovered") - i["first_seen"]
                 for i in fixed]
@@ -58,6 +60,7 @@ def week_summary(eng: sa.Engine, since: float, until: float) -> dict[str, Any]:
 
     return {"since": since, "until": until, "slowdowns": len(opened),
             "hardware": sum(i["category"] == "hardware" for i in opened),
+            "median_seconds_to_detect": med(detect), "issues_with_onset": len(detect),
             "median_seconds_to_localize": med(localize), "windows_localized": len(localize),
             "fixed": len(fixed), "false_positives": sum(i["state"] == "false_positive" for i in opened),
             "median_seconds_to_mitigate": med(mitigate),

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 import yaml
 
 from eroica.engine.diagnosis import Diagnosis
-from eroica.service.db import documents, issues, windows
+from eroica.service.db import documents, issues, jobs, windows
 from eroica.service.errors import IngestError
 
 CONFIDENT = 0.5
@@ -29,22 +29,33 @@ NEXT = {"acknowledged": ("open",), "linked": ("open", "acknowledged", "linked"),
 LINK_KINDS = ("ticket", "change_request", "commit", "config")
 
 
+def _issue_of(c: sa.Connection, job_id: str, root_cause: str, ranks: str) -> Any:
+    """The issue of this run, else the latest of an earlier run of the same job name (a restart)."""
+    q = sa.select(issues).where(issues.c.root_cause == root_cause, issues.c.ranks == ranks)
+    row = c.execute(q.where(issues.c.job_id == job_id)).mappings().first()
+    if row is not None:
+        return row
+    name = sa.select(jobs.c.name).where(jobs.c.id == job_id).scalar_subquery()
+    runs = sa.select(jobs.c.id).where(jobs.c.name == name, jobs.c.id != job_id)
+    return c.execute(q.where(issues.c.job_id.in_(runs)).order_by(issues.c.last_seen.desc())).mappings().first()
+
+
 def record_findings(c: sa.Connection, pk: int, job_id: str, d: Diagnosis, now: float) -> list[int]:
     """Fold a window's confident findings into the job's issues (inside the diagnosis's transaction);
-    the ids of the issues this window touched. A closed issue that shows up again is reopened."""
+    the ids of the issues this window touched. A closed issue that shows up again is reopened; one of
+    an earlier run of the same job name is followed into this run (the job restarted)."""
     touched = []
     for wd in d.windows:
         for f in wd.findings:
             if f.confidence < CONFIDENT:
                 continue
             ranks = ",".join(map(str, sorted(f.ranks)))
-            row = c.execute(sa.select(issues).where(issues.c.job_id == job_id, issues.c.root_cause == f.root_cause,
-                                                    issues.c.ranks == ranks)).mappings().first()
+            row = _issue_of(c, job_id, f.root_cause, ranks)
             if row is None:
                 iid = c.execute(issues.insert().returning(issues.c.id).values(
                     job_id=job_id, root_cause=f.root_cause, category=f.category.value, ranks=ranks, hosts=f.hosts,
                     function=f.function, first_seen=now, last_seen=now, windows_total=1,
-                    top_confidence=f.confidence, last_window_pk=pk, state="open", alert_dirty=True,
+                    top_confidence=f.confidence, last_window_pk=pk, state="open", alert_dirty=True, runs=[job_id],
                     history=[{"state": "open", "who": "eroica", "at": now, "window": pk}])).scalar_one()
             else:
                 iid = row["id"]
@@ -52,10 +63,17 @@ def record_findings(c: sa.Connection, pk: int, job_id: str, d: Diagnosis, now: f
                                        "windows_total": row["windows_total"] + (row["last_window_pk"] != pk),
                                        "top_confidence": max(row["top_confidence"], f.confidence),
                                        "hosts": sorted(set(row["hosts"]) | set(f.hosts)), "alert_dirty": True}
+                history = list(row["history"])
+                if row["job_id"] != job_id:
+                    upd.update(job_id=job_id, runs=[*(row["runs"] or [row["job_id"]]), job_id])
+                    history.append({"state": row["state"], "who": "eroica", "at": now, "run": job_id,
+                                    "why": f"the job restarted: followed from run {row['job_id']} to {job_id}"})
                 if row["state"] in ("recovered", "false_positive"):
                     upd["state"] = "open"
-                    upd["history"] = [*row["history"], {"state": "open", "who": "eroica", "at": now, "window": pk,
-                                                        "why": f"seen again after {row['state']}"}]
+                    history.append({"state": "open", "who": "eroica", "at": now, "window": pk,
+                                    "why": f"seen again after {row['state']}"})
+                if len(history) != len(row["history"]):
+                    upd["history"] = history
                 c.execute(issues.update().where(issues.c.id == iid).values(**upd))
             touched.append(int(iid))
     return touched

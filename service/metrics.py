@@ -1,9 +1,11 @@
 """Prometheus metrics of one service replica (`/metrics`), in its own registry: documents in,
-ingestion errors, windows diagnosed, findings by root cause, time to diagnosis, and the queue
-depth read from the database at each scrape."""
+ingestion errors, windows diagnosed, findings by root cause, time to diagnosis; and, read from the
+database at each scrape, the queue depth and the loop's numbers (issues by state, the week's
+medians to detect, localize and mitigate, accelerator-hours given back)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +22,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from eroica.engine.diagnosis import Diagnosis
-from eroica.service.db import windows
+from eroica.service.db import issues, windows
+from eroica.service.fleet import week_summary
 
 disable_created_metrics()    # no `_created` gauge beside every counter
 
@@ -44,6 +47,38 @@ class _Queue(Collector):
         yield g
 
 
+class _Loop(Collector):
+    """The loop's numbers from the database at each scrape (the same on every replica): issues by
+    state and category, and the last 7 days' medians to detect, localize and mitigate, and the
+    accelerator-hours fixing gave back."""
+
+    def __init__(self, eng: sa.Engine) -> None:
+        self.eng = eng
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        states = GaugeMetricFamily("eroica_issues", "Issues (one per job, root cause and ranks) by state and category",
+                                   labels=["state", "category"])
+        stages = GaugeMetricFamily("eroica_week_median_seconds", "Median over the last 7 days' issues: fault onset "
+                                   "to detection, window to diagnosis, diagnosis to recovery", labels=["stage"])
+        hours = GaugeMetricFamily("eroica_week_accelerator_hours_recovered",
+                                  "Accelerator-hours given back by issues opened in the last 7 days and fixed")
+        try:
+            with self.eng.connect() as c:
+                for state, cat, n in c.execute(sa.select(issues.c.state, issues.c.category, sa.func.count())
+                                               .group_by(issues.c.state, issues.c.category)):
+                    states.add_metric([state, cat], n)
+            now = time.time()
+            week = week_summary(self.eng, now - 7 * 86400, now + 1)
+            for stage in ("detect", "localize", "mitigate"):
+                v = week[f"median_seconds_to_{stage}"]
+                if v is not None:
+                    stages.add_metric([stage], v)
+            hours.add_metric([], week["accelerator_hours_recovered"])
+        except sa.exc.SQLAlchemyError:
+            pass
+        yield from (states, stages, hours)
+
+
 class ServiceMetrics:
     def __init__(self, eng: sa.Engine) -> None:
         self.registry = CollectorRegistry()
@@ -63,6 +98,7 @@ class ServiceMetrics:
         self.fixed = Counter("eroica_findings_recovered", "Issues closed as recovered by the job's own step series",
                              ["root_cause"], registry=r)
         r.register(_Queue(eng))
+        r.register(_Loop(eng))
 
     def ingest_error(self, reason: str) -> None:
         self.errors.labels(reason=reason).inc()
@@ -76,8 +112,6 @@ class ServiceMetrics:
                     self.findings.labels(root_cause=f.root_cause, category=f.category.value).inc()
 
     def recovered(self, eng: sa.Engine, iid: int) -> None:
-        from eroica.service.db import issues
-
         with eng.connect() as c:
             i = c.execute(sa.select(issues.c.root_cause, issues.c.recovery).where(issues.c.id == iid)).one()
         self.fixed.labels(root_cause=i.root_cause).inc()

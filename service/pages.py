@@ -1,23 +1,30 @@
-"""Server-rendered pages (no JavaScript, no external requests): the fleet, a job, a host, and each
-window's full report (the same HTML report `eroica diagnose --format html` writes)."""
+"""Server-rendered pages (no JavaScript, no external requests): the fleet, a job with its issues, a
+host, and each window's full report (the same HTML report `eroica diagnose --format html` writes).
+
+A job's issues are driven from its page with plain HTML forms (acknowledge, link, close), which post
+to `/issues/{id}/act` with the service's token typed in a password field: a browser cannot send the
+API's bearer header from a form, and no cookie means no cross-site request can act for anyone."""
 
 from __future__ import annotations
 
+import hmac
 import time
+import urllib.parse
 from collections import Counter
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import jinja2
 import sqlalchemy as sa
-from fastapi import APIRouter
-from fastapi.responses import HTMLResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from eroica.engine.diagnosis import Diagnosis
 from eroica.engine.render import render
 from eroica.service import store
 from eroica.service.db import findings, issues, jobs, steps, windows
 from eroica.service.fleet import host_ranking, week_summary
+from eroica.service.lifecycle import LINK_KINDS, transition
 from eroica.service.routes import window_json
 
 if TYPE_CHECKING:
@@ -78,8 +85,8 @@ def router(svc: Service) -> APIRouter:
     r = APIRouter()
     eng = svc.eng
 
-    def page(name: str, **kw: Any) -> HTMLResponse:
-        return HTMLResponse(_ENV.get_template(name).render(**kw))
+    def page(name: str, http_status: int = 200, **kw: Any) -> HTMLResponse:
+        return HTMLResponse(_ENV.get_template(name).render(**kw), status_code=http_status)
 
     @r.get("/", response_class=HTMLResponse)
     def fleet() -> HTMLResponse:
@@ -112,10 +119,35 @@ def router(svc: Service) -> APIRouter:
                                                  .order_by(steps.c.first_step)).mappings()]
             fs = c.execute(sa.select(findings).where(findings.c.job_id == job_id)
                            .order_by(findings.c.confidence.desc())).mappings().all()
+            runs = sa.select(jobs.c.id).where(jobs.c.name == (j["name"] or job_id))
+            iss = [i for i in c.execute(sa.select(issues).where(issues.c.job_id.in_(runs))
+                                        .order_by(issues.c.last_seen.desc())).mappings()
+                   if i["job_id"] == job_id or job_id in (i["runs"] or [])]
         by_window: dict[int, list[Any]] = {}
         for f in fs:
             by_window.setdefault(f["window_pk"], []).append(f)
-        return page("job.html.j2", job=j, windows=ws, by_window=by_window, plot=step_plot(series, ws))
+        return page("job.html.j2", job=j, windows=ws, by_window=by_window, plot=step_plot(series, ws), issues=iss,
+                    link_kinds=LINK_KINDS, needs_token=svc.settings.token is not None)
+
+    @r.post("/issues/{iid}/act", response_model=None)
+    async def act(iid: int, request: Request) -> Response:
+        """An issue's transition from its job page's form; back to the page, or the refusal in words."""
+        form = {k: v[-1].strip() for k, v in urllib.parse.parse_qs((await request.body()).decode(
+            "utf-8", "replace"), keep_blank_values=True).items()}
+        token = svc.settings.token
+        back = form.get("back", "/")
+        back = back if back.startswith("/jobs/") else "/"
+        if token is not None and not hmac.compare_digest(form.get("token", "").encode(), token.encode()):
+            return page("refused.html.j2", http_status=401, why="the service's token is missing or wrong", back=back,
+                        field="token", code=401)
+        state = {"ack": "acknowledged", "link": "linked"}.get(form.get("action", ""), form.get("action", ""))
+        try:
+            transition(eng, iid, state, form.get("who", ""), form.get("why") or None, form.get("url") or None,
+                       form.get("kind") or None)
+        except store.IngestError as exc:
+            return page("refused.html.j2", http_status=exc.status, why=exc.message, field=exc.field, back=back,
+                        code=exc.status)
+        return RedirectResponse(f"{back}#issue-{iid}", status_code=303)
 
     @r.get("/hosts", response_class=HTMLResponse)
     def hosts() -> HTMLResponse:

@@ -1,12 +1,17 @@
-"""Recovered GPU time, measured from the job's own always-on step-time series.
+"""Recovered GPU time and time to detect, measured from the job's own always-on step-time series.
 
-For an issue that is still open (acknowledged, linked): the healthy reference is the job's median
-step before the issue's first window, the slow phase is the median step inside its last window (the
-diagnosis's), and the series after that window says whether the job came back: recovered when two
-summaries in a row are within RECOVERY_BAND of the healthy reference. From that step on, every
-summary gives back (slow - its median) x its steps x the job's accelerators, accumulated while the
-job runs. A recovered issue is closed as recovered by eroica (its alert resolves); one that is not
-says so with the numbers.
+For an issue that is still open (acknowledged, linked), in the run of its first window:
+- the fault's onset is where the series turned slow before that window: walking back from the
+  window, the summaries above RECOVERY_BAND of the median of everything before them are the slow
+  phase; the onset is the end of the last healthy summary (at most half a summary early: a slow
+  summary's median means at least half its steps were slow), and time to detect is from there to
+  the window's opening;
+- the healthy reference is the median step before the onset.
+After the issue's last window (the diagnosis's slow step), the series of that run and of any later
+run of the same job name (a restart) says whether the job came back: recovered when two summaries in
+a row are within RECOVERY_BAND of the healthy reference. From that summary on, each gives back
+(slow - its median) x its steps x its run's accelerators, accumulated while the job runs. A recovered
+issue is closed as recovered by eroica (its alert resolves); one that is not says so with the numbers.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -27,24 +32,77 @@ RECOVERY_BAND = 0.10          # within 10% of the healthy step: the detector's o
 RUN_OF = 2                    # summaries in a row
 
 
-def measure(series: Sequence[Any], first_start: int, last_end: int, slow: float, world: int) -> dict[str, Any] | None:
-    before = [s.median_seconds for s in series if s.last_step < first_start]
-    after = [s for s in series if s.first_step >= last_end]
-    if not before:
+class Summary(NamedTuple):
+    first_step: int
+    last_step: int
+    median_seconds: float
+    at: float                 # when the service received it (unix seconds)
+    world: int                # its run's accelerators
+
+
+def onset(before: Sequence[Summary]) -> int:
+    """The index of the first summary of the slow phase that runs up to the window (len when none)."""
+    k = len(before)
+    while k > 1 and before[k - 1].median_seconds > statistics.median(
+            s.median_seconds for s in before[:k - 1]) * (1 + RECOVERY_BAND):
+        k -= 1
+    return k
+
+
+def measure(before: Sequence[Summary], after: Sequence[Summary], slow: float,
+            opened_at: float | None = None) -> dict[str, Any] | None:
+    """What the series says: `before` ends at the issue's first window, `after` starts at its last."""
+    k = onset(before)
+    if k == 0:
         return None
-    healthy = statistics.median(before)
+    healthy = statistics.median(s.median_seconds for s in before[:k])
     limit = healthy * (1 + RECOVERY_BAND)
     start = next((i for i in range(len(after) - RUN_OF + 1)
                   if all(s.median_seconds <= limit for s in after[i:i + RUN_OF])), None)
     hours = 0.0
     if start is not None:
-        hours = sum(max(0.0, slow - s.median_seconds) * (s.last_step - s.first_step + 1) * world
+        hours = sum(max(0.0, slow - s.median_seconds) * (s.last_step - s.first_step + 1) * s.world
                     for s in after[start:]) / 3600
+    onset_at = before[k - 1].at if k < len(before) else None
+    detect = round(max(0.0, opened_at - onset_at), 3) if onset_at is not None and opened_at is not None else None
     return {"healthy_seconds": round(healthy, 6), "slow_seconds": round(slow, 6),
             "current_seconds": round(after[-1].median_seconds, 6) if after else None,
             "band_ratio": RECOVERY_BAND, "recovered": start is not None,
             "recovered_from_step": after[start].first_step if start is not None else None,
-            "summaries_after": len(after), "accelerator_hours": round(hours, 6)}
+            "summaries_after": len(after), "accelerator_hours": round(hours, 6),
+            "onset_after_step": before[k - 1].last_step if k < len(before) else None,
+            "onset_at": onset_at, "seconds_to_detect": detect}
+
+
+def _series(c: sa.Connection, run: str, world: int) -> list[Summary]:
+    return [Summary(s.first_step, s.last_step, s.median_seconds, s.at, world) for s in c.execute(
+        sa.select(steps).where(steps.c.job_id == run).order_by(steps.c.first_step))]
+
+
+def _inputs(c: sa.Connection, i: Any) -> tuple[list[Summary], list[Summary], float, float | None] | None:
+    """The issue's series before its first window and after its last (across restarts), its slow step
+    and its first window's opening; None while something is missing."""
+    first_pk = next((h["window"] for h in i["history"] if "window" in h), i["last_window_pk"])
+    first = c.execute(sa.select(windows.c.job_id, windows.c.start_step, windows.c.window_opened_at)
+                      .where(windows.c.pk == first_pk)).first()
+    last = c.execute(sa.select(windows.c.job_id, windows.c.end_step).where(windows.c.pk == i["last_window_pk"])
+                     ).first()
+    body = c.execute(sa.select(diagnoses.c.body).where(diagnoses.c.window_pk == i["last_window_pk"])).scalar()
+    if first is None or last is None or body is None:
+        return None
+    cols = (jobs.c.id, jobs.c.name, jobs.c.world_size, jobs.c.first_seen)
+    runs = {r.id: r for r in c.execute(sa.select(*cols).where(jobs.c.id.in_((first.job_id, last.job_id))))}
+    if first.job_id not in runs or last.job_id not in runs:
+        return None
+    lrun = runs[last.job_id]
+    # up to the window's first step: the summary it starts in holds the steps that made the detector fire
+    before = [s for s in _series(c, first.job_id, runs[first.job_id].world_size) if s.first_step < first.start_step]
+    after = [s for s in _series(c, last.job_id, lrun.world_size) if s.first_step >= last.end_step]
+    later = sa.select(*cols).where(jobs.c.name == lrun.name, jobs.c.id != lrun.id, jobs.c.first_seen > lrun.first_seen)
+    for r in c.execute(later.order_by(jobs.c.first_seen)):
+        after += _series(c, r.id, r.world_size)          # the job restarted: follow it
+    slow = json.loads(gzip.decompress(body))["windows"][0]["steps"]["during_median_seconds"]
+    return before, after, float(slow or 0.0), first.window_opened_at
 
 
 def assess(eng: sa.Engine, now: float | None = None) -> list[int]:
@@ -56,17 +114,8 @@ def assess(eng: sa.Engine, now: float | None = None) -> list[int]:
                           ).mappings().all()
     for i in open_:
         with eng.connect() as c:
-            series = c.execute(sa.select(steps).where(steps.c.job_id == i["job_id"]).order_by(steps.c.first_step)
-                               ).all()
-            first_pk = next((h["window"] for h in i["history"] if "window" in h), i["last_window_pk"])
-            first = c.execute(sa.select(windows.c.start_step).where(windows.c.pk == first_pk)).scalar()
-            last = c.execute(sa.select(windows.c.end_step).where(windows.c.pk == i["last_window_pk"])).scalar()
-            body = c.execute(sa.select(diagnoses.c.body).where(diagnoses.c.window_pk == i["last_window_pk"])).scalar()
-            world = c.execute(sa.select(jobs.c.world_size).where(jobs.c.id == i["job_id"])).scalar()
-        if not series or first is None or last is None or body is None:
-            continue
-        slow = json.loads(gzip.decompress(body))["windows"][0]["steps"]["during_median_seconds"]
-        m = measure(series, first, last, float(slow or 0.0), int(world or 1))
+            got = _inputs(c, i)
+        m = measure(*got) if got is not None else None
         if m is None or m == i["recovery"]:
             continue
         with eng.begin() as c:

@@ -77,7 +77,8 @@ def api_router(svc: Service) -> APIRouter:
     async def post_patterns(request: Request) -> Response:
         job = store.valid_job_id(request.headers.get("x-eroica-job", ""))
         body = read_body(await request.body(), request.headers.get("content-encoding"), svc.settings.max_body_bytes)
-        got = svc.accept(job, body, f"upload for job {job}")
+        name = request.headers.get("x-eroica-job-name") or None
+        got = svc.accept(job, body, f"upload for job {job}", name=store.valid_job_id(name) if name else None)
         return JSONResponse({"window": got.window_pk, "created": got.created}, status_code=201 if got.created else 200)
 
     @r.post("/jobs/{job_id}/steps", status_code=201)
@@ -89,7 +90,8 @@ def api_router(svc: Service) -> APIRouter:
         except ValidationError as exc:
             err = exc.errors()[0]
             raise store.IngestError(422, err["msg"], ".".join(str(x) for x in err["loc"])) from exc
-        store.add_steps(eng, job_id, s.first_step, s.last_step, s.median_seconds, s.p90_seconds, s.world_size)
+        store.add_steps(eng, job_id, s.first_step, s.last_step, s.median_seconds, s.p90_seconds, s.world_size,
+                        name=request.headers.get("x-eroica-job-name") or None)
         return {"status": "stored"}
 
     @r.get("/jobs", response_model=list[m.Job])

@@ -40,11 +40,22 @@ def valid_job_id(job_id: str) -> str:
     return job_id
 
 
-def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: float | None = None) -> Ingested:
-    """Store one rank's document of one window. The same document again is a no-op; another document
-    for a rank already stored is refused (409); a rank outside the window's world is refused (422)."""
+def _job_name(job_id: str, name: str | None, row: Any) -> dict[str, Any]:
+    """The name column's update for a run: set once (the run's own id when the sink names none)."""
+    if row is None:
+        return {"name": name or job_id}
+    return {"name": name} if name and row["name"] != name else {}
+
+
+def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: float | None = None,
+           name: str | None = None) -> Ingested:
+    """Store one rank's document of one window of run `job_id` of job `name` (the run's id when none).
+    The same document again is a no-op; another document for a rank already stored is refused (409);
+    a rank outside the window's world is refused (422)."""
     now = time.time() if now is None else now
     valid_job_id(job_id)
+    if name is not None:
+        valid_job_id(name)
     rank, world = doc.job.rank, doc.job.world_size
     if rank >= world:
         raise IngestError(422, f"rank {rank} is outside the job's world of {world}", "job.rank")
@@ -53,13 +64,14 @@ def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: floa
         job = c.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
         if job is None:
             c.execute(jobs.insert().values(id=job_id, world_size=world, hosts=[doc.job.hostname], first_seen=now,
-                                           last_seen=now))
+                                           last_seen=now, **_job_name(job_id, name, None)))
         else:
             if job["world_size"] != world:
                 raise IngestError(422, f"job {job_id!r} has world size {job['world_size']}, this document says "
                                        f"{world}", "job.world_size")
             hosts = sorted(set(job["hosts"]) | {doc.job.hostname})
-            c.execute(jobs.update().where(jobs.c.id == job_id).values(last_seen=now, hosts=hosts))
+            c.execute(jobs.update().where(jobs.c.id == job_id).values(last_seen=now, hosts=hosts,
+                                                                      **_job_name(job_id, name, job)))
         w = c.execute(sa.select(windows).where(windows.c.job_id == job_id,
                                                windows.c.window_id == doc.window.window_id)).mappings().first()
         if w is None:
@@ -162,19 +174,22 @@ def fail(eng: sa.Engine, pk: int, worker: str, error: str) -> None:
 
 
 def add_steps(eng: sa.Engine, job_id: str, first: int, last: int, median: float, p90: float, world_size: int,
-              now: float | None = None) -> None:
-    """One summary of the job's always-on step-time series (idempotent on its first step); the job is
+              now: float | None = None, name: str | None = None) -> None:
+    """One summary of the run's always-on step-time series (idempotent on its first step); the run is
     known from its first summary on, before any window."""
     now = time.time() if now is None else now
+    if name is not None:
+        valid_job_id(name)
     with eng.begin() as c:
-        job = c.execute(sa.select(jobs.c.world_size).where(jobs.c.id == job_id)).first()
+        job = c.execute(sa.select(jobs.c.world_size, jobs.c.name).where(jobs.c.id == job_id)).mappings().first()
         if job is None:
-            c.execute(jobs.insert().values(id=job_id, world_size=world_size, hosts=[], first_seen=now, last_seen=now))
-        elif job.world_size != world_size:
-            raise IngestError(422, f"job {job_id!r} has world size {job.world_size}, this summary says {world_size}",
-                              "world_size")
+            c.execute(jobs.insert().values(id=job_id, world_size=world_size, hosts=[], first_seen=now, last_seen=now,
+                                           **_job_name(job_id, name, None)))
+        elif job["world_size"] != world_size:
+            raise IngestError(422, f"job {job_id!r} has world size {job['world_size']}, this summary says "
+                                   f"{world_size}", "world_size")
         else:
-            c.execute(jobs.update().where(jobs.c.id == job_id).values(last_seen=now))
+            c.execute(jobs.update().where(jobs.c.id == job_id).values(last_seen=now, **_job_name(job_id, name, job)))
         if c.execute(sa.select(steps.c.first_step).where(steps.c.job_id == job_id,
                                                          steps.c.first_step == first)).first() is None:
             c.execute(steps.insert().values(job_id=job_id, first_step=first, last_step=last, median_seconds=median,

@@ -56,6 +56,39 @@ def test_an_issue_is_acknowledged_linked_and_closed_with_every_move_checked_and_
     assert act(client, iid, "not_recovered", who="bob").status_code == 409         # closed stays closed
 
 
+def test_the_job_page_drives_an_issue_with_plain_forms_and_the_token_in_a_password_field(
+        client: TestClient) -> None:
+    from service_support import TOKEN
+
+    for d in incident_docs("INC-0001"):
+        post(client, d, "job-p")
+    iid = wait_issue(client, "job-p")["id"]
+    page = client.get("/jobs/job-p").text
+    assert f'id="issue-{iid}"' in page and f'action="/issues/{iid}/act"' in page and 'type="password"' in page
+
+    def form(**f: str):  # type: ignore[no-untyped-def]
+        return client.post(f"/issues/{iid}/act", data={"back": "/jobs/job-p", **f}, follow_redirects=False)
+
+    r = form(action="ack", who="alice", token="wrong")
+    assert r.status_code == 401 and "token is missing or wrong" in r.text          # no bearer header needed to say so
+    r = form(action="ack", who="alice", token=TOKEN)
+    assert (r.status_code, r.headers["location"]) == (303, f"/jobs/job-p#issue-{iid}")
+    r = form(action="link", who="alice", kind="ticket", token=TOKEN)                # no URL
+    assert r.status_code == 422 and "field: url" in r.text and 'href="/jobs/job-p"' in r.text
+    assert form(action="link", who="alice", kind="ticket", url="https://t/T-9", token=TOKEN).status_code == 303
+    r = form(action="false_positive", who="bob", token=TOKEN)                       # a false positive says why
+    assert r.status_code == 422 and "field: why" in r.text
+    assert form(action="not_recovered", who="bob", token=TOKEN).status_code == 303
+    issue = client.get("/v1/issues", params={"job": "job-p"}).json()[0]
+    assert [h["state"] for h in issue["history"]] == ["open", "acknowledged", "linked", "not_recovered"]
+    assert issue["link_url"] == "https://t/T-9" and issue["history"][1]["who"] == "alice"
+    page = client.get("/jobs/job-p").text
+    assert "not_recovered" in page and f'action="/issues/{iid}/act"' not in page   # closed: no form
+    r = client.post(f"/issues/{iid}/act", data={"back": "https://evil.example/", "action": "ack", "who": "x",
+                                                "token": TOKEN}, follow_redirects=False)
+    assert r.status_code == 409 and 'href="/"' in r.text                            # never sent off-site
+
+
 def test_a_false_positive_needs_its_reason_and_exports_as_a_regression_incident(client: TestClient,
                                                                                 tmp_path: Path) -> None:
     for d in incident_docs("INC-0017"):

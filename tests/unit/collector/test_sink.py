@@ -47,13 +47,14 @@ def test_documents_arrive_gzipped_with_the_job_and_the_token(tmp_path: Path) -> 
     port = _port()
     srv = _server(port)
     try:
-        sink = PatternSink(f"http://127.0.0.1:{port}", "job-7", tmp_path / "spool", token="tok")
+        sink = PatternSink(f"http://127.0.0.1:{port}", "job-7", tmp_path / "spool", token="tok", job_name="job")
         assert sink.submit('{"schema": "eroica.patterns/v1"}')
         assert sink.submit_steps(0, 19, 0.1, 0.12, 4)
         assert sink.close(10)
         (p1, h1, b1), (p2, _, b2) = Recorder.got
         assert (p1, h1["X-Eroica-Job"], h1["Authorization"], h1["Content-Encoding"]) == (
             "/v1/patterns", "job-7", "Bearer tok", "gzip")
+        assert h1["X-Eroica-Job-Name"] == "job"          # its runs share it: the service follows a restart
         assert json.loads(b1)["schema"] == "eroica.patterns/v1"
         assert p2 == "/v1/jobs/job-7/steps" and json.loads(b2)["world_size"] == 4
         assert sink.messages() == [] and sink.sent == 2
@@ -98,10 +99,12 @@ def test_a_refusal_is_not_retried_or_spooled_and_says_why(tmp_path: Path) -> Non
 
 
 def test_the_sinks_job_id_is_one_per_run_and_never_a_shared_placeholder(tmp_path: Path) -> None:
-    from eroica.collector.monitor import sink_job_id
+    from eroica.collector.monitor import sink_job_id, sink_job_name
 
     assert sink_job_id("", tmp_path / "job-sink") == "job-sink"
     assert sink_job_id("none", tmp_path / "run-1") == "run-1"             # torchrun's static run id
     assert sink_job_id("llm-7b", tmp_path / "run-2") == "llm-7b.run-2"    # a restart gets a new run dir
     assert sink_job_id("a b/c", tmp_path / "r") == "a-b-c.r"
     assert len(sink_job_id("x" * 300, tmp_path / "r")) <= 128
+    assert (sink_job_name("llm-7b"), sink_job_name("none"), sink_job_name(""), sink_job_name("a b")) == (
+        "llm-7b", None, None, "a-b")
