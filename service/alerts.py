@@ -76,6 +76,7 @@ def alert_of(i: dict[str, Any], cfg: AlertConfig, now: float) -> dict[str, Any]:
     return {
         "labels": {"alertname": "EroicaFinding", "job": i["job_id"], "root_cause": i["root_cause"],
                    "category": i["category"], "host": (i["hosts"] or [""])[0], "ranks": i["ranks"],
+                   "device": (i.get("devices") or ["/"])[0].split("/", 1)[1],
                    "severity": "critical" if i["category"] == "hardware" else "warning"},
         "annotations": {"summary": f"{i['root_cause']} on rank(s) {i['ranks']} of job {i['job_id']}",
                         "function": i["function"] or "", "confidence": f"{i['top_confidence']:.2f}",

@@ -107,6 +107,7 @@ class Issue(Out):
     # onset_after_step, onset_at, seconds_to_detect
     recovery: dict[str, Any] | None
     runs: list[str] | None = None     # the job's runs it was followed through (restarts), oldest first
+    devices: list[str] | None = None  # "host/device" of its ranks ("node-7/cuda:3")
 
 
 class Accepted(Out):

@@ -112,6 +112,7 @@ issues = sa.Table(   # a finding's lifecycle: one per job, root cause and ranks,
     sa.Column("alert_next_at", sa.Float),
     sa.Column("recovery", sa.JSON),            # what the job's step series says since (revision 0005)
     sa.Column("runs", sa.JSON),                # the runs of the job it was followed through, oldest first (0006)
+    sa.Column("devices", sa.JSON),             # "host/device" of its ranks, e.g. "node-7/cuda:3" (0006)
     sa.UniqueConstraint("job_id", "root_cause", "ranks", name="uq_issues_job_cause_ranks"),
 )
 

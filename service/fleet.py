@@ -13,19 +13,24 @@ from eroica.service.db import issues, windows
 
 
 def host_ranking(eng: sa.Engine, min_confidence: float = 0.5) -> list[dict[str, Any]]:
-    """Every host a confident finding named: how many jobs and issues, which causes, when last."""
+    """Every host a confident finding named: how many jobs and issues, which causes, which of its
+    devices hardware findings named, when last."""
     with eng.connect() as c:
         rows = c.execute(sa.select(issues.c.job_id, issues.c.root_cause, issues.c.category, issues.c.hosts,
-                                   issues.c.last_seen, issues.c.top_confidence)
+                                   issues.c.last_seen, issues.c.top_confidence, issues.c.devices)
                          .where(issues.c.top_confidence >= min_confidence)).all()
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         for h in r.hosts:
             e = out.setdefault(h, {"host": h, "jobs": set(), "hardware_jobs": set(), "issues": 0, "root_causes": {},
-                                   "last_seen": 0.0})
+                                   "last_seen": 0.0, "devices": {}})
             e["jobs"].add(r.job_id)
             if r.category == "hardware":
                 e["hardware_jobs"].add(r.job_id)
+                for d in r.devices or []:          # the host's devices hardware findings named, and how often
+                    if d.startswith(h + "/"):
+                        dev = d.removeprefix(h + "/")
+                        e["devices"][dev] = e["devices"].get(dev, 0) + 1
             e["issues"] += 1
             e["root_causes"][r.root_cause] = e["root_causes"].get(r.root_cause, 0) + 1
             e["last_seen"] = max(e["last_seen"], r.last_seen)

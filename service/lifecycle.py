@@ -12,6 +12,7 @@ reported on those ranks), so it becomes a regression case for the rules.
 from __future__ import annotations
 
 import gzip
+import json
 import time
 from typing import Any
 
@@ -40,6 +41,18 @@ def _issue_of(c: sa.Connection, job_id: str, root_cause: str, ranks: str) -> Any
     return c.execute(q.where(issues.c.job_id.in_(runs)).order_by(issues.c.last_seen.desc())).mappings().first()
 
 
+def _devices(c: sa.Connection, pk: int, ranks: list[int]) -> list[str]:
+    """The devices of a finding's ranks, as their documents say: "host/device" ("node-7/cuda:3")."""
+    out = set()
+    for host, body in c.execute(sa.select(documents.c.host, documents.c.body).where(
+            documents.c.window_pk == pk, documents.c.rank.in_(ranks))):
+        try:
+            out.add(f"{host}/{json.loads(gzip.decompress(body))['job'].get('device', 'unknown')}")
+        except (OSError, ValueError, KeyError, TypeError):
+            out.add(f"{host}/unknown")
+    return sorted(out)
+
+
 def record_findings(c: sa.Connection, pk: int, job_id: str, d: Diagnosis, now: float) -> list[int]:
     """Fold a window's confident findings into the job's issues (inside the diagnosis's transaction);
     the ids of the issues this window touched. A closed issue that shows up again is reopened; one of
@@ -50,19 +63,22 @@ def record_findings(c: sa.Connection, pk: int, job_id: str, d: Diagnosis, now: f
             if f.confidence < CONFIDENT:
                 continue
             ranks = ",".join(map(str, sorted(f.ranks)))
+            devices = _devices(c, pk, f.ranks)
             row = _issue_of(c, job_id, f.root_cause, ranks)
             if row is None:
                 iid = c.execute(issues.insert().returning(issues.c.id).values(
                     job_id=job_id, root_cause=f.root_cause, category=f.category.value, ranks=ranks, hosts=f.hosts,
                     function=f.function, first_seen=now, last_seen=now, windows_total=1,
                     top_confidence=f.confidence, last_window_pk=pk, state="open", alert_dirty=True, runs=[job_id],
+                    devices=devices,
                     history=[{"state": "open", "who": "eroica", "at": now, "window": pk}])).scalar_one()
             else:
                 iid = row["id"]
                 upd: dict[str, Any] = {"last_seen": now, "last_window_pk": pk,
                                        "windows_total": row["windows_total"] + (row["last_window_pk"] != pk),
                                        "top_confidence": max(row["top_confidence"], f.confidence),
-                                       "hosts": sorted(set(row["hosts"]) | set(f.hosts)), "alert_dirty": True}
+                                       "hosts": sorted(set(row["hosts"]) | set(f.hosts)), "alert_dirty": True,
+                                       "devices": sorted(set(row["devices"] or []) | set(devices))}
                 history = list(row["history"])
                 if row["job_id"] != job_id:
                     upd.update(job_id=job_id, runs=[*(row["runs"] or [row["job_id"]]), job_id])

@@ -112,9 +112,10 @@ def get(url: str) -> object:
 
 
 class Receiver:
-    """An Alertmanager v2 `POST /api/v2/alerts` endpoint that records what it is sent."""
+    """An HTTP receiver on 127.0.0.1 that records what it is sent at `path`: by default the
+    Alertmanager v2 `POST /api/v2/alerts` route; a webhook's or a Slack incoming webhook's path else."""
 
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, delay: float = 0.0, path: str = "/api/v2/alerts") -> None:
         self.got: list[list[dict]] = []  # type: ignore[type-arg]
         outer = self
 
@@ -122,7 +123,7 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 time.sleep(delay)
-                if self.path != "/api/v2/alerts":
+                if self.path != path:
                     self.send_response(404)
                     self.end_headers()
                     return

@@ -67,9 +67,9 @@ def test_slow_localized_alerted_fixed_recovered(tmp_path: Path, lifted: bool) ->
                 assert i["state"] == "recovered", i
                 assert rec["recovered"] and rec["accelerator_hours"] > 0
                 assert rec["slow_seconds"] > rec["healthy_seconds"]
-                # the stall began at step 25: the series' last healthy summary ends at step 19, and the
-                # detector opened its window within a few summaries of it
-                assert rec["onset_after_step"] == 19 and 0 < rec["seconds_to_detect"] < 120, rec
+                # the stall began at step 25: the series' last healthy summary ends within the 20 steps
+                # before it, and the detector opened its window within a few summaries of that
+                assert 5 <= rec["onset_after_step"] < 25 and 0 < rec["seconds_to_detect"] < 120, rec
                 assert [h["state"] for h in i["history"]] == ["open", "acknowledged", "linked", "recovered"]
                 assert am.got[-1][0]["annotations"]["state"] == "recovered"            # the alert resolved
                 week = get(url + "/v1/summary?days=7")

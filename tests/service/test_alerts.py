@@ -1,4 +1,5 @@
-"""Alerts to a real Alertmanager v2 receiver on 127.0.0.1: routed by category, one alert per issue
+"""Alerts to real receivers on 127.0.0.1 (Alertmanager v2, a generic webhook, a Slack incoming
+webhook): routed by category, one alert per issue
 across windows (updated, never a new page), resolved when the issue is closed; a receiver that times
 out never holds up a diagnosis, and the failed delivery is stored, retried and shown."""
 
@@ -62,7 +63,8 @@ def test_one_alert_per_issue_routed_by_category_updated_across_windows_then_reso
         until(lambda: sw.got and hw.got)
         (a,) = sw.got[0]
         assert a["labels"] == {"alertname": "EroicaFinding", "job": "train-a", "root_cause": "dataloader_stall",
-                               "category": "software", "host": "vm", "ranks": "1", "severity": "warning"}
+                               "category": "software", "host": "vm", "ranks": "1", "severity": "warning",
+                               "device": "cpu"}
         assert a["generatorURL"] == "http://eroica.test/jobs/train-a" and a["annotations"]["state"] == "open"
         hw_labels = hw.got[0][0]["labels"]
         assert (hw_labels["root_cause"], hw_labels["severity"]) == ("nic_degraded", "critical")
@@ -97,6 +99,37 @@ def test_a_receiver_that_times_out_never_holds_up_diagnosis_and_the_failure_is_s
             assert "Undelivered alerts" in c.get("/").text
     finally:
         slow.close()
+
+
+def test_a_generic_webhook_and_a_slack_webhook_get_their_own_formats_firing_then_resolved(tmp_path: Path) -> None:
+    hook, slack = Receiver(path="/hooks/eroica"), Receiver(path="/services/T0/B0/x")
+    try:
+        cfg = AlertConfig.model_validate({"schema": "eroica.alerts/v1", "external_url": "http://eroica.test",
+                                          "routes": [
+            {"name": "fleet-hook", "match": {"category": "hardware"}, "kind": "webhook",
+             "url": hook.url + "/hooks/eroica"},
+            {"name": "owners-slack", "match": {"category": "software"}, "kind": "slack",
+             "url": slack.url + "/services/T0/B0/x"}]})
+        with app_with(tmp_path, cfg) as c:
+            post_window(c, "train-h", "INC-0024", 0)               # nic_degraded: hardware, to the webhook
+            post_window(c, "train-s", "INC-0001", 0)               # dataloader_stall: software, to Slack
+            until(lambda: hook.got and slack.got)
+            w = hook.got[0]
+            assert isinstance(w, dict) and (w["version"], w["status"], w["receiver"]) == ("4", "firing", "fleet-hook")
+            (a,) = w["alerts"]
+            assert a["status"] == "firing" and a["labels"]["root_cause"] == "nic_degraded"
+            assert w["commonLabels"]["job"] == "train-h" and a["generatorURL"] == "http://eroica.test/jobs/train-h"
+            text = slack.got[0]["text"]                              # type: ignore[call-overload]
+            assert text.startswith("[FIRING] dataloader_stall on rank(s) 1 of job train-s")
+            assert text.endswith("http://eroica.test/jobs/train-s")
+            for job in ("train-h", "train-s"):
+                (i,) = c.get("/v1/issues", params={"job": job}).json()
+                c.post(f"/v1/issues/{i['id']}/recovered", headers=AUTH, content=json.dumps({"who": "sre"}))
+            until(lambda: hook.got[-1]["status"] == "resolved" and slack.got[-1]["text"].startswith("[RESOLVED]"))  # type: ignore[call-overload]
+            assert all(i["alert_state"] == "delivered" for i in c.get("/v1/issues").json())
+    finally:
+        hook.close()
+        slack.close()
 
 
 def test_the_alert_file_is_validated_with_the_file_and_the_field(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ def post(c: TestClient, inc: str, job: str, host: str) -> None:
     for d in incident_docs(inc):
         doc = json.loads(d)
         doc["job"]["hostname"] = host
+        doc["job"]["device"] = f"cuda:{doc['job']['rank']}"
         r = c.post("/v1/patterns", content=gzip.compress(json.dumps(doc).encode()),
                    headers={**AUTH, "X-Eroica-Job": job, "Content-Encoding": "gzip"})
         assert r.status_code == 201, r.text
@@ -43,8 +44,12 @@ def test_three_hardware_incidents_on_one_host_drain_it_and_a_low_confidence_find
         ranking = {h["host"]: h for h in c.get("/v1/hosts").json()}
         assert ranking["gpu-node-3"]["hardware_jobs"] == 0             # its low-confidence stall is no issue
         assert "nic_degraded" in ranking["gpu-node-17"]["root_causes"]
+        issues = {i["job_id"]: i for i in c.get("/v1/issues").json()}
+        named = {f"cuda:{r}" for j in "abc" for r in issues[j]["ranks"].split(",")}
+        assert set(ranking["gpu-node-17"]["devices"]) == named                  # the devices, not just the host
+        assert all(d.startswith("gpu-node-17/cuda:") for j in "abc" for d in issues[j]["devices"])
         page = c.get("/hosts").text
-        assert "gpu-node-17" in page and "drain" in page
+        assert "gpu-node-17" in page and "drain" in page and sorted(named)[0] in page
 
 
 def test_the_drain_thresholds_are_validated() -> None:

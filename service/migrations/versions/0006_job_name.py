@@ -1,5 +1,5 @@
-"""A job's name, shared by its runs (a restart is a new run with the same name), and the runs an
-issue has been followed through.
+"""A job's name, shared by its runs (a restart is a new run with the same name), the runs an issue
+has been followed through, and the devices (host/device) its findings named.
 
 Revision ID: 0006
 Revises: 0005
@@ -20,10 +20,12 @@ def upgrade() -> None:
     op.execute("UPDATE jobs SET name = id WHERE name IS NULL")
     with op.batch_alter_table("issues") as b:
         b.add_column(sa.Column("runs", sa.JSON))
+        b.add_column(sa.Column("devices", sa.JSON))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("issues") as b:
+        b.drop_column("devices")
         b.drop_column("runs")
     with op.batch_alter_table("jobs") as b:
         b.drop_index("ix_jobs_name")
