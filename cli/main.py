@@ -16,6 +16,7 @@ from eroica.cli import (
     policy_cmd,
     record,
     rules_cmd,
+    run_cmd,
     schema_cmd,
     serve_cmd,
     simulate,
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     control_cmd.add_parser(sub)
     serve_cmd.add_parser(sub)
     findings_cmd.add_parser(sub)
+    run_cmd.add_parser(sub)
     return p
 
 

@@ -30,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--workers", type=int, default=1, help="diagnosis worker processes (default 1)")
     p.add_argument("--drain-min-jobs", type=int, default=3,
                    help="a host is on the drain list when confident hardware findings name it in this many jobs")
+    p.add_argument("--job-silent-seconds", type=float, default=900.0,
+                   help="a run that sent nothing this long ended (killed without closing): its alerts resolve "
+                        "(default 900)")
     p.add_argument("--alerts", type=Path, help="an alert file (eroica.alerts/v1): Alertmanager, webhook and Slack "
                                               "routes by category; see eroica.service.alerts")
     p.set_defaults(func=run)
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"eroica serve: --drain-min-jobs must be at least 1, got {args.drain_min_jobs}", file=sys.stderr)
         return 2
     settings = Settings(db_url=url, alerts=alerts, drain_min_jobs=args.drain_min_jobs, token=token,
-                        read_token=args.read_token,
+                        read_token=args.read_token, job_silent_seconds=args.job_silent_seconds,
                         max_body_bytes=args.max_body_bytes, grace_seconds=args.grace_seconds,
                         watch=list(args.watch), knowledge_dirs=list(args.knowledge), workers=args.workers)
     print(f"eroica serve: http://{args.host}:{args.port}/ ({url.split('@')[-1]})", flush=True)

@@ -9,9 +9,9 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from eroica.collector.control import ControlAgent, ControlChange, apply_change
 from eroica.collector.critical import Execution
@@ -80,6 +80,9 @@ class Monitor:
     >>> mon.step()                                  # once per iteration
     >>> mon.close()
     """
+
+    # zero-code attach (`collector/attach.py`) sets it: a Monitor the user makes wins over the attached one
+    created_hook: ClassVar[Callable[[Monitor], None] | None] = None
 
     def __init__(
         self,
@@ -168,6 +171,10 @@ class Monitor:
             self.gaps.extend(self._win.sampler.gaps)
         except Exception as exc:
             self._disable("init", exc)
+        hook = Monitor.created_hook
+        if hook is not None:
+            with contextlib.suppress(Exception):
+                hook(self)
 
     # ---------------------------------------------------------------- public API
     def wrap_loader(self, loader: Iterable[Any]) -> Iterable[Any]:
@@ -228,6 +235,8 @@ class Monitor:
                 self._win.sampler.close()
             if self._store is not None:
                 self._store.close()
+            if self._sink is not None and self.rank == 0:
+                self._sink.submit_end()
             if self._out is not None:
                 self._out.close(self.policy.close_timeout_seconds)
             self._writer_errors()

@@ -68,6 +68,10 @@ class PatternSink(QueueThread):
                            "world_size": world_size}).encode()
         return self._put((f"/v1/jobs/{self.job_id}/steps", body))
 
+    def submit_end(self) -> bool:
+        """Queue the run's end (rank 0, at close): the service resolves the alerts of its open issues."""
+        return self._put((f"/v1/jobs/{self.job_id}/end", b"{}"))
+
     def messages(self) -> list[str]:
         """What failed since the last call, in words."""
         return [str(exc) for _, exc in self.errors()]
@@ -90,7 +94,7 @@ class PatternSink(QueueThread):
             if len(list(self.spool.glob("*.json.gz"))) >= self.spool_max:
                 self._note(f"spool {self.spool} full ({self.spool_max} files): a document was dropped")
                 return
-            name = f"{time.time_ns()}-{'steps' if path.endswith('/steps') else 'patterns'}.json.gz"
+            name = f"{time.time_ns()}-{path.rsplit('/', 1)[-1]}.json.gz"     # patterns, steps or end
             tmp = self.spool / f".{name}.tmp"
             tmp.write_bytes(gzip.compress(body, 1))
             tmp.replace(self.spool / name)
@@ -100,7 +104,8 @@ class PatternSink(QueueThread):
     def _drain_spool(self) -> None:
         with contextlib.suppress(OSError):
             for f in sorted(self.spool.glob("*.json.gz")):
-                path = f"/v1/jobs/{self.job_id}/steps" if f.name.endswith("-steps.json.gz") else "/v1/patterns"
+                kind = f.name.removesuffix(".json.gz").rsplit("-", 1)[-1]
+                path = f"/v1/jobs/{self.job_id}/{kind}" if kind in ("steps", "end") else "/v1/patterns"
                 why = self._post(path, gzip.decompress(f.read_bytes()))
                 if why is not None and not why.startswith("refused"):
                     return          # the service is down again: keep the rest for later

@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eroica.collector.sink import post_with_retry
-from eroica.service.db import issues
+from eroica.service.db import issues, jobs
 
 log = logging.getLogger("eroica.service")
 SCHEMA = "eroica.alerts/v1"
@@ -72,7 +72,8 @@ def _iso(t: float) -> str:
 
 def alert_of(i: dict[str, Any], cfg: AlertConfig, now: float) -> dict[str, Any]:
     """The Alertmanager v2 alert for an issue: stable labels (its identity), the rest in annotations."""
-    resolved = i["state"] in RESOLVED
+    ended = i.get("job_ended_at") is not None and i["state"] not in RESOLVED
+    resolved = i["state"] in RESOLVED or ended
     return {
         "labels": {"alertname": "EroicaFinding", "job": i["job_id"], "root_cause": i["root_cause"],
                    "category": i["category"], "host": (i["hosts"] or [""])[0], "ranks": i["ranks"],
@@ -81,6 +82,7 @@ def alert_of(i: dict[str, Any], cfg: AlertConfig, now: float) -> dict[str, Any]:
         "annotations": {"summary": f"{i['root_cause']} on rank(s) {i['ranks']} of job {i['job_id']}",
                         "function": i["function"] or "", "confidence": f"{i['top_confidence']:.2f}",
                         "windows": str(i["windows_total"]), "state": i["state"], "issue": str(i["id"]),
+                        "job_ended": f"by {i.get('job_ended_by')}" if ended else "",
                         "link": i["link_url"] or ""},
         "startsAt": _iso(i["first_seen"]),
         "endsAt": _iso(now if resolved else now + 4 * 3600),
@@ -122,7 +124,9 @@ class Deliverer:
     def round(self, now: float | None = None) -> int:
         now = time.time() if now is None else now
         with self.eng.connect() as c:
-            todo = [dict(x) for x in c.execute(sa.select(issues).where(
+            todo = [dict(x) for x in c.execute(sa.select(
+                    issues, jobs.c.ended_at.label("job_ended_at"), jobs.c.ended_by.label("job_ended_by"))
+                    .join(jobs, jobs.c.id == issues.c.job_id, isouter=True).where(
                 issues.c.alert_dirty.is_(True),
                 sa.or_(issues.c.alert_next_at.is_(None), issues.c.alert_next_at <= now))).mappings()]
         for i in todo:

@@ -15,6 +15,8 @@ class Out(BaseModel):
 class Job(Out):
     id: str                           # one run
     name: str | None = None           # the job's name, shared by its runs (restarts)
+    ended_at: float | None = None     # its rank 0 said it ended, or it fell silent for --job-silent-seconds
+    ended_by: str | None = None       # "job" or "silence"
     world_size: int
     hosts: list[str]
     first_seen: float                 # unix seconds

@@ -46,11 +46,14 @@ class Settings:
     knowledge_dirs: list[str] = field(default_factory=list)
     workers: int = 1
     poll_seconds: float = 0.5
+    job_silent_seconds: float = 900.0        # a run that sent nothing this long ended (killed without closing)
     alerts: Any = None                       # an AlertConfig (eroica.service.alerts), or no alerting
     drain_min_jobs: int = 3                  # a host drains when confident hardware findings name it in this many jobs
     drain_min_confidence: float = 0.5
 
     def __post_init__(self) -> None:
+        if self.job_silent_seconds <= 0:
+            raise ValueError(f"job_silent_seconds must be positive, got {self.job_silent_seconds}")
         if self.drain_min_jobs < 1:
             raise ValueError(f"drain_min_jobs must be at least 1, got {self.drain_min_jobs}")
         if not 0.5 <= self.drain_min_confidence <= 1:
@@ -124,6 +127,7 @@ class Service:
                 store.mark_ready(self.eng, s.grace_seconds)
                 pk = store.claim(self.eng, s.name)
                 if pk is None:
+                    store.end_silent(self.eng, s.job_silent_seconds)
                     for iid in assess(self.eng):
                         self.metrics.recovered(self.eng, iid)
                     self._stop.wait(s.poll_seconds)

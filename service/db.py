@@ -19,6 +19,8 @@ jobs = sa.Table(
     "jobs", meta,
     sa.Column("id", sa.String(128), primary_key=True),          # one run: the job's name and run directory
     sa.Column("name", sa.String(128), index=True),               # the job's name, the same for its restarts (0006)
+    sa.Column("ended_at", sa.Float),                             # its rank 0 said so, or it fell silent (0006)
+    sa.Column("ended_by", sa.String(16)),                        # "job" or "silence"
     sa.Column("world_size", sa.Integer, nullable=False),
     sa.Column("hosts", sa.JSON, nullable=False),
     sa.Column("first_seen", sa.Float, nullable=False),           # unix seconds

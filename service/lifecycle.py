@@ -25,6 +25,7 @@ from eroica.service.errors import IngestError
 
 CONFIDENT = 0.5
 CLOSED = ("recovered", "not_recovered", "false_positive")
+OPEN_STATES = ("open", "acknowledged", "linked")
 NEXT = {"acknowledged": ("open",), "linked": ("open", "acknowledged", "linked"),
         **{s: ("open", "acknowledged", "linked") for s in CLOSED}}
 LINK_KINDS = ("ticket", "change_request", "commit", "config")

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 
 from eroica.service.db import diagnoses, issues, jobs, steps, windows
-from eroica.service.lifecycle import transition
+from eroica.service.lifecycle import OPEN_STATES, transition
 
 RECOVERY_BAND = 0.10          # within 10% of the healthy step: the detector's own noise band is wider
 RUN_OF = 2                    # summaries in a row
@@ -110,7 +110,7 @@ def assess(eng: sa.Engine, now: float | None = None) -> list[int]:
     now = time.time() if now is None else now
     closed = []
     with eng.connect() as c:
-        open_ = c.execute(sa.select(issues).where(issues.c.state.in_(("open", "acknowledged", "linked")))
+        open_ = c.execute(sa.select(issues).where(issues.c.state.in_(OPEN_STATES))
                           ).mappings().all()
     for i in open_:
         with eng.connect() as c:

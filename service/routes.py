@@ -94,6 +94,12 @@ def api_router(svc: Service) -> APIRouter:
                         name=request.headers.get("x-eroica-job-name") or None)
         return {"status": "stored"}
 
+    @r.post("/jobs/{job_id}/end")
+    def end_job(job_id: str) -> dict[str, str]:
+        """The run ended (its rank 0 closed): the alerts of its open issues resolve."""
+        store.end_job(eng, store.valid_job_id(job_id), "job")
+        return {"status": "ended"}
+
     @r.get("/jobs", response_model=list[m.Job])
     def list_jobs() -> list[dict[str, Any]]:
         with eng.connect() as c:

@@ -19,9 +19,9 @@ import sqlalchemy as sa
 
 from eroica.collector.facts import PatternsDoc
 from eroica.engine.diagnosis import Diagnosis
-from eroica.service.db import diagnoses, documents, findings, jobs, steps, windows
+from eroica.service.db import diagnoses, documents, findings, issues, jobs, steps, windows
 from eroica.service.errors import IngestError
-from eroica.service.lifecycle import record_findings
+from eroica.service.lifecycle import OPEN_STATES, record_findings
 
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LEASE_SECONDS = 120.0
@@ -70,8 +70,8 @@ def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: floa
                 raise IngestError(422, f"job {job_id!r} has world size {job['world_size']}, this document says "
                                        f"{world}", "job.world_size")
             hosts = sorted(set(job["hosts"]) | {doc.job.hostname})
-            c.execute(jobs.update().where(jobs.c.id == job_id).values(last_seen=now, hosts=hosts,
-                                                                      **_job_name(job_id, name, job)))
+            c.execute(jobs.update().where(jobs.c.id == job_id).values(last_seen=now, hosts=hosts, ended_at=None,
+                                                                      ended_by=None, **_job_name(job_id, name, job)))
         w = c.execute(sa.select(windows).where(windows.c.job_id == job_id,
                                                windows.c.window_id == doc.window.window_id)).mappings().first()
         if w is None:
@@ -189,11 +189,36 @@ def add_steps(eng: sa.Engine, job_id: str, first: int, last: int, median: float,
             raise IngestError(422, f"job {job_id!r} has world size {job['world_size']}, this summary says "
                                    f"{world_size}", "world_size")
         else:
-            c.execute(jobs.update().where(jobs.c.id == job_id).values(last_seen=now, **_job_name(job_id, name, job)))
+            c.execute(jobs.update().where(jobs.c.id == job_id).values(last_seen=now, ended_at=None, ended_by=None,
+                                                                      **_job_name(job_id, name, job)))
         if c.execute(sa.select(steps.c.first_step).where(steps.c.job_id == job_id,
                                                          steps.c.first_step == first)).first() is None:
             c.execute(steps.insert().values(job_id=job_id, first_step=first, last_step=last, median_seconds=median,
                                             p90_seconds=p90, at=now))
+
+
+def end_job(eng: sa.Engine, job_id: str, by: str, now: float | None = None) -> bool:
+    """Mark a run ended (its rank 0 closed, or it fell silent): its open issues' alerts resolve.
+    False when it was already ended."""
+    now = time.time() if now is None else now
+    with eng.begin() as c:
+        if c.execute(sa.select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
+            raise IngestError(404, f"no job {job_id!r}", "job")
+        done = c.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.ended_at.is_(None))
+                         .values(ended_at=now, ended_by=by)).rowcount
+        if done:
+            c.execute(issues.update().where(issues.c.job_id == job_id, issues.c.state.in_(OPEN_STATES))
+                      .values(alert_dirty=True))
+    return bool(done)
+
+
+def end_silent(eng: sa.Engine, silent_seconds: float, now: float | None = None) -> list[str]:
+    """Runs that sent nothing for `silent_seconds` (killed without closing) are ended."""
+    now = time.time() if now is None else now
+    with eng.connect() as c:
+        ids = list(c.execute(sa.select(jobs.c.id).where(jobs.c.ended_at.is_(None),
+                                                        jobs.c.last_seen < now - silent_seconds)).scalars())
+    return [j for j in ids if end_job(eng, j, "silence", now)]
 
 
 def diagnosis_of(eng: sa.Engine, pk: int) -> bytes | None:

@@ -80,5 +80,7 @@ def test_slow_localized_alerted_fixed_recovered(tmp_path: Path, lifted: bool) ->
             else:
                 assert i["state"] == "linked" and rec is not None and rec["recovered"] is False, i
                 assert am.got[-1][0]["annotations"]["state"] != "recovered"
+                # the job ended still slow: its rank 0 said so, and the alert resolved as ended, not fixed
+                assert am.got[-1][0]["annotations"]["job_ended"] == "by job", am.got[-1]
     finally:
         am.close()

@@ -101,6 +101,28 @@ def test_a_receiver_that_times_out_never_holds_up_diagnosis_and_the_failure_is_s
         slow.close()
 
 
+def test_a_runs_end_resolves_its_open_alerts_whether_it_says_so_or_falls_silent(
+        tmp_path: Path, receivers: tuple[Receiver, Receiver]) -> None:
+    am, _ = receivers
+    cfg = AlertConfig.model_validate({"schema": "eroica.alerts/v1", "routes": [
+        {"name": "all", "kind": "alertmanager", "url": am.url}]})
+    app = create_app(Settings(db_url=f"sqlite:///{tmp_path / 'e.db'}", token=TOKEN, grace_seconds=1.0,
+                              poll_seconds=0.1, alerts=cfg, job_silent_seconds=4.0))
+    with TestClient(app) as c:
+        post_window(c, "said-end", "INC-0001", 0)
+        until(lambda: len(am.got) == 1)
+        assert c.post("/v1/jobs/said-end/end", headers=AUTH).json() == {"status": "ended"}   # rank 0 closed
+        until(lambda: len(am.got) == 2)
+        a = am.got[-1][0]
+        assert a["annotations"]["job_ended"] == "by job" and a["annotations"]["state"] == "open"
+        assert a["endsAt"] <= time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))   # resolved
+        assert c.get("/v1/jobs").json()[0]["ended_by"] == "job"
+        assert c.post("/v1/jobs/nope/end", headers=AUTH).status_code == 404
+        post_window(c, "went-silent", "INC-0001", 0)              # killed without closing: silence ends it
+        until(lambda: any(x[0]["labels"]["job"] == "went-silent" and x[0]["annotations"]["job_ended"]
+                          == "by silence" for x in am.got), 30)
+
+
 def test_a_generic_webhook_and_a_slack_webhook_get_their_own_formats_firing_then_resolved(tmp_path: Path) -> None:
     hook, slack = Receiver(path="/hooks/eroica"), Receiver(path="/services/T0/B0/x")
     try:

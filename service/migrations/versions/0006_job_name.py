@@ -1,5 +1,5 @@
 """A job's name, shared by its runs (a restart is a new run with the same name), the runs an issue
-has been followed through, and the devices (host/device) its findings named.
+has been followed through, the devices (host/device) its findings named, and when a run ended.
 
 Revision ID: 0006
 Revises: 0005
@@ -17,6 +17,8 @@ def upgrade() -> None:
     with op.batch_alter_table("jobs") as b:
         b.add_column(sa.Column("name", sa.String(128)))
         b.create_index("ix_jobs_name", ["name"])
+        b.add_column(sa.Column("ended_at", sa.Float))
+        b.add_column(sa.Column("ended_by", sa.String(16)))
     op.execute("UPDATE jobs SET name = id WHERE name IS NULL")
     with op.batch_alter_table("issues") as b:
         b.add_column(sa.Column("runs", sa.JSON))
@@ -28,5 +30,7 @@ def downgrade() -> None:
         b.drop_column("devices")
         b.drop_column("runs")
     with op.batch_alter_table("jobs") as b:
+        b.drop_column("ended_by")
+        b.drop_column("ended_at")
         b.drop_index("ix_jobs_name")
         b.drop_column("name")

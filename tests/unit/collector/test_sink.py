@@ -50,14 +50,16 @@ def test_documents_arrive_gzipped_with_the_job_and_the_token(tmp_path: Path) -> 
         sink = PatternSink(f"http://127.0.0.1:{port}", "job-7", tmp_path / "spool", token="tok", job_name="job")
         assert sink.submit('{"schema": "eroica.patterns/v1"}')
         assert sink.submit_steps(0, 19, 0.1, 0.12, 4)
+        assert sink.submit_end()
         assert sink.close(10)
-        (p1, h1, b1), (p2, _, b2) = Recorder.got
+        (p1, h1, b1), (p2, _, b2), (p3, _, _) = Recorder.got
+        assert p3 == "/v1/jobs/job-7/end"
         assert (p1, h1["X-Eroica-Job"], h1["Authorization"], h1["Content-Encoding"]) == (
             "/v1/patterns", "job-7", "Bearer tok", "gzip")
         assert h1["X-Eroica-Job-Name"] == "job"          # its runs share it: the service follows a restart
         assert json.loads(b1)["schema"] == "eroica.patterns/v1"
         assert p2 == "/v1/jobs/job-7/steps" and json.loads(b2)["world_size"] == 4
-        assert sink.messages() == [] and sink.sent == 2
+        assert sink.messages() == [] and sink.sent == 3
     finally:
         srv.shutdown()
         srv.server_close()
@@ -68,15 +70,16 @@ def test_a_dead_service_costs_nothing_and_the_spool_is_sent_when_it_is_back(tmp_
     port = _port()                       # nothing listens yet
     sink = PatternSink(f"http://127.0.0.1:{port}", "job", tmp_path / "spool", attempts=2, timeout_seconds=1)
     t0 = time.perf_counter()
-    assert sink.submit('{"n": 1}') and sink.submit('{"n": 2}')
+    assert sink.submit('{"n": 1}') and sink.submit('{"n": 2}') and sink.submit_end()
     assert time.perf_counter() - t0 < 0.05          # submit never waits for the network
     assert sink.flush(30)
-    assert len(list((tmp_path / "spool").glob("*.json.gz"))) == 2
+    assert len(list((tmp_path / "spool").glob("*.json.gz"))) == 3
     assert all("spooled" in e for e in sink.messages())
     srv = _server(port)
     try:
         assert sink.submit('{"n": 3}') and sink.close(30)
-        assert sorted(json.loads(b)["n"] for _, _, b in Recorder.got) == [1, 2, 3]
+        assert sorted(json.loads(b)["n"] for p, _, b in Recorder.got if p == "/v1/patterns") == [1, 2, 3]
+        assert [p for p, _, _ in Recorder.got if p != "/v1/patterns"] == ["/v1/jobs/job/end"]   # each to its route
         assert list((tmp_path / "spool").glob("*.json.gz")) == []
     finally:
         srv.shutdown()

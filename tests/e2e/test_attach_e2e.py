@@ -1,0 +1,49 @@
+"""End to end, zero code: `eroica run -- torchrun --nproc-per-node 4 examples/train_ddp.py`, a plain
+DDP script with no eroica in it. Healthy, it stays quiet; with rank 1's input pipeline stalled from
+step 30, the detector opens a window at the same step on every rank and the diagnosis names the
+cause, the rank and the function, as the explicit API's tests do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eroica.engine.diagnose import diagnose
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).parents[2]
+
+
+def eroica_run(out: Path, *script_args: str) -> str:
+    cmd = [sys.executable, "-m", "eroica.cli.main", "run", "--out", str(out), "--",
+           sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+           str(ROOT / "examples" / "train_ddp.py"), "--steps", "130", *script_args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    log = p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.returncode == 0, log
+    assert "eroica attach" not in p.stderr, log        # attached without a word
+    return p.stderr
+
+
+def test_a_plain_ddp_script_is_diagnosed_with_no_line_of_eroica_in_it(tmp_path: Path) -> None:
+    err = eroica_run(tmp_path / "faulty", "--fault", "dataloader_stall", "--fault-rank", "1")
+    assert "window(s) in" in err and f"eroica diagnose {tmp_path / 'faulty'}" in err
+    d = diagnose(tmp_path / "faulty")
+    assert d.windows, "no window opened"
+    w = d.windows[0]
+    assert w.coverage.ranks_reported == [0, 1, 2, 3]
+    top = max(w.findings, key=lambda f: f.confidence)
+    assert (top.root_cause, top.ranks) == ("dataloader_stall", [1]) and top.confidence >= 0.5, top
+    assert top.function == "DataLoader.__next__"
+
+
+def test_a_healthy_plain_ddp_script_stays_quiet(tmp_path: Path) -> None:
+    eroica_run(tmp_path / "healthy")
+    d = diagnose(tmp_path / "healthy")
+    loud = [(f.root_cause, f.ranks, f.confidence) for w in d.windows for f in w.findings if f.confidence >= 0.5]
+    assert loud == [], loud
