@@ -179,13 +179,11 @@ def _patch_loader(torch: ModuleType) -> None:
         if S.pending_fn:
             _wrap_pending()
         mon = S.monitor
-        if mon is None and (S.mode != "dataloader" or S.explicit or S.dead):
-            return orig(self)
-        if S.mode == "dataloader":
+        if S.mode == "dataloader" and not (S.explicit or S.dead):
             _loader_step(self)
             mon = S.monitor
-            if mon is None:
-                return orig(self)
+        if mon is None:
+            return orig(self)
         t0 = time.monotonic_ns()
         item = orig(self)
         mon._record_safely(t0, Category.data, "DataLoader.__next__")
@@ -277,10 +275,11 @@ def _patch_dist(torch: ModuleType) -> None:
         return destroy(*args, **kwargs)
 
     init_process_group._eroica = True  # type: ignore[attr-defined]
-    for old, new in ((init, init_process_group), (destroy, destroy_process_group)):
+    for attr, old, new in (("init_process_group", init, init_process_group),
+                           ("destroy_process_group", destroy, destroy_process_group)):
         for name, mod in list(sys.modules.items()):     # every module that bound it by name already
-            if (name == "torch" or name.startswith("torch.")) and getattr(mod, old.__name__, None) is old:
-                setattr(mod, old.__name__, new)
+            if (name == "torch" or name.startswith("torch.")) and getattr(mod, attr, None) is old:
+                setattr(mod, attr, new)
 
 
 def on_torch(torch: ModuleType) -> None:

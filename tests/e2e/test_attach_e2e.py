@@ -5,6 +5,7 @@ cause, the rank and the function, as the explicit API's tests do."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,11 +20,11 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[2]
 
 
-def eroica_run(out: Path, *script_args: str) -> str:
+def eroica_run(out: Path, *script_args: str, env: dict[str, str] | None = None) -> str:
     cmd = [sys.executable, "-m", "eroica.cli.main", "run", "--out", str(out), "--",
            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
            str(ROOT / "examples" / "train_ddp.py"), "--steps", "130", *script_args]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, **(env or {})})
     log = p.stdout[-3000:] + p.stderr[-3000:]
     assert p.returncode == 0, log
     assert "eroica attach" not in p.stderr, log        # attached without a word
@@ -43,7 +44,8 @@ def test_a_plain_ddp_script_is_diagnosed_with_no_line_of_eroica_in_it(tmp_path: 
 
 
 def test_a_healthy_plain_ddp_script_stays_quiet(tmp_path: Path) -> None:
-    eroica_run(tmp_path / "healthy")
+    eroica_run(tmp_path / "healthy", env={"EROICA_FORCE_WINDOW_AT_STEP": "60"})   # a window to judge, at step 60
     d = diagnose(tmp_path / "healthy")
+    assert d.windows and d.windows[0].coverage.ranks_reported == [0, 1, 2, 3]
     loud = [(f.root_cause, f.ranks, f.confidence) for w in d.windows for f in w.findings if f.confidence >= 0.5]
     assert loud == [], loud
