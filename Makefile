@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint typecheck bench clean
+.PHONY: demo test test-fast test-frameworks lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,frameworks]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -20,6 +20,9 @@ test: $(STAMP)
 	$(MAKE) typecheck
 	$(BIN)/pytest -q
 	$(BIN)/eroica eval incidents
+
+test-frameworks: $(STAMP)
+	$(BIN)/pytest -q tests/e2e/test_frameworks_e2e.py tests/e2e/test_attach_e2e.py tests/attach
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not e2e and not gpu"

@@ -7,6 +7,8 @@ blocks, shuffled anew each round, so machine noise and drift hit every mode alik
 - `idle`: plus `mon.step()` with no window (detector, store polls on a worker thread): always on;
 - `window`: steps inside a profiling window (requested on every rank at once); the step that
   closes it (summarize, write the patterns) is timed apart as `close`;
+- `attach`, `attach_window`: the same two without a line of eroica in the loop (zero-code attach,
+  `eroica run`): no regions, and the step is counted by the attach's optimizer step hook;
 - `profiler`: `torch.profiler` recording every CPU op all the time (eroica's anchor).
 Each block's median step is divided by the `none` block of its round; reported are the median and
 the interquartile range of that ratio over rounds and ranks. The idle cost is also measured
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 from statistics import median, quantiles
 
-MODES = ("none", "none2", "idle", "window", "profiler")
+MODES = ("none", "none2", "idle", "window", "attach", "attach_window", "profiler")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -39,7 +41,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from eroica.collector import Monitor, TriggerPolicy
+    from eroica.collector import Monitor, TriggerPolicy, attach
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -57,6 +59,17 @@ def worker(args: argparse.Namespace) -> None:
     mon = Monitor(out_dir=args.out, policy=policy)
     x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 
+    # the zero-code blocks count steps through the attach's hook, on this same Monitor; elsewhere the
+    # hook runs too and stands down (as it does when the explicit API is present)
+    torch.optim.optimizer.register_optimizer_step_post_hook(attach._after_optimizer_step)  # type: ignore[attr-defined]
+    attach.S.explicit = True
+
+    def plain_step() -> None:              # the user's loop, untouched
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
     def train_step() -> None:
         with mon.region("forward"):
             loss = nn.functional.cross_entropy(model(x), y)
@@ -66,7 +79,7 @@ def worker(args: argparse.Namespace) -> None:
         opt.step()
 
     # one list of step times per block: each block is compared with the `none` block of its round
-    times: dict[str, list[list[float]]] = {m: [] for m in (*MODES, "close")}
+    times: dict[str, list[list[float]]] = {m: [] for m in (*MODES, "close", "attach_close")}
     step_cpu: list[float] = []             # training-thread CPU inside mon.step(), idle blocks
     for _ in range(15):                    # warm-up
         train_step()
@@ -77,30 +90,37 @@ def worker(args: argparse.Namespace) -> None:
         rng.shuffle(order)
         for mode in order:
             times[mode].append([])
+            zero_code = mode.startswith("attach")
+            attach.S.explicit, attach.S.monitor = (False, mon) if zero_code else (True, None)
+            step = plain_step if zero_code else train_step
             prof = None
             if mode == "profiler":
                 prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                 prof.start()
-            if mode == "window":
-                times["close"].append([])
+            if mode in ("window", "attach_window"):
+                times["close" if mode == "window" else "attach_close"].append([])
                 mon.request_window()
                 for _ in range(policy.lead_steps):       # the window opens lead_steps later
-                    train_step()
-                    mon.step()
+                    step()
+                    if not zero_code:
+                        mon.step()
                 assert mon._win.plan is not None, "window did not open"
             for k in range(args.block):
                 t = time.perf_counter()
-                train_step()
+                step()
                 if mode in ("idle", "window"):
                     c = time.thread_time()
                     mon.step()
                     if mode == "idle":
                         step_cpu.append(time.thread_time() - c)
                 dt = time.perf_counter() - t
-                times["close" if mode == "window" and k == args.block - 1 else mode][-1].append(dt)
+                last = k == args.block - 1
+                times["close" if mode == "window" and last else "attach_close" if mode == "attach_window" and last
+                      else mode][-1].append(dt)
             if prof is not None:
                 prof.stop()
                 del prof
+            attach.S.explicit, attach.S.monitor = True, None
             mon._last_ns = None       # blocks without mon.step() went unseen: no step spans them
             for _ in range(2):        # settle: the close step's after-effects land here, untimed
                 train_step()
@@ -159,12 +179,12 @@ def main() -> int:
     finally:
         cg.cleanup()
     ratios = {m: [median(b) / median(nb) for r in rows for b, nb in zip(r["times"][m], r["times"]["none"])]
-              for m in (*MODES, "close")}
+              for m in (*MODES, "close", "attach_close")}
     base = median(t for r in rows for b in r["times"]["none"] for t in b)
-    print(f"{'mode':<9} {'median step':>12}   ratio to the round's `none` block: median [p25, p75]")
-    for m in (*MODES, "close"):
+    print(f"{'mode':<13} {'median step':>12}   ratio to the round's `none` block: median [p25, p75]")
+    for m in (*MODES, "close", "attach_close"):
         med = median(t for r in rows for b in r["times"][m] for t in b)
-        print(f"{m:<9} {med * 1000:9.2f} ms   {_spread(ratios[m])}")
+        print(f"{m:<13} {med * 1000:9.2f} ms   {_spread(ratios[m])}")
     idle, win = median(ratios["idle"]) - 1, median(ratios["window"]) - 1
     noise = max(abs(q - 1) for q in quantiles(ratios["none2"], n=4)[::2])
     step_cpu = median(c for r in rows for c in r["step_cpu"])
@@ -177,6 +197,10 @@ def main() -> int:
           f"of a step (target <= 0.5%); A/B {idle:+.2%}")
     print(f"window while open: {win:+.2%} (target <= +5%); closing a window: {close_s * 1000:.0f} ms once "
           f"(with a raw trace exported)")
+    za, zw = median(ratios["attach"]) - 1, median(ratios["attach_window"]) - 1
+    print(f"zero-code attach (no eroica line in the loop), beside the explicit API in the same run: idle "
+          f"{za:+.2%} vs {idle:+.2%}, window {zw:+.2%} vs {win:+.2%}; within the noise floor: "
+          f"{'yes' if za - idle <= noise and zw - win <= noise else 'NO'}")
     print(f"amortized under the default policy (at most {pol.max_windows_per_hour} windows/hour of "
           f"{pol.window_steps} steps): {amortized:+.3%} (target <= +1%); torch.profiler on all the time: "
           f"{median(ratios['profiler']) - 1:+.2%}")

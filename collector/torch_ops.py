@@ -32,6 +32,61 @@ class OpsResult:
     raw_trace_bytes: int = 0
 
 
+# wrappers that hold other work and waits: Lightning and other frameworks run forward and backward in a
+# closure inside `optimizer.step(closure)`, FSDP's hooks gather and reduce-scatter parameters; only the
+# time not spent in what they contain, nor waiting on a collective, is theirs
+TRANSPARENT = ("Optimizer.step#", "Optimizer.zero_grad#", "FSDP::")
+
+
+def _open_wrappers(rows: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Replace each transparent wrapper that contains other ops (rows sorted by start) by the pieces
+    of it they do not cover (its self time), so what runs inside it keeps its own name."""
+    out: list[tuple[int, int, str]] = []
+    for i, (s, e, name) in enumerate(rows):
+        if not name.startswith(TRANSPARENT):
+            out.append((s, e, name))
+            continue
+        pieces, t = [], s
+        for cs, ce, _ in rows[i + 1:]:
+            if cs >= e:
+                break
+            if ce <= t:
+                continue
+            if cs > t:
+                pieces.append((t, cs, name))
+            t = max(t, min(ce, e))
+        if t < e:
+            pieces.append((t, e, name))
+        out.extend(pieces)
+    out.sort()
+    return out
+
+
+def _minus(x: Execution, busy: list[tuple[int, int]]) -> list[Execution]:
+    """`x` less the intervals in `busy` (sorted by start)."""
+    out, t = [], x.start_ns
+    for s, e in busy:
+        if e <= t:
+            continue
+        if s >= x.end_ns:
+            break
+        if s > t:
+            out.append(Execution(t, s, x.category, x.name))
+        t = max(t, e)
+    if t < x.end_ns:
+        out.append(Execution(t, x.end_ns, x.category, x.name))
+    return out
+
+
+def _yield_to_collectives(execs: list[Execution]) -> list[Execution]:
+    """A wrapper's self time while a collective of this rank is in flight is the wait for it (DDP's
+    reducer waits inside Lightning's closure): the collective holds those instants, not the wrapper."""
+    busy = sorted((x.start_ns, x.end_ns) for x in execs if x.category == Category.communication)
+    if not busy:
+        return execs
+    return [p for x in execs for p in (_minus(x, busy) if x.name.startswith(TRANSPARENT) else [x])]
+
+
 def _outermost(rows: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
     """Keep intervals not nested inside an earlier kept one (rows sorted by start)."""
     out: list[tuple[int, int, str]] = []
@@ -155,13 +210,14 @@ class TorchOpsRecorder:
         execs: list[Execution] = []
         for tid, rows in cpu_rows.items():
             rows.sort()
-            for s, e, name in _outermost(rows):
+            for s, e, name in _outermost(_open_wrappers(rows)):
                 cat = classify_op(name)
                 if tid == main_tid or main_tid is None:
                     execs.append(Execution(s, e, cat, name))
                 elif cat == Category.communication:
                     # collectives run on backend threads (gloo); the training thread waits on them
                     execs.append(Execution(s, e, cat, name))
+        execs = _yield_to_collectives(execs)
         # on a GPU rank device work holds the critical path while the device is busy
         execs = device_first(device, execs)
         if main_tid is None:

@@ -1,0 +1,67 @@
+"""Zero-code attach on the stacks people train with, each script untouched under `eroica run --
+torchrun --nproc-per-node 4` (CPU, gloo): Hugging Face `transformers.Trainer` (with `accelerate`),
+PyTorch Lightning's DDP strategy, and FSDP2 (`fully_shard`). Healthy: a forced window and no finding
+>= 0.5. Faulty (rank 1's input pipeline stalls): the cause, the rank and the function, as the explicit
+API's tests assert. The packages come with the `frameworks` extra, which `make` installs."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eroica.engine.diagnose import diagnose
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).parents[2]
+
+STACKS = {   # script, the packages it needs, its steps (HF's processes are slow to start)
+    "hf-trainer": ("train_hf.py", ("transformers", "accelerate"), 70),
+    "lightning": ("train_lightning.py", ("lightning",), 80),
+    "fsdp2": ("train_fsdp.py", (), 80),
+}
+
+
+def _skip_unless(mods: tuple[str, ...]) -> None:
+    missing = [m for m in mods if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}: pip install -e '.[frameworks]' (make does)")
+
+
+def run_stack(name: str, out: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    script, mods, steps = STACKS[name]
+    _skip_unless(("torch", *mods))
+    cmd = [sys.executable, "-m", "eroica.cli.main", "run", "--out", str(out), "--", sys.executable, "-m",
+           "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(ROOT / "examples" / script),
+           "--steps", str(steps), *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=500, cwd=out.parent,
+                       env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})})
+    log = p.stdout[-3000:] + p.stderr[-4000:]
+    assert p.returncode == 0, log
+    assert "eroica attach" not in p.stderr, log
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_a_stalled_loader_on_rank_1_is_found_untouched_on_each_stack(tmp_path: Path, stack: str) -> None:
+    run_stack(stack, tmp_path / "faulty", "--fault", "dataloader_stall", "--fault-rank", "1")
+    d = diagnose(tmp_path / "faulty")
+    assert d.windows, "no window opened"
+    w = d.windows[0]
+    assert w.coverage.ranks_reported == [0, 1, 2, 3]
+    top = max(w.findings, key=lambda f: f.confidence)
+    assert (top.root_cause, top.ranks, top.function) == ("dataloader_stall", [1], "DataLoader.__next__"), top
+    assert top.confidence >= 0.5
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_a_healthy_run_on_each_stack_stays_quiet(tmp_path: Path, stack: str) -> None:
+    run_stack(stack, tmp_path / "healthy", env={"EROICA_FORCE_WINDOW_AT_STEP": "40"})
+    d = diagnose(tmp_path / "healthy")
+    assert d.windows and d.windows[0].coverage.ranks_reported == [0, 1, 2, 3]
+    loud = [(f.root_cause, f.ranks, round(f.confidence, 2)) for w in d.windows for f in w.findings
+            if f.confidence >= 0.5]
+    assert loud == [], loud
