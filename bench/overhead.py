@@ -61,7 +61,9 @@ def worker(args: argparse.Namespace) -> None:
 
     # the zero-code blocks count steps through the attach's hook, on this same Monitor; elsewhere the
     # hook runs too and stands down (as it does when the explicit API is present)
-    torch.optim.optimizer.register_optimizer_step_post_hook(attach._after_optimizer_step)  # type: ignore[attr-defined]
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(attach._after_optimizer_step)
     attach.S.explicit = True
 
     def plain_step() -> None:              # the user's loop, untouched
@@ -169,7 +171,8 @@ def main() -> int:
                            WORLD_SIZE="4", LOCAL_RANK=str(r), OMP_NUM_THREADS="1")
                 procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--out", out, "--rounds",
                                                str(args.rounds), "--block", str(args.block), "--policy", args.policy,
-                                               "--seed", str(args.seed)], env=env, stderr=subprocess.DEVNULL))
+                                               "--seed", str(args.seed)], env=env,
+                                              stderr=None if os.environ.get("BENCH_DEBUG") else subprocess.DEVNULL))
                 cg.add(procs[-1].pid, r)
             rc = [p.wait(timeout=1800) for p in procs]
             if any(rc):
