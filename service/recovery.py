@@ -1,9 +1,9 @@
 """Recovered GPU time and time to detect, measured from the job's own always-on step-time series.
 
 For an issue that is still open (acknowledged, linked), in the run of its first window:
-- the fault's onset is where the series turned slow before that window: walking back from the
-  window, the summaries above RECOVERY_BAND of the median of everything before them are the slow
-  phase; the onset is the end of the last healthy summary (at most half a summary early: a slow
+- the fault's onset is where the series turned slow before that window: the earliest summary from
+  which every one up to the window is above RECOVERY_BAND of the median before it; the onset is the
+  end of the last healthy summary (at most half a summary early: a slow
   summary's median means at least half its steps were slow), and time to detect is from there to
   the window's opening;
 - the healthy reference is the median step before the onset.
@@ -41,12 +41,15 @@ class Summary(NamedTuple):
 
 
 def onset(before: Sequence[Summary]) -> int:
-    """The index of the first summary of the slow phase that runs up to the window (len when none)."""
-    k = len(before)
-    while k > 1 and before[k - 1].median_seconds > statistics.median(
-            s.median_seconds for s in before[:k - 1]) * (1 + RECOVERY_BAND):
-        k -= 1
-    return k
+    """The index of the first summary of the slow phase that runs up to the window (len when none):
+    the earliest k after which every summary is above RECOVERY_BAND of the median before k. A blip
+    earlier, or slow warm-up steps, do not end the healthy phase; a window opened late into the fault
+    (its first windows said nothing confident) still finds where the fault began."""
+    for k in range(1, len(before)):
+        limit = statistics.median(s.median_seconds for s in before[:k]) * (1 + RECOVERY_BAND)
+        if all(s.median_seconds > limit for s in before[k:]):
+            return k
+    return len(before)
 
 
 def measure(before: Sequence[Summary], after: Sequence[Summary], slow: float,

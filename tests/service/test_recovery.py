@@ -38,6 +38,12 @@ def test_the_onset_is_where_the_series_turned_slow_before_the_window() -> None:
     assert m is not None and m["healthy_seconds"] == 0.10          # the slow phase is not the reference
     assert m["onset_after_step"] == 59 and m["onset_at"] == 1040.0 and m["seconds_to_detect"] == 60.0
     assert measure(slow, [], 0.26) is not None                      # the first summary is the reference then
+    # the first window came late into the fault (the earlier one said nothing confident), and
+    # the first steps were slow to warm up: the onset is still where the fault began (a CI run's series)
+    late = [S(1, 0.0659), S(21, 0.1559), S(41, 0.1554), S(61, 0.1551)]
+    assert onset(late) == 1 and measure(late, [], 0.16)["healthy_seconds"] == 0.0659  # type: ignore[index]
+    assert onset([S(0, 0.20), S(20, 0.10), S(40, 0.10), S(60, 0.25), S(80, 0.25)]) == 3      # warm-up
+    assert onset([S(0, 0.10), S(20, 0.25), S(40, 0.10), S(60, 0.10), S(80, 0.26)]) == 4      # a blip
     no_onset = measure(healthy, [], 0.26, opened_at=1100.0)
     assert no_onset is not None and no_onset["seconds_to_detect"] is None   # it turned slow inside the window
 
