@@ -1,8 +1,11 @@
 """Zero-code attach on the stacks people train with, each script untouched under `eroica run --
 torchrun --nproc-per-node 4` (CPU, gloo): Hugging Face `transformers.Trainer` (with `accelerate`),
-PyTorch Lightning's DDP strategy, and FSDP2 (`fully_shard`). Healthy: a forced window and no finding
+PyTorch Lightning's DDP strategy, FSDP2 (`fully_shard`), and pipeline parallelism
+(`torch.distributed.pipelining`, 2 stages x 2 replicas). Healthy: a forced window and no finding
 >= 0.5. Faulty (rank 1's input pipeline stalls): the cause, the rank and the function, as the explicit
-API's tests assert. The packages come with the `frameworks` extra, which `make` installs."""
+API's tests assert; for the pipeline, the peers are the other replica of the stage (from the
+DeviceMesh's "pp" groups), and with one peer the report says it cannot vouch: a lead under 0.5.
+The packages come with the `frameworks` extra, which `make` installs."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ STACKS = {   # script, the packages it needs, its steps (HF's processes are slow
     "hf-trainer": ("train_hf.py", ("transformers", "accelerate"), 70),
     "lightning": ("train_lightning.py", ("lightning",), 80),
     "fsdp2": ("train_fsdp.py", (), 80),
+    "pipeline": ("train_pipeline.py", (), 80),
 }
 
 
@@ -54,7 +58,13 @@ def test_a_stalled_loader_on_rank_1_is_found_untouched_on_each_stack(tmp_path: P
     assert w.coverage.ranks_reported == [0, 1, 2, 3]
     top = max(w.findings, key=lambda f: f.confidence)
     assert (top.root_cause, top.ranks, top.function) == ("dataloader_stall", [1], "DataLoader.__next__"), top
-    assert top.confidence >= 0.5
+    if stack != "pipeline":
+        assert top.confidence >= 0.5
+        return
+    groups = {g.name: g.ranks for g in w.peer_groups}
+    assert groups == {"worker/mesh_pp0": [0, 2], "worker/mesh_pp1": [1, 3]}, groups     # the stages
+    assert top.insufficient_peer_evidence and top.confidence < 0.5
+    assert "only 2 rank(s) in group 'worker/mesh_pp1'" in str(top.confidence_factors.peer_group)
 
 
 @pytest.mark.parametrize("stack", list(STACKS))
