@@ -54,16 +54,20 @@ def sink_job_id(job: str, out_dir: Path) -> str:
     after the job's name when it has a real one. A scheduler's name alone would merge runs: torchrun
     sets TORCHELASTIC_RUN_ID to "none" for every static job, and a restarted job keeps its name."""
     run = out_dir.resolve().name
-    name = "" if job.strip().lower() in ("", "none", "default") else job.strip()
+    name = _real_name(job)
     raw = run if not name or name == run else f"{name}.{run}"
     return JOB_ID.sub("-", raw).strip("-.")[-128:].lstrip("-.") or "job"
+
+
+def _real_name(job: str) -> str:
+    """The scheduler's name when it is one: torchrun's static "none" and the like are not."""
+    return "" if job.strip().lower() in ("", "none", "default") else job.strip()
 
 
 def sink_job_name(job: str) -> str | None:
     """The job's name at the service, shared by its runs (so a restart is followed), when it has a
     real one; None otherwise (each run then stands alone)."""
-    name = "" if job.strip().lower() in ("", "none", "default") else job.strip()
-    return JOB_ID.sub("-", name).strip("-.")[:128].strip("-.") or None
+    return JOB_ID.sub("-", _real_name(job)).strip("-.")[:128].strip("-.") or None
 
 
 MAX_NAME = 200          # characters of a function or region name kept

@@ -38,6 +38,22 @@ class OpsResult:
 TRANSPARENT = ("Optimizer.step#", "Optimizer.zero_grad#", "FSDP::")
 
 
+def _subtract(s: int, e: int, busy: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[s, e) less the intervals in `busy` (sorted by start)."""
+    out, t = [], s
+    for bs, be in busy:
+        if bs >= e:
+            break
+        if be <= t:
+            continue
+        if bs > t:
+            out.append((t, bs))
+        t = max(t, be)
+    if t < e:
+        out.append((t, e))
+    return out
+
+
 def _open_wrappers(rows: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
     """Replace each transparent wrapper that contains other ops (rows sorted by start) by the pieces
     of it they do not cover (its self time), so what runs inside it keeps its own name."""
@@ -46,35 +62,13 @@ def _open_wrappers(rows: list[tuple[int, int, str]]) -> list[tuple[int, int, str
         if not name.startswith(TRANSPARENT):
             out.append((s, e, name))
             continue
-        pieces, t = [], s
-        for cs, ce, _ in rows[i + 1:]:
-            if cs >= e:
+        inside = []
+        for j in range(i + 1, len(rows)):
+            if rows[j][0] >= e:
                 break
-            if ce <= t:
-                continue
-            if cs > t:
-                pieces.append((t, cs, name))
-            t = max(t, min(ce, e))
-        if t < e:
-            pieces.append((t, e, name))
-        out.extend(pieces)
+            inside.append((rows[j][0], rows[j][1]))
+        out.extend((a, b, name) for a, b in _subtract(s, e, inside))
     out.sort()
-    return out
-
-
-def _minus(x: Execution, busy: list[tuple[int, int]]) -> list[Execution]:
-    """`x` less the intervals in `busy` (sorted by start)."""
-    out, t = [], x.start_ns
-    for s, e in busy:
-        if e <= t:
-            continue
-        if s >= x.end_ns:
-            break
-        if s > t:
-            out.append(Execution(t, s, x.category, x.name))
-        t = max(t, e)
-    if t < x.end_ns:
-        out.append(Execution(t, x.end_ns, x.category, x.name))
     return out
 
 
@@ -84,7 +78,13 @@ def _yield_to_collectives(execs: list[Execution]) -> list[Execution]:
     busy = sorted((x.start_ns, x.end_ns) for x in execs if x.category == Category.communication)
     if not busy:
         return execs
-    return [p for x in execs for p in (_minus(x, busy) if x.name.startswith(TRANSPARENT) else [x])]
+    out: list[Execution] = []
+    for x in execs:
+        if x.name.startswith(TRANSPARENT):
+            out.extend(Execution(a, b, x.category, x.name) for a, b in _subtract(x.start_ns, x.end_ns, busy))
+        else:
+            out.append(x)
+    return out
 
 
 def _outermost(rows: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:

@@ -31,6 +31,11 @@ NEXT = {"acknowledged": ("open",), "linked": ("open", "acknowledged", "linked"),
 LINK_KINDS = ("ticket", "change_request", "commit", "config")
 
 
+def state_of(action: str) -> str:
+    """The state an action (the API's path, the page's form) moves an issue to: ack, link, or a state."""
+    return {"ack": "acknowledged", "link": "linked"}.get(action, action)
+
+
 def _issue_of(c: sa.Connection, job_id: str, root_cause: str, ranks: str) -> Any:
     """The issue of this run, else the latest of an earlier run of the same job name (a restart)."""
     q = sa.select(issues).where(issues.c.root_cause == root_cause, issues.c.ranks == ranks)

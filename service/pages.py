@@ -24,7 +24,7 @@ from eroica.engine.render import render
 from eroica.service import store
 from eroica.service.db import findings, issues, jobs, steps, windows
 from eroica.service.fleet import host_ranking, week_summary
-from eroica.service.lifecycle import LINK_KINDS, transition
+from eroica.service.lifecycle import LINK_KINDS, state_of, transition
 from eroica.service.routes import window_json
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def router(svc: Service) -> APIRouter:
     eng = svc.eng
 
     def page(name: str, http_status: int = 200, **kw: Any) -> HTMLResponse:
-        return HTMLResponse(_ENV.get_template(name).render(**kw), status_code=http_status)
+        return HTMLResponse(_ENV.get_template(name).render(http_status=http_status, **kw), status_code=http_status)
 
     @r.get("/", response_class=HTMLResponse)
     def fleet() -> HTMLResponse:
@@ -137,16 +137,13 @@ def router(svc: Service) -> APIRouter:
         token = svc.settings.token
         back = form.get("back", "/")
         back = back if back.startswith("/jobs/") else "/"
-        if token is not None and not hmac.compare_digest(form.get("token", "").encode(), token.encode()):
-            return page("refused.html.j2", http_status=401, why="the service's token is missing or wrong", back=back,
-                        field="token", code=401)
-        state = {"ack": "acknowledged", "link": "linked"}.get(form.get("action", ""), form.get("action", ""))
         try:
-            transition(eng, iid, state, form.get("who", ""), form.get("why") or None, form.get("url") or None,
-                       form.get("kind") or None)
+            if token is not None and not hmac.compare_digest(form.get("token", "").encode(), token.encode()):
+                raise store.IngestError(401, "the service's token is missing or wrong", "token")
+            transition(eng, iid, state_of(form.get("action", "")), form.get("who", ""), form.get("why") or None,
+                       form.get("url") or None, form.get("kind") or None)
         except store.IngestError as exc:
-            return page("refused.html.j2", http_status=exc.status, why=exc.message, field=exc.field, back=back,
-                        code=exc.status)
+            return page("refused.html.j2", http_status=exc.status, why=exc.message, field=exc.field, back=back)
         return RedirectResponse(f"{back}#issue-{iid}", status_code=303)
 
     @r.get("/hosts", response_class=HTMLResponse)

@@ -16,7 +16,7 @@ from eroica.service import api_models as m
 from eroica.service import store
 from eroica.service.db import findings, issues, jobs, steps, windows
 from eroica.service.fleet import drain_list, host_ranking, week_summary
-from eroica.service.lifecycle import export_false_positive, transition
+from eroica.service.lifecycle import export_false_positive, state_of, transition
 
 if TYPE_CHECKING:
     from eroica.service.app import Service
@@ -77,8 +77,7 @@ def api_router(svc: Service) -> APIRouter:
     async def post_patterns(request: Request) -> Response:
         job = store.valid_job_id(request.headers.get("x-eroica-job", ""))
         body = read_body(await request.body(), request.headers.get("content-encoding"), svc.settings.max_body_bytes)
-        name = request.headers.get("x-eroica-job-name") or None
-        got = svc.accept(job, body, f"upload for job {job}", name=store.valid_job_id(name) if name else None)
+        got = svc.accept(job, body, f"upload for job {job}", name=request.headers.get("x-eroica-job-name") or None)
         return JSONResponse({"window": got.window_pk, "created": got.created}, status_code=201 if got.created else 200)
 
     @r.post("/jobs/{job_id}/steps", status_code=201)
@@ -180,7 +179,7 @@ def issue_router(svc: Service) -> APIRouter:
 
     @r.post("/issues/{iid}/{action}", response_model=m.Issue)
     async def act(iid: int, action: str, request: Request) -> dict[str, Any]:
-        state = {"ack": "acknowledged", "link": "linked"}.get(action, action)
+        state = state_of(action)
         try:
             body = TransitionIn.model_validate_json(await request.body())
         except ValidationError as exc:

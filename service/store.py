@@ -40,11 +40,26 @@ def valid_job_id(job_id: str) -> str:
     return job_id
 
 
-def _job_name(job_id: str, name: str | None, row: Any) -> dict[str, Any]:
-    """The name column's update for a run: set once (the run's own id when the sink names none)."""
-    if row is None:
-        return {"name": name or job_id}
-    return {"name": name} if name and row["name"] != name else {}
+def _touch_run(c: sa.Connection, job_id: str, name: str | None, world: int, host: str | None, now: float,
+               field: str) -> None:
+    """Create the run or mark it seen (alive again, its name and host added); a document or summary
+    whose world size differs from the run's is refused (422, naming `field`). The name is the run's
+    own id when the sink sends none."""
+    if name is not None:
+        valid_job_id(name)
+    job = c.execute(sa.select(jobs.c.world_size, jobs.c.hosts, jobs.c.name).where(jobs.c.id == job_id)).first()
+    if job is None:
+        c.execute(jobs.insert().values(id=job_id, name=name or job_id, world_size=world, hosts=[host] if host else [],
+                                       first_seen=now, last_seen=now))
+        return
+    if job.world_size != world:
+        raise IngestError(422, f"job {job_id!r} has world size {job.world_size}, this one says {world}", field)
+    upd: dict[str, Any] = {"last_seen": now, "ended_at": None, "ended_by": None}
+    if host and host not in job.hosts:
+        upd["hosts"] = sorted({*job.hosts, host})
+    if name and job.name != name:
+        upd["name"] = name
+    c.execute(jobs.update().where(jobs.c.id == job_id).values(**upd))
 
 
 def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: float | None = None,
@@ -54,24 +69,12 @@ def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: floa
     a rank outside the window's world is refused (422)."""
     now = time.time() if now is None else now
     valid_job_id(job_id)
-    if name is not None:
-        valid_job_id(name)
     rank, world = doc.job.rank, doc.job.world_size
     if rank >= world:
         raise IngestError(422, f"rank {rank} is outside the job's world of {world}", "job.rank")
     digest = hashlib.sha256(text).hexdigest()
     with eng.begin() as c:
-        job = c.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
-        if job is None:
-            c.execute(jobs.insert().values(id=job_id, world_size=world, hosts=[doc.job.hostname], first_seen=now,
-                                           last_seen=now, **_job_name(job_id, name, None)))
-        else:
-            if job["world_size"] != world:
-                raise IngestError(422, f"job {job_id!r} has world size {job['world_size']}, this document says "
-                                       f"{world}", "job.world_size")
-            hosts = sorted(set(job["hosts"]) | {doc.job.hostname})
-            c.execute(jobs.update().where(jobs.c.id == job_id).values(last_seen=now, hosts=hosts, ended_at=None,
-                                                                      ended_by=None, **_job_name(job_id, name, job)))
+        _touch_run(c, job_id, name, world, doc.job.hostname, now, "job.world_size")
         w = c.execute(sa.select(windows).where(windows.c.job_id == job_id,
                                                windows.c.window_id == doc.window.window_id)).mappings().first()
         if w is None:
@@ -178,19 +181,8 @@ def add_steps(eng: sa.Engine, job_id: str, first: int, last: int, median: float,
     """One summary of the run's always-on step-time series (idempotent on its first step); the run is
     known from its first summary on, before any window."""
     now = time.time() if now is None else now
-    if name is not None:
-        valid_job_id(name)
     with eng.begin() as c:
-        job = c.execute(sa.select(jobs.c.world_size, jobs.c.name).where(jobs.c.id == job_id)).mappings().first()
-        if job is None:
-            c.execute(jobs.insert().values(id=job_id, world_size=world_size, hosts=[], first_seen=now, last_seen=now,
-                                           **_job_name(job_id, name, None)))
-        elif job["world_size"] != world_size:
-            raise IngestError(422, f"job {job_id!r} has world size {job['world_size']}, this summary says "
-                                   f"{world_size}", "world_size")
-        else:
-            c.execute(jobs.update().where(jobs.c.id == job_id).values(last_seen=now, ended_at=None, ended_by=None,
-                                                                      **_job_name(job_id, name, job)))
+        _touch_run(c, job_id, name, world_size, None, now, "world_size")
         if c.execute(sa.select(steps.c.first_step).where(steps.c.job_id == job_id,
                                                          steps.c.first_step == first)).first() is None:
             c.execute(steps.insert().values(job_id=job_id, first_step=first, last_step=last, median_seconds=median,

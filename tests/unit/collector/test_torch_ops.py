@@ -36,3 +36,10 @@ def test_the_wrappers_own_time_while_a_collective_is_in_flight_is_the_wait_for_i
     got = sorted((x.start_ns, x.end_ns, x.name) for x in _yield_to_collectives(execs))
     assert got == [(0, 5, "Optimizer.step#SGD.step"), (5, 40, "DistributedDataParallel.forward"),
                    (30, 120, "gloo:all_reduce"), (120, 130, "Optimizer.step#SGD.step")]
+
+
+def test_a_long_collective_that_began_first_still_covers_the_wrapper() -> None:
+    from eroica.collector.torch_ops import _subtract
+
+    assert _subtract(50, 120, [(0, 100), (10, 20)]) == [(100, 120)]
+    assert _subtract(50, 120, []) == [(50, 120)]
