@@ -7,55 +7,118 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from eroica.assistant.code import dataloader_edit, gc_freeze_edit, relevant_code, unified_diff
+from eroica.assistant import edits, targets
 from eroica.assistant.errors import BackendConfigError
+from eroica.assistant.gate import Scope
 from eroica.assistant.models import ConfigEdit, Proposal, Remediation
 from eroica.assistant.redact import Redactor
 from eroica.engine.diagnosis import Finding
 
+LOCATE = {"dataloader_kwargs": targets.loader, "balanced_sampler": targets.loader, "gc_freeze": targets.loop,
+          "anomaly_off": targets.anomaly, "move_blocking_call": targets.region,
+          "async_checkpoint": targets.checkpoint}
+ANOMALY_KEY = "detect_anomaly"
+
+
+def action_of(f: Finding, rem: Remediation | None) -> str | None:
+    """The fix for this finding: the template's action; a differing anomaly-detection setting is
+    turned off where the code or config turns it on (not aligned rank by rank)."""
+    if rem is None:
+        return None
+    if rem.action == "align_settings" and any(ANOMALY_KEY in s.key for s in f.settings):
+        return "anomaly_off"
+    return rem.action
+
 
 @dataclass
 class Context:
-    """What a backend may use: the finding, its remediation template and the repository."""
+    """What a backend may use: the finding, its remediation template, the repository, and the
+    target located from the evidence before any backend runs (its scope bounds every draft)."""
 
     finding: Finding
     remediation: Remediation | None
     repo: Path | None
-    allowed_files: set[str] = field(default_factory=set)     # files the draft may touch (filled by backends)
+    target: targets.Target | None = None
     sent: str = ""                                           # what was sent to a model, verbatim
+
+    def __post_init__(self) -> None:
+        action = action_of(self.finding, self.remediation)
+        if self.repo is not None and action in LOCATE:
+            self.target = LOCATE[action](self.repo, self.finding)
+
+    @property
+    def action(self) -> str | None:
+        return action_of(self.finding, self.remediation)
+
+    def scope(self) -> Scope:
+        keys = {s.key for s in self.finding.settings}
+        t = self.target
+        if t is None or t.found is None:
+            return Scope(keys=frozenset(keys))
+        return Scope(lines={t.found.file: [(t.found.line, t.found.end_line)]}, keys=frozenset(keys))
+
+
+def _code(ctx: Context, rem: Remediation) -> Proposal:
+    t, repo = ctx.target, ctx.repo
+    if repo is None:
+        return Proposal(kind="none", rationale="no repository given (--repo): the code cannot be drafted")
+    if t is None or t.found is None:
+        return Proposal(kind="none", rationale=f"no target: {t.why if t else 'nothing located'}")
+    c, p = t.found, rem.params
+    text = edits.read(repo, c.file)
+    try:
+        if t.kind == "anomaly_config":
+            new = edits.config_off(text, c)
+        elif ctx.action == "anomaly_off":
+            new = edits.anomaly_off(text, c)
+        elif ctx.action == "dataloader_kwargs":
+            new = edits.loader_kwargs(text, c, int(p.get("num_workers", 4)), int(p.get("prefetch_factor", 4)),
+                                      pin="cuda" in text)
+        elif ctx.action == "balanced_sampler":
+            new = edits.balanced_sampler(text, c)
+        elif ctx.action == "gc_freeze":
+            new = edits.gc_freeze(text, c, int(p.get("gen0_threshold", 50_000)))
+        elif ctx.action == "move_blocking_call":
+            new = edits.to_background(text, c)
+        else:
+            new = edits.async_checkpoint(text, c)
+    except edits.NotDrafted as exc:
+        return Proposal(kind="none", rationale=f"{c}: {exc}")
+    if new == text:
+        return Proposal(kind="none", rationale=f"{c}: already as the fix would make it")
+    return Proposal(kind="diff", rationale=f"{rem.title}. Target: {c} ({t.why}).",
+                    diff=edits.unified_diff(c.file, text, new))
 
 
 def offline(ctx: Context) -> Proposal:
     rem, f = ctx.remediation, ctx.finding
     if rem is None:
         return Proposal(kind="none", rationale=f"no remediation template for {f.root_cause}")
+    if ctx.action in LOCATE:
+        return _code(ctx, rem)
     if rem.action == "align_settings":
         if not f.settings:
             return Proposal(kind="none", rationale="the finding names no setting that differs from the peers")
         return Proposal(kind="config", rationale=rem.title, config=[
-            ConfigEdit(key=s.key, before=s.value, after=s.peer_value, where=f"rank {', '.join(map(str, f.ranks))}")
+            ConfigEdit(key=s.key, before=s.value, after=s.peer_value,
+                       where=_where(ctx.repo, s.key) or f"the launch settings of rank {', '.join(map(str, f.ranks))}")
             for s in f.settings])
-    if rem.action in ("dataloader_kwargs", "gc_freeze"):
-        if ctx.repo is None:
-            return Proposal(kind="none", rationale="no repository given (--repo): the code cannot be drafted")
-        if rem.action == "dataloader_kwargs":
-            edits = dataloader_edit(ctx.repo, int(rem.params.get("num_workers", 4)),
-                                    int(rem.params.get("prefetch_factor", 4)))
-        else:
-            edits = gc_freeze_edit(ctx.repo)
-        if not edits:
-            what = "DataLoader(...) call" if rem.action == "dataloader_kwargs" else "training loop calling .step()"
-            return Proposal(kind="none", rationale=f"no {what} found in the repository")
-        ctx.allowed_files |= {e.path.relative_to(ctx.repo).as_posix() for e in edits}
-        return Proposal(kind="diff", rationale=rem.title,
-                        diff="".join(unified_diff(ctx.repo, e.path, e.before, e.after) for e in edits))
     return Proposal(kind="none", rationale=f"{rem.title}: this needs a person's judgement ({rem.guidance})")
+
+
+def _where(repo: Path | None, key: str) -> str | None:
+    """The config file and line that sets the key, when the repository has exactly one."""
+    if repo is None:
+        return None
+    found = targets.config_keys(repo, re.escape(key.split(".")[-1]), r"\S+")
+    return f"{found[0].file}:{found[0].line}" if len(found) == 1 else None
 
 
 SYSTEM = (
@@ -85,14 +148,7 @@ class ModelSettings:
 
 
 def prompt(ctx: Context, redact: Redactor) -> str:
-    f = ctx.finding
-    names = [n for n in (f.function, *(s.key.split(".")[-1] for s in f.settings)) if n]
-    if f.root_cause == "dataloader_stall":
-        names.append("DataLoader(")
-    if f.root_cause == "gc_pause":
-        names.append(".step()")
-    code = relevant_code(ctx.repo, names) if ctx.repo is not None else {}
-    ctx.allowed_files |= set(code)
+    f, t = ctx.finding, ctx.target
     parts = [f"Root cause: {f.root_cause} on rank {', '.join(map(str, f.ranks))} (confidence {f.confidence:.2f}).",
              f"Summary: {f.summary}", "Evidence:", *(f"- {e}" for e in f.evidence[:8])]
     if f.settings:
@@ -100,8 +156,12 @@ def prompt(ctx: Context, redact: Redactor) -> str:
                   *(f"- {s.key} = {s.value} (peers: {s.peer_value})" for s in f.settings)]
     if ctx.remediation is not None:
         parts += [f"Known remediation: {ctx.remediation.guidance}"]
-    for path, excerpt in code.items():
-        parts += [f"File {path} (excerpt):", "```python", excerpt, "```"]
+    if t is not None and t.found is not None and ctx.repo is not None:
+        lines = edits.read(ctx.repo, t.found.file).splitlines()
+        lo, hi = max(t.found.line - 8, 1), min(t.found.end_line + 8, len(lines))
+        parts += [f"Change only lines {t.found.line}-{t.found.end_line} of {t.found.file} (the target); the diff "
+                  f"must use a/{t.found.file} and b/{t.found.file}. Lines {lo}-{hi}:", "```python",
+                  *(f"{i}: {lines[i - 1]}" for i in range(lo, hi + 1)), "```"]
     return redact("\n".join(parts))
 
 
@@ -115,6 +175,9 @@ def llm(ctx: Context, settings: ModelSettings, redact: Redactor) -> Proposal:
         from openai import OpenAI
     except ImportError:
         return Proposal(kind="none", rationale="the openai package is not installed (pip install 'eroica[llm]')")
+    if ctx.action in LOCATE and (ctx.target is None or ctx.target.found is None):
+        return Proposal(kind="none", rationale=f"no target: {ctx.target.why if ctx.target else 'no --repo'}; "
+                        "nothing was sent to the model")
     ctx.sent = prompt(ctx, redact)
     try:
         client = OpenAI(base_url=settings.base_url, api_key=settings.api_key, timeout=settings.timeout_seconds,

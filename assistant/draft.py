@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import yaml
 
 from eroica.assistant.backends import Context, ModelSettings, llm, offline
 from eroica.assistant.errors import BackendConfigError, DraftInputError
-from eroica.assistant.gate import check
+from eroica.assistant.gate import VALIDATE_TIMEOUT_SECONDS, check, validation_command
 from eroica.assistant.models import DraftOutcome, Proposal, Remediation, load_remediations
 from eroica.assistant.redact import Redactor
 from eroica.engine.diagnosis import Diagnosis, Finding, WindowDiagnosis
-from eroica.engine.rules.loader import builtin_knowledge_dir
+from eroica.engine.rules.loader import builtin_knowledge_dir, load_rules
 
 MIN_CONFIDENCE = 0.5
 
@@ -47,56 +49,105 @@ def _slug(f: Finding) -> str:
     return re.sub(r"[^a-z0-9_-]+", "-", f"{f.root_cause}-rank{'-'.join(map(str, f.ranks))}".lower())
 
 
-def draft_all(diagnosis: Diagnosis, out_dir: Path, repo: Path | None = None, backend: str = "offline",
-              settings: ModelSettings | None = None, redact_patterns: list[str] | None = None,
-              min_confidence: float = MIN_CONFIDENCE) -> list[DraftOutcome]:
-    remediations = load_remediations(builtin_knowledge_dir() / "remediations")
-    by_template = {r.id: r for r in remediations.values()}
-    by_cause = {c: r for r in remediations.values() for c in r.root_causes}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    outcomes: list[DraftOutcome] = []
-    n = 0
+def _owners() -> dict[str, str]:
+    try:
+        return {lr.rule.id: lr.rule.owner for lr in load_rules()}
+    except Exception:   # a broken site rule set: the approver is then left for people to fill
+        return {}
+
+
+@dataclass
+class Options:
+    repo: Path | None = None
+    backend: str = "offline"
+    settings: ModelSettings | None = None
+    redact_patterns: list[str] = field(default_factory=list)
+    min_confidence: float = MIN_CONFIDENCE
+    validate: str | None = None                     # the repository's validation command (the gate runs it)
+    validate_timeout_seconds: float = VALIDATE_TIMEOUT_SECONDS
+
+
+def _grouped(diagnosis: Diagnosis, min_confidence: float) -> list[tuple[Finding, WindowDiagnosis, list[str]]]:
+    """One entry per root cause and ranks across the run's windows: its most confident finding, the
+    window it came from, and every window that found it."""
+    groups: dict[tuple[str, tuple[int, ...]], tuple[Finding, WindowDiagnosis, list[str]]] = {}
     for w in diagnosis.windows:
         for f in w.findings:
             if f.confidence < min_confidence and f.root_cause != "unknown":
                 continue
-            n += 1
-            d = out_dir / f"{n:02d}-{w.window}-{_slug(f)}"
-            d.mkdir(parents=True, exist_ok=True)
-            if f.category.value == "hardware":
-                (d / "ticket.md").write_text(_env().get_template("hardware_ticket.md.j2").render(f=f, w=w, d=diagnosis))
-                outcomes.append(DraftOutcome(finding=f"{f.root_cause} on rank {f.ranks}", kind="ticket",
-                                             directory=str(d), backend="none"))
+            key = (f.root_cause, tuple(f.ranks))
+            if key not in groups:
+                groups[key] = (f, w, [w.window])
                 continue
-            rem = by_template.get(f.fix_template or "") or by_cause.get(f.root_cause)
-            outcomes.append(_software(diagnosis, w, f, rem, d, repo, backend, settings, redact_patterns or []))
-    (out_dir / "drafts.json").write_text(json.dumps([o.model_dump() for o in outcomes], indent=2) + "\n")
+            best, bw, seen = groups[key]
+            seen.append(w.window)
+            if f.confidence > best.confidence:
+                groups[key] = (f, w, seen)
+    return list(groups.values())
+
+
+def draft_all(diagnosis: Diagnosis, out_dir: Path, repo: Path | None = None, backend: str = "offline",
+              settings: ModelSettings | None = None, redact_patterns: list[str] | None = None,
+              min_confidence: float = MIN_CONFIDENCE, options: Options | None = None) -> list[DraftOutcome]:
+    o = options or Options(repo=repo, backend=backend, settings=settings, redact_patterns=redact_patterns or [],
+                           min_confidence=min_confidence)
+    remediations = load_remediations(builtin_knowledge_dir() / "remediations")
+    by_template = {r.id: r for r in remediations.values()}
+    by_cause = {c: r for r in remediations.values() for c in r.root_causes}
+    owners = _owners()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outcomes: list[DraftOutcome] = []
+    for n, (f, w, windows) in enumerate(_grouped(diagnosis, o.min_confidence), start=1):
+        d = out_dir / f"{n:02d}-{_slug(f)}"
+        d.mkdir(parents=True, exist_ok=True)
+        approver = next((owners[r] for r in f.rule_ids if r in owners), "")
+        rem = by_template.get(f.fix_template or "") or by_cause.get(f.root_cause)
+        common = dict(root_cause=f.root_cause, ranks=list(f.ranks), windows=windows)
+        if f.category.value == "hardware":
+            (d / "ticket.md").write_text(_env().get_template("hardware_ticket.md.j2").render(
+                f=f, w=w, d=diagnosis, windows=windows, approver=approver, rem=rem))
+            outcomes.append(DraftOutcome(finding=f"{f.root_cause} on rank {f.ranks}", kind="ticket",
+                                         directory=str(d), backend="none", **common))
+            if rem is None or rem.action == "guidance" or o.repo is None:
+                continue
+            d = d / "code"                               # a code change beside the ticket (async checkpoint)
+            d.mkdir(exist_ok=True)
+        outcomes.append(_software(diagnosis, w, f, rem, d, o, approver, common))
+    (out_dir / "drafts.json").write_text(json.dumps([x.model_dump() for x in outcomes], indent=2) + "\n")
     return outcomes
 
 
 def _software(diagnosis: Diagnosis, w: WindowDiagnosis, f: Finding, rem: Remediation | None, d: Path,
-              repo: Path | None, backend: str, settings: ModelSettings | None, patterns: list[str]) -> DraftOutcome:
-    ctx = Context(finding=f, remediation=rem, repo=repo)
-    redactor = Redactor(hostnames=[h for fi in w.findings for h in fi.hosts], extra=patterns)
-    if backend == "openai":
-        if settings is None:
+              o: Options, approver: str, common: dict[str, Any]) -> DraftOutcome:
+    ctx = Context(finding=f, remediation=rem, repo=o.repo)
+    redactor = Redactor.for_site(hostnames=[h for fi in w.findings for h in fi.hosts], extra=o.redact_patterns)
+    if o.backend == "openai":
+        if o.settings is None:
             raise BackendConfigError("the openai backend needs model settings")
-        proposal = llm(ctx, settings, redactor)
+        proposal = llm(ctx, o.settings, redactor)
     else:
         proposal = offline(ctx)
-    refusal = check(proposal, repo, ctx.allowed_files, {s.key for s in f.settings})   # keys that exist here
+    gate = check(proposal, o.repo, ctx.scope(), o.validate, o.validate_timeout_seconds)
+    refusal = gate.refusal
     if refusal is None and proposal.kind == "diff":
         (d / "patch.diff").write_text(proposal.diff if proposal.diff.endswith("\n") else proposal.diff + "\n")
     if refusal is None and proposal.kind == "config":
         (d / "config_change.yaml").write_text(yaml.safe_dump(
             {"changes": [c.model_dump() for c in proposal.config]}, sort_keys=False))
+    if refusal is not None:
+        (d / "rejected.txt").write_text(f"{refusal}\n\nproposal ({proposal.kind}): {proposal.rationale}\n"
+                                        + (proposal.diff or "") + (f"\nvalidation output:\n{gate.validation_output}"
+                                                                   if gate.validation_output else ""))
     if ctx.sent:
         (d / "sent_to_model.txt").write_text(ctx.sent + "\n")
     kind = "human" if refusal else ("code" if proposal.kind == "diff" else "config")
+    t = ctx.target.found if ctx.target is not None else None
     text = _env().get_template("change_request.md.j2").render(
         f=f, w=w, d=diagnosis, rem=rem, proposal=proposal if refusal is None else Proposal(kind="none"),
-        refusal=refusal, backend=backend, sent=bool(ctx.sent), replaced=redactor.replaced,
-        settings=settings)
+        refusal=refusal, backend=o.backend, sent=bool(ctx.sent), replaced=redactor.replaced,
+        settings=o.settings, gate=gate, approver=approver, windows=common["windows"], target=ctx.target,
+        validate=validation_command(o.repo, o.validate) if o.repo is not None else None)
     (d / "change_request.md").write_text(text)
-    return DraftOutcome(finding=f"{f.root_cause} on rank {f.ranks}", kind=kind, directory=str(d), backend=backend,
-                        refusal=refusal, sent_to_model=bool(ctx.sent))
+    return DraftOutcome(finding=f"{f.root_cause} on rank {f.ranks}", kind=kind, directory=str(d), backend=o.backend,
+                        refusal=refusal, sent_to_model=bool(ctx.sent), target=str(t) if t else None,
+                        checks=gate.checks, **common)

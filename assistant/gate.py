@@ -1,26 +1,59 @@
-"""The gate every draft passes before it is written: it applies, it touches only the files the
-finding is about, and it adds no secret, network call or shell-out that was not there; a config
-change names keys that exist. A draft that fails is discarded with the reason."""
+"""The gate every draft passes before it is written, in a scratch copy of the repository (never the
+user's checkout): the diff touches only the files the evidence located and deletes lines only
+inside the located target; it applies (`git apply`); every touched Python file byte-compiles; its
+syntax tree adds no process, network, deserialization, dynamic import, eval/exec, file deletion,
+torch.distributed monkeypatch or secret that was not there; the repository's own validation
+command passes under a timeout. Each check is recorded, and a rejection says which one failed."""
 
 from __future__ import annotations
 
+import os
+import py_compile
 import re
+import shlex
+import shutil
 import subprocess
+import sys
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from eroica.assistant import danger
 from eroica.assistant.models import Proposal
+from eroica.assistant.targets import SKIP_DIRS
 
-SECRET = re.compile(r"(AKIA[0-9A-Z]{16}|-----BEGIN [A-Z ]*PRIVATE KEY|(api[_-]?key|secret|password|token)\s*[=:]\s*"
-                    r"['\"][^'\"]{6,}|sk-[A-Za-z0-9]{20,}|ghp_[A-Za-z0-9]{20,})", re.IGNORECASE)
-NETWORK = re.compile(r"\b(requests\.|urllib|http\.client|httpx|socket\.|aiohttp|urlopen|ftplib|smtplib|curl |wget )")
-SHELL = re.compile(r"\b(subprocess|os\.system|os\.popen|os\.exec\w*|pty\.spawn|eval\(|exec\(|__import__\()")
+BIG_FILE_BYTES = 20 * 1024 * 1024           # linked, not copied, into the scratch copy
+VALIDATE_TIMEOUT_SECONDS = 300.0
+HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What the evidence located: per file, the line ranges a draft may change or delete."""
+
+    lines: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    keys: frozenset[str] = frozenset()       # config keys the evidence names (recorded or found in the repo)
+
+    def allows(self, rel: str, line: int) -> bool:
+        return any(lo <= line <= hi for lo, hi in self.lines.get(rel, []))
+
+
+@dataclass
+class GateReport:
+    checks: list[str] = field(default_factory=list)          # each check that ran, with its result
+    refusal: str | None = None
+    validation_output: str = ""
+
+    def fail(self, why: str) -> GateReport:
+        self.refusal = why
+        return self
 
 
 def touched_files(diff: str) -> list[str]:
     out = []
     for line in diff.splitlines():
-        if line.startswith("+++ ") or line.startswith("--- "):
+        if line.startswith(("+++ ", "--- ")):
             name = line[4:].split("\t")[0].strip()
             if name != "/dev/null":
                 name = name[2:] if name[:2] in ("a/", "b/") else name
@@ -29,59 +62,145 @@ def touched_files(diff: str) -> list[str]:
     return out
 
 
-def _added_removed(diff: str) -> tuple[list[str], list[str]]:
-    added = [ln[1:] for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
-    removed = [ln[1:] for ln in diff.splitlines() if ln.startswith("-") and not ln.startswith("---")]
-    return added, removed
+def removed_lines(diff: str) -> list[tuple[str, int, str]]:
+    """(file, old line number, text) of every line the diff deletes or rewrites."""
+    out, rel, old = [], "", 0
+    for line in diff.splitlines():
+        if line.startswith("--- "):
+            rel = line[4:].split("\t")[0].strip().removeprefix("a/")
+        elif line.startswith("+++ "):
+            continue
+        elif (m := HUNK.match(line)) is not None:
+            old = int(m.group(1))
+        elif line.startswith("-"):
+            out.append((rel, old, line[1:]))
+            old += 1
+        elif line.startswith(" ") or line == "":
+            old += 1
+    return out
 
 
-def check_diff(diff: str, repo: Path, allowed: set[str]) -> str | None:
-    """None when the diff may be written; otherwise why not."""
+def scratch_copy(repo: Path, into: Path) -> Path:
+    def ignore(d: str, names: list[str]) -> list[str]:
+        return [n for n in names if n in SKIP_DIRS or n.endswith(".pyc")]
+    dst = into / "repo"
+    shutil.copytree(repo, dst, ignore=ignore, symlinks=True,
+                    copy_function=lambda s, d: os.symlink(os.path.abspath(s), d)
+                    if os.path.getsize(s) > BIG_FILE_BYTES else shutil.copy2(s, d))
+    return dst
+
+
+def validation_command(repo: Path, given: str | None) -> str | None:
+    """--validate, else `[tool.eroica] validate = "..."` in the repository's pyproject.toml."""
+    if given:
+        return given
+    py = repo / "pyproject.toml"
+    if py.is_file():
+        import tomllib
+        try:
+            cfg = tomllib.loads(py.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+            return None
+        v = cfg.get("tool", {}).get("eroica", {}).get("validate")
+        return str(v) if v else None
+    return None
+
+
+def run_validation(cmd: str, cwd: Path, timeout: float) -> tuple[int | None, str, float]:
+    argv = shlex.split(cmd)
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable                   # the interpreter eroica runs in (the job's environment)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(cwd)}
+    t0 = time.monotonic()
+    try:
+        res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+        return res.returncode, (res.stdout + res.stderr)[-3000:], time.monotonic() - t0
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"") + (exc.stderr or b"") if isinstance(exc.stdout, bytes) else b""
+        return None, out.decode(errors="replace")[-3000:], time.monotonic() - t0
+    except OSError as exc:
+        return 127, str(exc), time.monotonic() - t0
+
+
+def check_diff(diff: str, repo: Path, scope: Scope, validate: str | None = None,
+               timeout: float = VALIDATE_TIMEOUT_SECONDS) -> GateReport:
+    r = GateReport()
     if not diff.strip():
-        return "the draft is an empty diff"
+        return r.fail("the draft is an empty diff")
     files = touched_files(diff)
     if not files:
-        return "the draft is not a unified diff (no file headers)"
-    stray = [f for f in files if f not in allowed]
+        return r.fail("the draft is not a unified diff (no file headers)")
+    stray = [f for f in files if f not in scope.lines]
     if stray:
-        return f"the draft touches files unrelated to the finding: {', '.join(stray)}"
-    added, removed = _added_removed(diff)
-    for name, pattern in (("a secret", SECRET), ("a network call", NETWORK), ("a shell-out", SHELL)):
-        new = [a for a in added if pattern.search(a) and not any(pattern.search(r) for r in removed)]
-        if new:
-            return f"the draft adds {name} that was not there: {new[0].strip()[:120]!r}"
-    with tempfile.NamedTemporaryFile("w", suffix=".diff", delete=False) as fh:
-        fh.write(diff if diff.endswith("\n") else diff + "\n")
-        patch = fh.name
-    try:
-        res = subprocess.run(["git", "apply", "--check", "--verbose", patch], cwd=repo, capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"git apply --check could not run: {exc}"
-    finally:
-        Path(patch).unlink(missing_ok=True)
-    if res.returncode != 0:
-        return f"the diff does not apply (git apply --check): {res.stderr.strip()[:300]}"
-    return None
+        return r.fail(f"the draft touches files the evidence does not reach: {', '.join(stray)} "
+                      f"(located: {', '.join(scope.lines) or 'none'})")
+    r.checks.append(f"touches only the located file(s): {', '.join(files)}")
+    outside = [(f, n, t) for f, n, t in removed_lines(diff) if not scope.allows(f, n)]
+    if outside:
+        f, n, t = outside[0]
+        return r.fail(f"the draft deletes or rewrites {len(outside)} line(s) outside the located target, "
+                      f"first {f}:{n} {t.strip()[:80]!r}")
+    r.checks.append("deletes or rewrites lines only inside the located target")
+    with tempfile.TemporaryDirectory(prefix="eroica-gate-") as tmp:
+        work = scratch_copy(repo, Path(tmp))
+        patch = Path(tmp) / "draft.diff"
+        patch.write_text(diff if diff.endswith("\n") else diff + "\n")
+        try:
+            res = subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch)], cwd=work, capture_output=True,
+                                 text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return r.fail(f"git apply could not run: {exc}")
+        if res.returncode != 0:
+            return r.fail(f"the diff does not apply (git apply): {res.stderr.strip()[:300]}")
+        r.checks.append("applies with `git apply` in a scratch copy of the repository")
+        for rel in files:
+            if not rel.endswith(".py"):
+                continue
+            try:
+                py_compile.compile(str(work / rel), cfile=str(Path(tmp) / "c.pyc"), doraise=True)
+            except py_compile.PyCompileError as exc:
+                return r.fail(f"{rel} does not compile after the draft: {str(exc.msg).strip()[-300:]}")
+            before = (repo / rel).read_text() if (repo / rel).is_file() else ""
+            new = danger.added(before, (work / rel).read_text())
+            if new:
+                return r.fail(f"the draft adds {new[0].kind} that was not there: {new[0]} in {rel}")
+        r.checks.append("every touched Python file byte-compiles and adds nothing dangerous on its syntax tree")
+        cmd = validation_command(repo, validate)
+        if cmd is None:
+            r.checks.append("no validation command (--validate, or [tool.eroica] validate in pyproject.toml): "
+                            "not run")
+            return r
+        code, out, secs = run_validation(cmd, work, timeout)
+        r.validation_output = out
+        if code != 0:
+            why = f"timed out after {timeout:.0f} s" if code is None else f"exit {code}"
+            return r.fail(f"the repository's validation `{cmd}` failed on the draft ({why}): "
+                          f"{out.strip().splitlines()[-1][:200] if out.strip() else 'no output'}")
+        r.checks.append(f"validation `{cmd}` passed on the draft in {secs:.1f} s (exit 0)")
+    return r
 
 
-def check_config(p: Proposal, known_keys: set[str]) -> str | None:
+def check_config(p: Proposal, scope: Scope) -> GateReport:
+    r = GateReport()
     if not p.config:
-        return "the config change names no key"
-    unknown = [c.key for c in p.config if c.key not in known_keys]
+        return r.fail("the config change names no key")
+    unknown = [c.key for c in p.config if c.key not in scope.keys]
     if unknown:
-        return f"the config change names keys that do not exist here: {', '.join(unknown)}"
+        return r.fail(f"the config change names keys the evidence does not: {', '.join(unknown)} "
+                      f"(known: {', '.join(sorted(scope.keys)) or 'none'})")
     same = [c.key for c in p.config if c.before == c.after]
     if same:
-        return f"the config change does not change {', '.join(same)}"
-    return None
+        return r.fail(f"the config change does not change {', '.join(same)}")
+    r.checks.append(f"names only keys the evidence names: {', '.join(c.key for c in p.config)}")
+    return r
 
 
-def check(p: Proposal, repo: Path | None, allowed: set[str], known_keys: set[str]) -> str | None:
+def check(p: Proposal, repo: Path | None, scope: Scope, validate: str | None = None,
+          timeout: float = VALIDATE_TIMEOUT_SECONDS) -> GateReport:
     if p.kind == "none":
-        return p.rationale or "the backend proposed no change"
+        return GateReport().fail(p.rationale or "the backend proposed no change")
     if p.kind == "config":
-        return check_config(p, known_keys)
+        return check_config(p, scope)
     if repo is None:
-        return "a code change needs --repo to check that it applies"
-    return check_diff(p.diff, repo, allowed)
+        return GateReport().fail("a code change needs --repo to check that it applies")
+    return check_diff(p.diff, repo, scope, validate, timeout)

@@ -38,7 +38,8 @@ class Remediation(Frozen):
     id: str
     root_causes: list[str]
     title: str
-    action: Literal["dataloader_kwargs", "gc_freeze", "align_settings", "guidance"]
+    action: Literal["dataloader_kwargs", "gc_freeze", "align_settings", "anomaly_off", "move_blocking_call",
+                    "balanced_sampler", "async_checkpoint", "guidance"]
     params: dict[str, Any] = Field(default_factory=dict)
     risk: str
     guidance: str
@@ -64,3 +65,8 @@ class DraftOutcome(Frozen):
     backend: str
     refusal: str | None = None           # why the draft was discarded (then a human writes the fix)
     sent_to_model: bool = False
+    root_cause: str = ""
+    ranks: list[int] = Field(default_factory=list)
+    windows: list[str] = Field(default_factory=list)       # every window that found it (one request for all)
+    target: str | None = None                              # file:line the evidence located, if any
+    checks: list[str] = Field(default_factory=list)        # the gate's checks that passed

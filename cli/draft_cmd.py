@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from eroica.assistant.backends import ModelSettings
-from eroica.assistant.draft import draft_all, load_diagnosis
+from eroica.assistant.draft import Options, draft_all, load_diagnosis
+from eroica.assistant.redact import load_pattern_file
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,6 +18,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--base-url", help="openai backend: the endpoint (or EROICA_LLM_BASE_URL)")
     p.add_argument("--model", help="openai backend: the model name (or EROICA_LLM_MODEL)")
     p.add_argument("--redact", action="append", default=[], help="a regular expression never sent to a model")
+    p.add_argument("--redact-file", type=Path, help="a file of such expressions, one per line (or EROICA_REDACT_FILE)")
+    p.add_argument("--validate", help="the repository's validation command, run by the gate on each drafted diff in "
+                                      "a scratch copy (default: [tool.eroica] validate in the repo's pyproject.toml)")
+    p.add_argument("--validate-timeout", type=float, default=300.0, help="seconds (default 300)")
     p.add_argument("-o", "--output", type=Path, required=True, help="directory for the change requests")
     p.set_defaults(func=run)
 
@@ -31,10 +36,18 @@ def run(args: argparse.Namespace) -> int:
     if args.repo is not None and not args.repo.is_dir():
         print(f"eroica draft: --repo {args.repo}: not a directory")
         return 2
-    outcomes = draft_all(d, args.output, args.repo, args.backend, settings, args.redact)
+    try:
+        patterns = [*args.redact, *(load_pattern_file(args.redact_file) if args.redact_file else [])]
+    except ValueError as exc:
+        print(f"eroica draft: {exc}")
+        return 2
+    outcomes = draft_all(d, args.output, options=Options(
+        repo=args.repo, backend=args.backend, settings=settings, redact_patterns=patterns, validate=args.validate,
+        validate_timeout_seconds=args.validate_timeout))
     for o in outcomes:
         why = f" ({o.refusal})" if o.refusal else ""
-        print(f"{o.kind:7s} {o.finding}: {o.directory}{why}")
+        where = f" at {o.target}" if o.target and o.kind == "code" else ""
+        print(f"{o.kind:7s} {o.finding}{where}: {o.directory}{why}")
     if not outcomes:
         print("no finding at >= 0.5 confidence: nothing to draft")
     print(f"nothing was applied; review the change requests under {args.output}")

@@ -33,7 +33,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fit-priors", action="store_true",
                    help="fit each rule's prior on the library (never on heldout/), write knowledge/priors.yaml, and "
                         "print the calibration before and after on both sets")
+    p.add_argument("--drafts", action="store_true",
+                   help="the draft yield instead: draft every code fix of the library's software findings on every "
+                        "repository under DIR/repos (or --repos), through the gate with each repository's validation")
+    p.add_argument("--repos", type=Path, help="--drafts: the training repositories (default DIR/repos)")
+    p.add_argument("--no-validate", action="store_true", help="--drafts: skip the repositories' validation commands")
     p.set_defaults(func=run)
+
+
+def drafts(args: argparse.Namespace) -> int:
+    from eroica.assistant.evaluate import evaluate
+    from eroica.assistant.evaluate import table as draft_table
+    repos = args.repos or args.dir / "repos"
+    if not repos.is_dir():
+        print(f"eroica eval --drafts: {repos}: no such folder of training repositories (each with eroica-eval.yaml)",
+              file=sys.stderr)
+        return 2
+    try:
+        ev = evaluate(args.dir, repos, validate=not args.no_validate,
+                      progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"eroica eval --drafts: {exc}", file=sys.stderr)
+        return 2
+    print(f"draft yield ({args.dir}: software findings whose fix is code, x {repos}: training repositories)")
+    print(draft_table(ev))
+    drafted, should, wrong, _none = ev.counts()
+    return 0 if drafted == should and wrong == 0 else 1
 
 
 def table(results: list[IncidentResult], label: str = "overall yield") -> str:
@@ -76,6 +101,8 @@ def table(results: list[IncidentResult], label: str = "overall yield") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.drafts:
+        return drafts(args)
     try:
         incs = find_incidents(args.dir)
         held = find_heldout(args.dir)

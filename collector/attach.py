@@ -29,6 +29,7 @@ from datetime import timedelta
 from types import ModuleType
 from typing import Any
 
+from eroica.collector import sites
 from eroica.collector.boot import say
 from eroica.collector.facts import Category
 from eroica.collector.monitor import Monitor
@@ -145,6 +146,8 @@ def _after_optimizer_step(opt: Any, _args: Any, _kwargs: Any) -> None:
         elif first is not opt:
             return                                  # another optimizer of the same iteration
         S.steps += 1
+        if S.steps == 1 and S.monitor is not None:
+            sites.note(S.monitor.config, "step", sites.caller_site(1))
         _step()
     except Exception as exc:
         _fail("the optimizer step hook", exc)
@@ -218,6 +221,7 @@ def _note_loader(mon: Monitor, it: Any) -> None:
                           ("prefetch_factor", "_prefetch_factor"), ("persistent_workers", "_persistent_workers")):
             if hasattr(it, attr):
                 mon.config[f"dataloader.{key}"] = str(getattr(it, attr))
+        sites.note(mon.config, "loader", getattr(it, "_eroica_site", None))
         batch = getattr(getattr(it, "_index_sampler", None), "batch_size", None)
         if batch is not None:
             mon.config["dataloader.batch_size"] = str(batch)
@@ -289,6 +293,7 @@ def on_torch(torch: ModuleType) -> None:
         importlib.import_module("torch.optim.optimizer").register_optimizer_step_post_hook(_after_optimizer_step)
         _patch_scaler(torch)
         _patch_loader(torch)
+        sites.install_loader_sites()
         Monitor.created_hook = _explicit
         atexit.register(stop)
     except Exception as exc:

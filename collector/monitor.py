@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+from eroica.collector import sites
 from eroica.collector.control import ControlAgent, ControlChange, apply_change
 from eroica.collector.critical import Execution
 from eroica.collector.detector import StepTimeDetector
@@ -171,6 +172,7 @@ class Monitor:
             if force:
                 self._pending = WindowPlan(0, int(force), "forced", None)
             self._collect_config()
+            sites.install_loader_sites()
             self._win.sampler = SamplerClient(os.getpid(), threading.get_native_id())
             self.gaps.extend(self._win.sampler.gaps)
         except Exception as exc:
@@ -187,6 +189,7 @@ class Monitor:
             for attr in ("num_workers", "batch_size", "pin_memory", "prefetch_factor", "persistent_workers"):
                 if hasattr(loader, attr):
                     self.config[f"dataloader.{attr}"] = str(getattr(loader, attr))
+            sites.note(self.config, "loader", getattr(loader, "_eroica_site", None) or sites.caller_site(1))
             return TimedLoader(self._record_safely, loader)
         except Exception as exc:
             self._warn("wrap_loader", exc)
@@ -196,6 +199,8 @@ class Monitor:
     def region(self, name: str) -> Iterator[None]:
         """Annotate a user region; its own time (outside torch ops) is attributed to it."""
         t0 = time.monotonic_ns() if self._win.recording else 0
+        if f"{sites.SITE_PREFIX}region.{name}" not in self.config:
+            sites.note(self.config, f"region.{name}", sites.caller_site(2))
         try:
             yield
         finally:
@@ -218,6 +223,8 @@ class Monitor:
             return
         t_in = time.perf_counter()
         self._win_seconds_this_call = 0.0
+        if self._step == 0:
+            sites.note(self.config, "step", sites.caller_site(1))
         try:
             self._on_step()
         except Exception as exc:

@@ -93,6 +93,9 @@ class Finding(Frozen):
     signals: list[SignalComparison] = Field(default_factory=list)   # the culprit's hardware signature
     cost: FindingCost | None = None
     settings: list[SettingDeviation] = Field(default_factory=list)
+    # where the culprit's code is, as its collector recorded it (`step`, `loader`, `region.<name>` ->
+    # "path:line"); empty when the privacy level hid paths or the run predates it
+    sites: dict[str, str] = Field(default_factory=dict)
 
 
 class Coverage(Frozen):

@@ -151,6 +151,7 @@ def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conc
             excess_seconds_per_step=round(s.excess_seconds_per_step, 6) if s else 0.0,
             settings=[SettingDeviation(key=f.key, value=f.value, peer_value=f.peer_value)
                       for f in facts if isinstance(f, ConfigDeviation)],
+            sites={k[5:]: v for k, v in (w.columns.config[row] if row is not None else ()) if k.startswith("site.")},
         ))
     findings = _same_cause(explain_away(findings, taxonomy, resolution))
     findings.sort(key=lambda f: (-f.confidence, -f.excess_seconds_per_step))

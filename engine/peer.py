@@ -435,7 +435,7 @@ class _ConfigVotes:
         others_clean = int(self.clean.sum()) - int(self.clean[i])
         out: list[Fact] = []
         for key, val in sorted(mine.items()):
-            if key in CONFIG_KEYS_IGNORED:
+            if key in CONFIG_KEYS_IGNORED or key.startswith("site."):   # where code is, not how it runs
                 continue
             if others_clean:
                 votes = Counter(self.clean_votes.get(key, Counter()))

@@ -15,7 +15,6 @@ import pytest
 
 from eroica.assistant.backends import ModelSettings
 from eroica.assistant.draft import draft_all
-from eroica.assistant.gate import check_config, check_diff
 from eroica.assistant.models import ConfigEdit, Proposal
 from eroica.cli.main import main
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
@@ -51,14 +50,15 @@ def software_incidents() -> list[Path]:
 def test_offline_drafts_a_valid_change_request_for_each_software_incident(tmp_path: Path, inc: Path) -> None:
     r = repo(tmp_path)
     before = (r / "train.py").read_text()
-    outcomes = draft_all(diagnose(inc / "patterns", OPTS), tmp_path / "out", r)
+    diagnosis = diagnose(inc / "patterns", OPTS)
+    outcomes = draft_all(diagnosis, tmp_path / "out", r)
     cause = load_expected(inc / "expected.yaml").expect[0].root_cause
     mine = [o for o in outcomes if o.finding.startswith(cause)]
     assert mine, outcomes
     for o in mine:
         d = Path(o.directory)
         text = (d / "change_request.md").read_text()
-        assert all(s in text for s in SECTIONS) and "- Approver:\n" in text and "not applied" in text
+        assert all(s in text for s in SECTIONS) and "- Approver: (proposed: `" in text and "not applied" in text
         if o.kind == "code":
             res = subprocess.run(["git", "apply", "--check", str(d / "patch.diff")], cwd=r, capture_output=True)
             assert res.returncode == 0, res.stderr
@@ -67,7 +67,10 @@ def test_offline_drafts_a_valid_change_request_for_each_software_incident(tmp_pa
         else:
             assert o.kind == "human" and o.refusal and "A human must write the fix" in text
     assert (r / "train.py").read_text() == before                   # nothing is ever applied
-    expected_kind = {"dataloader_stall": "code", "gc_pause": "code", "framework_config": "config"}.get(cause)
+    anomaly = any("detect_anomaly" in s.key for w in diagnosis.windows for f in w.findings for s in f.settings)
+    # anomaly detection is turned off where the code turns it on; another setting is aligned as config
+    expected_kind = {"dataloader_stall": "code", "gc_pause": "code",
+                     "framework_config": "code" if anomaly else "config"}.get(cause)
     if expected_kind:
         assert mine[0].kind == expected_kind, mine[0]
 
@@ -77,31 +80,17 @@ def test_a_hardware_finding_gets_a_ticket_not_code(tmp_path: Path) -> None:
                          repo(tmp_path))
     (o,) = [o for o in outcomes if o.finding.startswith("cpu_throttled")]
     assert o.kind == "ticket" and not (Path(o.directory) / "patch.diff").exists()
-    assert "For people, not for code" in (Path(o.directory) / "ticket.md").read_text()
+    ticket = (Path(o.directory) / "ticket.md").read_text()
+    assert "For people." in ticket and all(s in ticket for s in ("## Risk", "## Validation plan", "## Rollback"))
 
 
-def test_the_gate_refuses_unsafe_or_unrelated_or_broken_diffs(tmp_path: Path) -> None:
-    r = repo(tmp_path)
-    ok_line = "    t_last = time.monotonic()\n"
-    assert ok_line in (r / "train.py").read_text()
-
-    lines = (r / "train.py").read_text().splitlines(keepends=True)
-    i = lines.index(ok_line) + 1
-    after = lines[i].rstrip("\n")
-
-    def diff(path: str, added: str) -> str:   # one line of context on each side (git anchors otherwise)
-        return (f"--- a/{path}\n+++ b/{path}\n@@ -{i},2 +{i},3 @@\n {ok_line.rstrip()}\n+{added}\n {after}\n")
-
-    allowed = {"train.py"}
-    assert check_diff(diff("train.py", "    t_last += 0.0"), r, allowed) is None
-    assert "shell-out" in (check_diff(diff("train.py", "    subprocess.run(['sh'])"), r, allowed) or "")
-    assert "network call" in (check_diff(diff("train.py", "    requests.get('http://x')"), r, allowed) or "")
-    assert "secret" in (check_diff(diff("train.py", "    api_key = 'sk-abcdefghijklmnopqrstuvwx'"), r, allowed) or "")
-    assert "unrelated" in (check_diff(diff("README.md", "more"), r, allowed) or "")
-    assert "does not apply" in (check_diff("--- a/train.py\n+++ b/train.py\n@@ -1,1 +1,1 @@\n-nope\n+x\n", r,
-                                           allowed) or "")
-    assert "do not exist" in (check_config(Proposal(kind="config", config=[ConfigEdit(key="x", before="1", after="2")]),
-                                           {"y"}) or "")
+def test_the_gate_refuses_a_config_key_the_evidence_does_not_name() -> None:
+    from eroica.assistant.gate import Scope, check_config
+    scope = Scope(keys=frozenset({"torch.autograd.detect_anomaly"}))
+    assert "evidence does not" in (check_config(Proposal(kind="config", config=[ConfigEdit(key="x", before="1",
+                                                                                              after="2")]), scope).refusal or "")
+    assert check_config(Proposal(kind="config", config=[ConfigEdit(key="torch.autograd.detect_anomaly", before="True",
+                                                                   after="False")]), scope).refusal is None
 
 
 # ---- a real OpenAI-compatible HTTP server on 127.0.0.1 replaying recorded model replies ----
@@ -157,7 +146,7 @@ def test_the_openai_backend_ends_in_a_valid_draft_or_a_recorded_refusal(tmp_path
     (o,) = draft_all(d, good, r)
     good_diff = (Path(o.directory) / "patch.diff").read_text()
     text = (r / "train.py").read_text()
-    shell = good_diff.replace("persistent_workers=True)", "persistent_workers=True); __import__('os').system('id')")
+    shell = good_diff.replace("persistent_workers=True", "persistent_workers=__import__('os').system('id') or True")
     unrelated = good_diff.replace("a/train.py", "a/README.md").replace("b/train.py", "b/README.md")
     Replay.replies = [
         (200, json.dumps({"kind": "diff", "diff": good_diff, "rationale": "workers and prefetch"}), 0.0),
@@ -177,8 +166,8 @@ def test_the_openai_backend_ends_in_a_valid_draft_or_a_recorded_refusal(tmp_path
         assert "sent_to_model.txt" in req
     assert results[0].kind == "code" and results[0].refusal is None
     assert "structured form" in (results[1].refusal or "")
-    assert "shell-out" in (results[2].refusal or "")
-    assert "unrelated" in (results[3].refusal or "")
+    assert "eval/exec" in (results[2].refusal or "")
+    assert "evidence does not reach" in (results[3].refusal or "")
     assert "endpoint failed" in (results[4].refusal or "") and "Timeout" in (results[4].refusal or "")
     assert "endpoint failed" in (results[5].refusal or "")
     assert all(o.kind == "human" for o in results[1:])

@@ -1,0 +1,267 @@
+"""Which code a finding is about: the loader, loop, region, call or config key on the culprit's
+path, located from the finding's evidence (the collector's recorded sites, the function and the
+settings it names), never from what a draft chose to edit. Test files are never targets; when
+several candidates fit and the evidence cannot tell them apart, there is no target and the reason
+lists them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from eroica.engine.diagnosis import Finding
+
+SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", ".tox", "site-packages"}
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")
+MAX_FILES = 2000
+
+
+@dataclass(frozen=True)
+class Candidate:
+    file: str           # relative to the repository
+    line: int           # first line of the node (1-based)
+    end_line: int
+    text: str           # its first line, stripped
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} `{self.text[:80]}`"
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str                                   # loader, loop, anomaly, anomaly_config, region, call, checkpoint
+    found: Candidate | None
+    why: str                                    # how it was chosen, or why nothing was
+    candidates: list[Candidate] = field(default_factory=list)
+
+
+def is_test(rel: str) -> bool:
+    parts = PurePath(rel).parts
+    name = parts[-1] if parts else ""
+    return (any(p in ("tests", "test", "testing") for p in parts[:-1]) or name.startswith("test_")
+            or name.endswith("_test.py") or name == "conftest.py")
+
+
+def source_files(repo: Path, suffixes: tuple[str, ...] = (".py",)) -> list[str]:
+    out = []
+    for p in sorted(repo.rglob("*")):
+        rel = p.relative_to(repo)
+        if p.suffix not in suffixes or any(part in SKIP_DIRS for part in rel.parts) or not p.is_file():
+            continue
+        if not is_test(rel.as_posix()):
+            out.append(rel.as_posix())
+        if len(out) >= MAX_FILES:
+            break
+    return out
+
+
+def parse(repo: Path, rel: str) -> tuple[MetadataWrapper, dict[cst.CSTNode, int], dict[cst.CSTNode, int]] | None:
+    try:
+        wrapper = MetadataWrapper(cst.parse_module((repo / rel).read_text()))
+    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+        return None
+    pos = wrapper.resolve(PositionProvider)
+    return wrapper, {n: p.start.line for n, p in pos.items()}, {n: p.end.line for n, p in pos.items()}
+
+
+def dotted(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return f"{dotted(node.value)}.{node.attr.value}"
+    if isinstance(node, cst.Call):
+        return dotted(node.func) + "()"
+    return ""
+
+
+def callee(node: cst.Call) -> str:
+    """The last name of what is called: `DataLoader` for `torch.utils.data.DataLoader(...)`."""
+    return dotted(node.func).rsplit(".", 1)[-1]
+
+
+def resolve_site(repo: Path, site: str | None) -> list[tuple[str, int]]:
+    """A collector site `path:line < path:line ...` (innermost frame first) as the frames that are in
+    this repository, each (repository-relative file, line), matched by the longest path suffix."""
+    out: list[tuple[str, int]] = []
+    for frame in (site or "").split(" < "):
+        path, _, line = frame.strip().rpartition(":")
+        if not line.isdigit():
+            continue
+        parts = PurePath(path).parts
+        for k in range(len(parts), 0, -1):
+            rel = PurePath(*parts[-k:]).as_posix()
+            if (repo / rel).is_file():
+                out.append((rel, int(line)))
+                break
+    return out
+
+
+class _Collect(cst.CSTVisitor):
+    def __init__(self, want: object, start: dict[cst.CSTNode, int], end: dict[cst.CSTNode, int],
+                 rel: str, lines: list[str]) -> None:
+        self.want, self.start, self.end, self.rel, self.lines = want, start, end, rel, lines
+        self.found: list[Candidate] = []
+        self.defs: list[str] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:  # noqa: N802
+        self.defs.append(node.name.value)
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:  # noqa: N802
+        self.defs.pop()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        super().on_visit(node)
+        if node in self.start and self.want(node, self.defs):  # type: ignore[operator]
+            s = self.start[node]
+            self.found.append(Candidate(self.rel, s, self.end[node], self.lines[s - 1].strip()))
+        return True
+
+
+def collect(repo: Path, want: object, text_hint: str = "") -> list[Candidate]:
+    """Every node `want(node, enclosing_defs)` accepts, in the repository's non-test Python files."""
+    out: list[Candidate] = []
+    for rel in source_files(repo):
+        try:
+            text = (repo / rel).read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text_hint and text_hint not in text:
+            continue
+        parsed = parse(repo, rel)
+        if parsed is None:
+            continue
+        wrapper, start, end = parsed
+        v = _Collect(want, start, end, rel, text.splitlines())
+        wrapper.module.visit(v)
+        out += v.found
+    return out
+
+
+def choose(kind: str, cands: list[Candidate], frames: list[tuple[str, int]] | None, what: str,
+           outermost: bool = False) -> Target:
+    """The candidate the evidence points at: the one holding the recorded site (its innermost frame
+    that holds one), else the only one."""
+    frames = [f for f in frames or [] if not is_test(f[0])]
+    for rel, line in frames:
+        holding = [c for c in cands if c.file == rel and c.line <= line <= c.end_line]
+        if holding:
+            span = (lambda c: -(c.end_line - c.line)) if outermost else (lambda c: c.end_line - c.line)
+            c = min(holding, key=span)
+            return Target(kind, c, f"the collector recorded {what} at {rel}:{line}", cands)
+    for rel, line in frames[:1]:
+        same = [c for c in cands if c.file == rel]
+        if len(same) == 1:
+            return Target(kind, same[0], f"the only {what} in {rel}, where the collector recorded it (line {line})",
+                          cands)
+    if len(cands) == 1:
+        return Target(kind, cands[0], f"the only {what} in the repository (tests excluded)", cands)
+    if not cands:
+        return Target(kind, None, f"no {what} in the repository (tests excluded)", cands)
+    return Target(kind, None, f"{len(cands)} candidates for the {what} and no recorded site to tell them apart: "
+                  + "; ".join(map(str, cands[:8])), cands)
+
+
+def _is_call(names: tuple[str, ...]) -> object:
+    return lambda n, _d: isinstance(n, cst.Call) and callee(n) in names
+
+
+def loader(repo: Path, f: Finding) -> Target:
+    cands = collect(repo, _is_call(("DataLoader",)), "DataLoader") or \
+        collect(repo, _is_call(("TrainingArguments",)), "TrainingArguments")    # HF: the Trainer builds it
+    return choose("loader", cands, resolve_site(repo, f.sites.get("loader")), "data loader")
+
+
+def _calls_step(node: cst.CSTNode) -> bool:
+    found = False
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, n: cst.Call) -> None:  # noqa: N802
+            nonlocal found
+            if callee(n) == "step" and isinstance(n.func, cst.Attribute):
+                found = True
+    node.visit(V())
+    return found
+
+
+def loop(repo: Path, f: Finding) -> Target:
+    """The outermost loop whose body steps an optimizer (the training loop)."""
+    cands = collect(repo, lambda n, _d: isinstance(n, (cst.For, cst.While)) and _calls_step(n), ".step(")
+    outer = [c for c in cands if not any(o is not c and o.file == c.file and o.line < c.line <= o.end_line
+                                         for o in cands)]
+    frames = resolve_site(repo, f.sites.get("step"))
+    if frames:     # the loop that holds the step's frames: a step inside a helper is called from the loop
+        held = collect(repo, lambda n, _d: isinstance(n, (cst.For, cst.While)))
+        outer += [c for c in held if c not in outer and any(c.file == r and c.line <= ln <= c.end_line
+                                                              for r, ln in frames)]
+    return choose("loop", outer, frames, "training loop", outermost=True)
+
+
+def anomaly(repo: Path, f: Finding) -> Target:
+    """The call that turns anomaly detection on, or the config key that feeds it."""
+    def want(n: cst.CSTNode, _d: list[str]) -> bool:
+        if isinstance(n, cst.SimpleStatementLine) and len(n.body) == 1 and isinstance(n.body[0], cst.Expr):
+            e = n.body[0].value
+            return (isinstance(e, cst.Call) and callee(e) == "set_detect_anomaly" and bool(e.args)
+                    and isinstance(e.args[0].value, cst.Name) and e.args[0].value.value == "True")
+        return isinstance(n, cst.With) and any(isinstance(i.item, cst.Call) and callee(i.item) == "detect_anomaly"
+                                               for i in n.items)
+    cands = collect(repo, want, "anomaly")
+    if cands:
+        return choose("anomaly", cands, None, "call that turns anomaly detection on")
+    keys = config_keys(repo, r"detect_anomaly", r"(true|True|yes|on|1)")
+    return choose("anomaly_config", keys, None, "config key that turns anomaly detection on")
+
+
+def config_keys(repo: Path, key: str, value: str) -> list[Candidate]:
+    rx = re.compile(rf"""^\s*["']?[\w.-]*{key}["']?\s*[:=]\s*["']?{value}["']?\s*,?\s*(#.*)?$""")
+    out = []
+    for rel in source_files(repo, CONFIG_SUFFIXES):
+        try:
+            lines = (repo / rel).read_text().splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        out += [Candidate(rel, i + 1, i + 1, ln.strip()) for i, ln in enumerate(lines) if rx.match(ln)]
+    return out
+
+
+def _region_with(name: str) -> object:
+    def want(n: cst.CSTNode, _d: list[str]) -> bool:
+        return isinstance(n, cst.With) and any(
+            isinstance(i.item, cst.Call) and callee(i.item) == "region" and i.item.args
+            and isinstance(i.item.args[0].value, cst.SimpleString) and i.item.args[0].value.evaluated_value == name
+            for i in n.items)
+    return want
+
+
+def region(repo: Path, f: Finding) -> Target:
+    """The user region the finding names (`with mon.region("NAME")`), else the statement calling NAME."""
+    name = f.function or ""
+    if not name:
+        return Target("region", None, "the finding names no function")
+    cands = collect(repo, _region_with(name), name)
+    if cands:
+        return choose("region", cands, resolve_site(repo, f.sites.get(f"region.{name}")), f"region {name!r}")
+
+    def call_stmt(n: cst.CSTNode, _d: list[str]) -> bool:
+        return (isinstance(n, cst.SimpleStatementLine) and len(n.body) == 1 and isinstance(n.body[0], cst.Expr)
+                and isinstance(n.body[0].value, cst.Call) and callee(n.body[0].value) == name)
+    return choose("call", collect(repo, call_stmt, name), None, f"statement calling {name}()")
+
+
+def checkpoint(repo: Path, f: Finding) -> Target:
+    """The `torch.save` inside the function or region the finding names."""
+    name = f.function or ""
+    regions = collect(repo, _region_with(name), name) if name else []
+
+    def want(n: cst.CSTNode, defs: list[str]) -> bool:
+        return (isinstance(n, cst.SimpleStatementLine) and len(n.body) == 1 and isinstance(n.body[0], cst.Expr)
+                and isinstance(n.body[0].value, cst.Call) and dotted(n.body[0].value.func) == "torch.save"
+                and (name in defs or not name))
+    saves = collect(repo, want, "torch.save")
+    inside = [s for s in collect(repo, lambda n, d: want(n, [name]), "torch.save")
+              if any(r.file == s.file and r.line <= s.line <= r.end_line for r in regions)]
+    return choose("checkpoint", saves or inside, None, f"torch.save in {name or 'the checkpoint code'}")
