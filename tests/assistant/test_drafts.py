@@ -87,10 +87,11 @@ def test_a_hardware_finding_gets_a_ticket_not_code(tmp_path: Path) -> None:
 def test_the_gate_refuses_a_config_key_the_evidence_does_not_name() -> None:
     from eroica.assistant.gate import Scope, check_config
     scope = Scope(keys=frozenset({"torch.autograd.detect_anomaly"}))
-    assert "evidence does not" in (check_config(Proposal(kind="config", config=[ConfigEdit(key="x", before="1",
-                                                                                              after="2")]), scope).refusal or "")
-    assert check_config(Proposal(kind="config", config=[ConfigEdit(key="torch.autograd.detect_anomaly", before="True",
-                                                                   after="False")]), scope).refusal is None
+    unknown = Proposal(kind="config", config=[ConfigEdit(key="x", before="1", after="2")])
+    assert "evidence does not" in (check_config(unknown, scope).refusal or "")
+    known = Proposal(kind="config",
+                     config=[ConfigEdit(key="torch.autograd.detect_anomaly", before="True", after="False")])
+    assert check_config(known, scope).refusal is None
 
 
 # ---- a real OpenAI-compatible HTTP server on 127.0.0.1 replaying recorded model replies ----

@@ -1,0 +1,81 @@
+"""Targets come from the evidence and edits keep the code as written: the recorded site picks one
+loader among several, a test file is never a target, ambiguity drafts nothing, and the diff only
+touches the target's lines (comments, line breaks and quotes survive)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eroica.assistant import edits, targets
+from eroica.assistant.backends import Context, offline
+from eroica.assistant.evaluate import evaluate, find_repos, table
+from eroica.assistant.models import load_remediations
+from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.rules.loader import builtin_knowledge_dir
+
+ROOT = Path(__file__).parents[2]
+REPOS = ROOT / "incidents" / "repos"
+
+
+def finding(inc: str, cause: str):  # type: ignore[no-untyped-def]
+    d = diagnose(ROOT / "incidents" / inc / "patterns", DiagnoseOptions(in_process=True))
+    return next(f for w in d.windows for f in w.findings if f.root_cause == cause)
+
+
+def rem(rid: str):  # type: ignore[no-untyped-def]
+    return load_remediations(builtin_knowledge_dir() / "remediations")[rid]
+
+
+def test_the_recorded_site_picks_the_training_loader_and_leaves_the_eval_loader_alone() -> None:
+    repo = next(r for r in find_repos(REPOS) if r.name == "several_loaders")
+    f = finding("INC-0001", "dataloader_stall").model_copy(update={"sites": repo.sites})
+    p = offline(Context(finding=f, remediation=rem("dataloader-workers"), repo=repo.path))
+    assert p.kind == "diff" and "data.py" in p.diff
+    removed = [ln for ln in p.diff.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+    assert removed == ["-                       num_workers=1)  # raised from 0 after the last incident"]
+    assert "deterministic eval" not in "".join(ln for ln in p.diff.splitlines() if ln[:1] in "+-")
+
+
+def test_without_a_site_two_candidates_draft_nothing_and_are_named() -> None:
+    repo = REPOS / "ambiguous"
+    p = offline(Context(finding=finding("INC-0001", "dataloader_stall"), remediation=rem("dataloader-workers"),
+                        repo=repo))
+    assert p.kind == "none" and "2 candidates" in p.rationale
+    assert "scripts/pretrain.py:7" in p.rationale and "scripts/finetune.py:7" in p.rationale
+
+
+def test_a_test_file_is_never_a_target(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("from torch.utils.data import DataLoader\nDataLoader([1])\n")
+    (tmp_path / "conftest.py").write_text("from torch.utils.data import DataLoader\nDataLoader([1])\n")
+    f = finding("INC-0001", "dataloader_stall").model_copy(
+        update={"sites": {"loader": f"{tmp_path}/tests/test_x.py:2"}})
+    t = targets.loader(tmp_path, f)
+    assert t.found is None and not t.candidates
+
+
+def test_a_multiline_call_keeps_its_comments_and_only_its_lines_change() -> None:
+    text = ("loader = DataLoader(\n    data,  # the shards\n    batch_size=8,\n    shuffle=True,  # every epoch\n)\n"
+            "other = DataLoader(x, batch_size=2)  # left alone\n")
+    c = targets.Candidate("t.py", 1, 5, "loader = DataLoader(")
+    new = edits.loader_kwargs(text, c, 4, 4, pin=False)
+    assert new.splitlines()[:4] == text.splitlines()[:4]
+    assert "    num_workers=4,\n    prefetch_factor=4,\n    persistent_workers=True,\n)\n" in new
+    assert new.endswith("other = DataLoader(x, batch_size=2)  # left alone\n")
+
+
+def test_the_step_recorded_in_a_helper_finds_the_loop_that_calls_it() -> None:
+    repo = next(r for r in find_repos(REPOS) if r.name == "anomaly_blocks")
+    f = finding("INC-0004", "gc_pause").model_copy(update={"sites": repo.sites})
+    t = targets.loop(repo.path, f)
+    assert t.found is not None and t.found.file == "train.py" and t.found.text == "for epoch in range(epochs):"
+
+
+def test_the_draft_yield_over_every_repository_without_validation() -> None:
+    """The full table with each repository's validation is `eroica eval --drafts` (make test runs it)."""
+    ev = evaluate(ROOT / "incidents", REPOS, validate=False)
+    drafted, should, wrong, none = ev.counts()
+    assert wrong == 0, table(ev)
+    assert drafted == should and should >= 40 and none > 0, table(ev)
+    assert {c.repo for c in ev.cases} >= {"plain_loop", "hf_style", "lightning_style", "config_driven",
+                                           "several_loaders", "anomaly_blocks", "ambiguous", "imbalanced"}
