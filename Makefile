@@ -20,6 +20,7 @@ test: $(STAMP)
 	$(MAKE) typecheck
 	$(BIN)/pytest -q
 	$(BIN)/eroica eval incidents
+	$(BIN)/eroica eval incidents --drafts
 
 test-frameworks: $(STAMP)
 	$(BIN)/pytest -q tests/e2e/test_frameworks_e2e.py tests/e2e/test_attach_e2e.py tests/attach
