@@ -91,7 +91,7 @@ def resolve_site(repo: Path, site: str | None) -> list[tuple[str, int]]:
         path, _, line = frame.strip().rpartition(":")
         if not line.isdigit():
             continue
-        parts = PurePath(path).parts
+        parts = tuple(x for x in PurePath(path).parts if x not in ("/", "\\") and not x.endswith(":\\"))
         for k in range(len(parts), 0, -1):
             rel = PurePath(*parts[-k:]).as_posix()
             if (repo / rel).is_file():

@@ -69,3 +69,14 @@ def test_the_step_recorded_in_a_helper_finds_the_loop_that_calls_it() -> None:
     f = finding("INC-0004", "gc_pause").model_copy(update={"sites": repo.sites})
     t = targets.loop(repo.path, f)
     assert t.found is not None and t.found.file == "train.py" and t.found.text == "for epoch in range(epochs):"
+
+
+def test_a_site_whose_absolute_path_exists_elsewhere_resolves_inside_the_repository(tmp_path: Path) -> None:
+    """The job ran from /work/x/train.py; the draft is made on a copy: the copy's file is the target."""
+    original = tmp_path / "job" / "train.py"
+    original.parent.mkdir()
+    original.write_text("x = 1\n")
+    repo = tmp_path / "copy"
+    repo.mkdir()
+    (repo / "train.py").write_text("x = 1\n")
+    assert targets.resolve_site(repo, f"{original}:1 < /nowhere/else.py:3") == [("train.py", 1)]

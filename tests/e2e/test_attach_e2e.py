@@ -6,12 +6,14 @@ cause, the rank and the function, as the explicit API's tests do."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from eroica.assistant.draft import Options, draft_all
 from eroica.engine.diagnose import diagnose
 
 pytest.importorskip("torch")
@@ -41,6 +43,17 @@ def test_a_plain_ddp_script_is_diagnosed_with_no_line_of_eroica_in_it(tmp_path: 
     top = max(w.findings, key=lambda f: f.confidence)
     assert (top.root_cause, top.ranks) == ("dataloader_stall", [1]) and top.confidence >= 0.5, top
     assert top.function == "DataLoader.__next__"
+    # the collector recorded where the loader was built; among the examples' four loaders, the draft
+    # edits that one, and the gate runs the script in a scratch copy
+    script = ROOT / "examples" / "train_ddp.py"
+    line = next(i for i, ln in enumerate(script.read_text().splitlines(), 1) if "= DataLoader(" in ln)
+    assert top.sites["loader"].startswith(f"{script}:{line}"), top.sites
+    repo = tmp_path / "examples"
+    shutil.copytree(ROOT / "examples", repo)
+    drafts = draft_all(d, tmp_path / "drafts", options=Options(repo=repo, validate="python train_ddp.py --help"))
+    (o,) = [o for o in drafts if o.root_cause == "dataloader_stall"]
+    assert o.kind == "code" and (o.target or "").startswith(f"train_ddp.py:{line} "), o
+    assert "validation `python train_ddp.py --help` passed" in o.checks[-1]
 
 
 def test_a_healthy_plain_ddp_script_stays_quiet(tmp_path: Path) -> None:
