@@ -127,6 +127,8 @@ def worker(args: argparse.Namespace) -> None:
             for _ in range(2):        # settle: the close step's after-effects land here, untimed
                 train_step()
                 mon.step()
+    hang = mon._hang
+    watchdog = {"cpu_seconds": hang.cpu_seconds, "wall_seconds": time.monotonic() - hang.started} if hang else None
     mon.close()
     sizes = []
     for d in sorted(d for d in Path(args.out).iterdir() if d.is_dir() and d.name.startswith("w")):
@@ -136,7 +138,7 @@ def worker(args: argparse.Namespace) -> None:
             sizes.append({"pattern": doc.stat().st_size, "trace": trace.stat().st_size if trace.is_file() else 0,
                           "samples": data["hardware"]["samples_total"],
                           "sampler_share": data["overhead"]["sampler_cpu_seconds"] / data["window"]["wall_seconds"]})
-    out = {"rank": rank, "times": times, "step_cpu": step_cpu, "sizes": sizes}
+    out = {"rank": rank, "times": times, "step_cpu": step_cpu, "sizes": sizes, "watchdog": watchdog}
     Path(args.out, f"bench-{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
 
@@ -207,6 +209,11 @@ def main() -> int:
     print(f"amortized under the default policy (at most {pol.max_windows_per_hour} windows/hour of "
           f"{pol.window_steps} steps): {amortized:+.3%} (target <= +1%); torch.profiler on all the time: "
           f"{median(ratios['profiler']) - 1:+.2%}")
+    dogs = [r["watchdog"] for r in rows if r.get("watchdog")]
+    if dogs:
+        share = median(d["cpu_seconds"] / d["wall_seconds"] for d in dogs)
+        print(f"hang watchdog (always on, a thread and its store thread per rank): {share:.3%} of a core per rank, "
+              f"its per-step part is inside the idle mon.step() above")
     sizes = [s for r in rows for s in r["sizes"]]
     if sizes:
         pat, raw = median(s["pattern"] for s in sizes), median(s["trace"] for s in sizes)

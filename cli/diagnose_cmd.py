@@ -8,6 +8,8 @@ from pathlib import Path
 
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.errors import EngineError, RuleError
+from eroica.engine.hang import localize
+from eroica.engine.hang import render as render_hang
 from eroica.engine.render import FORMATS, render
 
 NOT_DIAGNOSABLE = 3    # exit code: a window fell below the coverage floor (no verdict)
@@ -56,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"eroica diagnose: --knowledge {k}: not a directory (expected rules/, overrides/ and/or "
                   "taxonomy.yaml)", file=sys.stderr)
             return 2
+    hung = localize(args.run_dir) if args.run_dir.is_dir() else None
+    if hung is not None:           # a hang first: the job may still be waiting, and someone can act
+        sys.stdout.write(render_hang(hung, "json" if args.format == "json" else "text"))
+        if not any(args.run_dir.glob("w*/rank-*.json")):
+            return 0
     try:
         d = diagnose(args.run_dir, DiagnoseOptions(extra_rule_dirs=rules, override_files=overrides,
                                                    window=args.window, knowledge_dirs=list(args.knowledge or [])))

@@ -19,6 +19,7 @@ from eroica.collector.critical import Execution
 from eroica.collector.detector import StepTimeDetector
 from eroica.collector.facts import Category, CollectorGap, JobInfo
 from eroica.collector.gather import PatternGather, wanted
+from eroica.collector.hang import HangWatch
 from eroica.collector.hooks.loader import TimedLoader
 from eroica.collector.jobinfo import dist_info, framework_config, job_name
 from eroica.collector.layout import process_group_layout
@@ -123,6 +124,7 @@ class Monitor:
         self._not_eligible: str | None = None
         self.job_name = ""
         self._store: StoreWorker | None = None
+        self._hang: HangWatch | None = None
         self._sink: PatternSink | None = None
         self._series: list[float] = []              # rank 0 with a sink: step times since the last summary
         self._series_first = 0
@@ -173,6 +175,11 @@ class Monitor:
                 self._pending = WindowPlan(0, int(force), "forced", None)
             self._collect_config()
             sites.install_loader_sites()
+            if self.policy.hang_enabled:
+                self._hang = HangWatch(self.rank, self.world_size, self.out_dir, raw if job_store is not None else None,
+                                       self.policy.hang_factor, self.policy.hang_floor_seconds,
+                                       self.policy.hang_poll_seconds, self.job_name)
+                self._hang.start()
             self._win.sampler = SamplerClient(os.getpid(), threading.get_native_id())
             self.gaps.extend(self._win.sampler.gaps)
         except Exception as exc:
@@ -199,8 +206,9 @@ class Monitor:
     def region(self, name: str) -> Iterator[None]:
         """Annotate a user region; its own time (outside torch ops) is attributed to it."""
         t0 = time.monotonic_ns() if self._win.recording else 0
-        if f"{sites.SITE_PREFIX}region.{name}" not in self.config:
-            sites.note(self.config, f"region.{name}", sites.caller_site(2))
+        key = f"{sites.SITE_PREFIX}region.{str(name)[:MAX_NAME]}"
+        if key not in self.config:
+            sites.note(self.config, key[len(sites.SITE_PREFIX):], sites.caller_site(2))
         try:
             yield
         finally:
@@ -242,6 +250,8 @@ class Monitor:
             self._warn("close", exc)
         finally:
             self._win.stop_recording()
+            if self._hang is not None:
+                self._hang.close()
             if self._win.sampler is not None:
                 self._win.sampler.close()
             if self._store is not None:
@@ -289,6 +299,8 @@ class Monitor:
         seconds = None if self._last_ns is None else (now - self._last_ns) / 1e9
         self._last_ns = now
         self._step += 1
+        if self._hang is not None:
+            self._hang.stepped(self._step, seconds)
         self._writer_errors()
         self._store_answers()
         self._runtime_control()

@@ -86,6 +86,13 @@ class TriggerPolicy(BaseModel):
         "Monitor(job=...), EROICA_JOB_NAME, SLURM_JOB_NAME or TORCHELASTIC_RUN_ID (none: '')"
     )
     min_world_size: int = Field(1, ge=1, description="jobs with fewer ranks are not watched by the detector")
+    hang_enabled: bool = Field(True, description="the hang watchdog (a thread outside the training thread)")
+    hang_factor: float = Field(
+        20.0, gt=1.0, description="hang: no step for this many times the recent median step ...")
+    hang_floor_seconds: float = Field(
+        300.0, gt=0, description="... and for at least this long (a checkpoint or evaluation pause shorter than "
+        "this is not a hang)")
+    hang_poll_seconds: float = Field(1.0, gt=0, le=10.0, description="how often the watchdog looks")
 
     def window_length(self, period_steps: int | None = None) -> int:
         """Steps a window profiles: the policy's, or one whole period (+1 step) of a periodic

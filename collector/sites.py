@@ -16,11 +16,11 @@ MAX_SITES = 64
 _SKIP = (os.sep + "torch" + os.sep, os.sep + "eroica" + os.sep, "contextlib.py", "functools.py", "threading.py",
          "<frozen", "lightning" + os.sep, "accelerate" + os.sep, "transformers" + os.sep)
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_OURS = tuple(os.path.join(_ROOT, d) + os.sep for d in ("collector", "engine", "assistant", "service", "cli"))
+OURS = tuple(os.path.join(_ROOT, d) + os.sep for d in ("collector", "engine", "assistant", "service", "cli"))
 
 
 def _plumbing(filename: str) -> bool:
-    return filename.startswith(_OURS) or any(s in filename for s in _SKIP)
+    return filename.startswith(OURS) or any(s in filename for s in _SKIP)
 
 
 def caller_site(depth: int = 1, frames: int = 3) -> str | None:

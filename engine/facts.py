@@ -268,6 +268,29 @@ class EvidenceGap(Fact):
         return f"{self.source} evidence missing on rank {self.rank}: {self.reason}"
 
 
+class HangState(Fact):
+    """Where one rank stands in a hang, beside its peers (eroica.engine.hang): `state` is one of
+    waiting_in_collective, before_collective (it never reached the collective most ranks wait in),
+    different_collective (it ran ahead, or stands in another collective or shape), dead (its process
+    is gone), silent (no snapshot), link_down, errored (its collective failed)."""
+
+    kind: Literal["hang_state"] = "hang_state"
+    state: str
+    seq: int = -1                            # the default group's collective sequence number (-1: unknown)
+    in_data_loader: bool = False             # its stack is inside a DataLoader
+    waits_on_lock: bool = False              # its innermost user line takes a lock
+    function: str = ""                       # its innermost frame in the user's code
+    file: str = ""
+    line: int = 0
+    code: str = ""
+    collective: str = ""                     # what it stands in
+    detail: str = ""
+
+    def evidence(self) -> str:
+        where = f" at {self.function} ({self.file}:{self.line})" if self.function else ""
+        return f"rank {self.rank}: {self.state.replace('_', ' ')}{where}" + (f"; {self.detail}" if self.detail else "")
+
+
 FACT_TYPES: dict[str, type[Fact]] = {
     "rank_slowness": RankSlowness,
     "function_outlier": FunctionOutlier,
@@ -281,4 +304,5 @@ FACT_TYPES: dict[str, type[Fact]] = {
     "step_share": StepShare,
     "device_idle": DeviceIdle,
     "evidence_gap": EvidenceGap,
+    "hang_state": HangState,
 }

@@ -199,12 +199,12 @@ def launch(
         raise
     nets: RankNetworks | None = None
     nic_ranks: set[int] = set()
-    if "nic_degraded" in faults or netns:
+    if "nic_degraded" in faults or "hang_nic" in faults or netns:
         ok, why = netns_available()
         if not ok:
             cg.cleanup()
             raise FaultSetupError(f"nic_degraded needs one network namespace per rank: {why} (run as root)")
-        nic_ranks = {r for f, r in fault_pairs(fault, str(fault_rank)) if f == "nic_degraded"}
+        nic_ranks = {r for f, r in fault_pairs(fault, str(fault_rank)) if f in ("nic_degraded", "hang_nic")}
         try:
             nets = RankNetworks(world_size).create()
         except Exception:
@@ -257,6 +257,9 @@ def launch(
                 text = (log_dir / f"rank-{r}.log").read_text(errors="replace")
                 if nets is not None and "injecting nic_degraded" in text:
                     nets.limit(r, nic_rate_mbit)     # the rank reached the fault step: cap its link now
+                    nic_ranks.discard(r)
+                elif nets is not None and "injecting hang_nic" in text:
+                    nets.down(r)                     # the rank's NIC dies: its collectives never complete
                     nic_ranks.discard(r)
             if stop_on_failure and any(p.poll() not in (None, 0) for p in procs):
                 time.sleep(2.0)  # one rank died: give the rest a moment, then stop them

@@ -76,6 +76,10 @@ class RankNetworks:
         _run("tc", "qdisc", "add", "dev", self.host_ifaces[rank], "root", *spec)
         _run("ip", "netns", "exec", self.namespaces[rank], "tc", "qdisc", "add", "dev", "eth0", "root", *spec)
 
+    def down(self, rank: int) -> None:
+        """Take rank's link down (a NIC that died): its namespace keeps only loopback."""
+        _run("ip", "netns", "exec", self.namespaces[rank], "ip", "link", "set", "eth0", "down")
+
     def prefix(self, rank: int) -> list[str]:
         # nsenter joins the network namespace only; `ip netns exec` would also remount /sys, hiding
         # the cgroup hierarchy the other faults (blkio, cpu, memory) are injected through

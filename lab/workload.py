@@ -42,7 +42,8 @@ from eroica.lab.errors import WorkloadArgError
 
 FAULTS = ("none", "dataloader_stall", "cpu_throttled", "cpu_contention", "workload_imbalance", "gc_pause",
           "user_code", "framework_config", "nic_degraded", "slow_storage", "host_memory_pressure",
-          "untracked_work")
+          "untracked_work", "hang_loader", "hang_lock", "hang_desync", "hang_kill", "hang_nic")
+HANGS = FAULTS[-5:]          # one rank stops for good (eroica.collector.hang, tests/e2e/test_hang_e2e.py)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,6 +71,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="every rank sleeps --bump-seconds per step for 4 steps from this step (a small job-wide bump "
                         "that opens a window before the fault begins)")
     p.add_argument("--bump-seconds", type=float, default=0.03)
+    p.add_argument("--pause-step", type=int, default=None, help="every rank pauses once at this step (a checkpoint)")
+    p.add_argument("--pause-seconds", type=float, default=2.0)
     p.add_argument("--gc-objects", type=int, default=60_000)
     p.add_argument("--hogs", type=int, default=3)
     p.add_argument("--config-fault", choices=("workers", "anomaly"), default="workers")
@@ -200,6 +203,15 @@ def start_fault(fault: str, rank: int, step: int, args: argparse.Namespace, hogs
         shard.squeeze(os.environ["EROICA_MEMORY_CGROUP"], args.mem_limit_mb)
     elif fault == "slow_storage":
         join_cgroup("EROICA_BLKIO_CGROUP")
+    elif fault == "hang_lock":
+        # a background flusher takes the metrics lock and never gives it back (stuck on its own I/O)
+        threading.Thread(target=lambda: (METRICS_LOCK.acquire(), threading.Event().wait()), daemon=True).start()
+        time.sleep(0.2)
+    elif fault == "hang_kill":
+        os.kill(os.getpid(), signal.SIGKILL)       # the rank's process dies (an OOM kill, a segfault)
+
+
+METRICS_LOCK = threading.Lock()
 
 
 def release(ckpt: CheckpointWriter | None, shard: Shard | None, hogs: list[subprocess.Popen[bytes]]) -> None:
@@ -219,6 +231,9 @@ def step_end_faults(mon, region: str, fault: str, seconds: float) -> None:
     with mon.region(region):
         if fault == "user_code":
             time.sleep(seconds)                    # a synchronous call to a slow metrics endpoint
+        elif fault == "hang_lock":
+            with METRICS_LOCK:                     # the flusher holds it forever
+                pass
     if fault == "untracked_work":
         spin_until = time.perf_counter() + seconds
         while time.perf_counter() < spin_until:
@@ -272,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.fetch_seconds)      # every batch comes from remote storage with latency
         if fault == "dataloader_stall" and active(state["step"]):
             time.sleep(args.stall_seconds)      # a stalled input pipeline: waiting on storage
+        if fault == "hang_loader" and active(state["step"]):
+            threading.Event().wait()            # a read from storage that never returns
         if shard is not None:
             shard.read()                        # the samples' bytes come from this rank's shard
         xs = torch.stack([x for x, _ in items])
@@ -315,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = CheckpointWriter(args.ckpt_dir, rank, args.ckpt_bytes) if "slow_storage" in args.plan.values() else None
     shard = Shard(args.ckpt_dir, rank, args.shard_mb, args.read_mb) if "host_memory_pressure" in args.plan.values() \
         else None
+    sync_metric = any(f in HANGS for f in args.plan.values())
     t_last = time.monotonic()
     done = 0
     try:
@@ -342,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
             opt.step()
+            if sync_metric and not (fault == "hang_desync" and step == args.fault_step):
+                metric = loss.detach().reshape(1)
+                dist.all_reduce(metric)                  # the job's loss for logging: one more collective
+            if args.pause_step is not None and step == args.pause_step:
+                time.sleep(args.pause_seconds)           # a checkpoint or evaluation pause, within the policy
             if ckpt is not None and (step + 1) % args.ckpt_every == 0:
                 with mon.region("save_checkpoint"):
                     ckpt.write()

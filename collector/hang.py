@@ -1,0 +1,344 @@
+"""The hang watchdog: a thread outside the training thread that notices when a rank has made no step
+for max(hang_factor x the recent median step, hang_floor_seconds) and then records where the
+training thread is, before the collective timeout kills the job.
+
+Where the thread is comes from `sys._current_frames()`, read from this thread: a training thread
+blocked in a collective, a lock, a queue or a sleep has released the GIL, so this thread runs and
+the stuck thread's Python frames are intact (a thread spinning in Python code also yields the GIL
+every few milliseconds). py-spy would also see a thread that holds the GIL inside C code, but it
+needs ptrace rights and a binary on every node; this needs neither. A thread stuck in C while
+holding the GIL stops this thread too: then the heartbeat stops, and the peers report the rank as
+silent, which is what it is.
+
+Each rank also keeps a heartbeat in the job's store (`eroica/hang/hb/<rank>`: step, time, pid,
+host), so a stalled rank can say which peers are alive, which stopped stepping, and which are gone
+(no heartbeat, or no process with that pid on this host). Each stalled rank writes its own
+snapshot (`<run dir>/hang-s<step>/rank-<r>.hang.json`): it needs nobody else, not even rank 0's store,
+to be on record. `eroica diagnose` assembles and localizes them (eroica.engine.hang).
+Everything here fails open: an error is one line on stderr and the watchdog stops."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import json
+import linecache
+import os
+import socket
+import statistics
+import struct
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from eroica.collector.sites import OURS
+
+HB_KEY = "eroica/hang/hb/{rank}"
+MAX_FRAMES = 40
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "barrier", "all_to_all_single", "all_to_all", "reduce", "gather", "scatter",
+               "send", "recv", "all_gather_object", "broadcast_object_list")
+
+
+class Collectives:
+    """The last collective this rank entered and completed through torch.distributed's Python API,
+    with the default group's sequence number (which every collective of the group advances, DDP's
+    own all-reduces included)."""
+
+    def __init__(self) -> None:
+        self.entered: dict[str, Any] | None = None
+        self.completed: dict[str, Any] | None = None
+        self._pg: Any = None
+
+    def seq(self) -> int | None:
+        try:
+            if self._pg is None:
+                from torch.distributed import distributed_c10d
+                self._pg = distributed_c10d._get_default_group()
+            return int(self._pg._get_sequence_number_for_group())
+        except Exception:
+            return None
+
+    def install(self) -> None:
+        """Wrap the module-level collectives once (idempotent); a call costs two dict writes."""
+        try:
+            import torch.distributed as dist
+            from torch.distributed import distributed_c10d as c10d
+        except Exception:
+            return
+        for name in COLLECTIVES:
+            fn = getattr(c10d, name, None)
+            if fn is None or getattr(fn, "_eroica_hang", False):
+                continue
+            wrapped = self._wrap(name, fn)
+            setattr(c10d, name, wrapped)
+            if getattr(dist, name, None) is fn:
+                setattr(dist, name, wrapped)
+
+    def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        me = self
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            rec = None
+            try:
+                t = args[0] if args else None
+                shape = list(getattr(t, "shape", [])) if t is not None and hasattr(t, "shape") else None
+                caller = sys._getframe(1)
+                rec = {"op": name, "seq": me.seq(), "shape": shape, "dtype": str(getattr(t, "dtype", "")) or None,
+                       "file": caller.f_code.co_filename, "line": caller.f_lineno, "function": caller.f_code.co_name,
+                       "wall_time": time.time()}
+                me.entered = rec
+            except Exception:
+                pass
+            out = fn(*args, **kwargs)
+            if rec is not None:
+                me.completed = rec
+            return out
+        call._eroica_hang = True  # type: ignore[attr-defined]
+        return call
+
+
+def _frames(frame: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    while frame is not None and len(out) < MAX_FRAMES:
+        code = frame.f_code
+        if code.co_filename.startswith(OURS):         # eroica's own wrappers are not where the rank is
+            frame = frame.f_back
+            continue
+        out.append({"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name,
+                    "code": linecache.getline(code.co_filename, frame.f_lineno).strip()[:160]})
+        frame = frame.f_back
+    return out                                           # innermost first
+
+
+def _link_state(name: str) -> str:
+    """up or down, from the interface's flags in this process's network namespace (SIOCGIFFLAGS;
+    /sys/class/net shows the namespace /sys was mounted in, which may not be the process's)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            raw = fcntl.ioctl(s.fileno(), 0x8913, struct.pack("256s", name[:15].encode()))
+        flags = struct.unpack("H", raw[16:18])[0]
+        return "up" if flags & 0x1 and flags & 0x40 else "down"      # IFF_UP and IFF_RUNNING
+    except OSError:
+        return "unknown"
+
+
+def _nics() -> dict[str, dict[str, Any]]:
+    """Every interface's byte counters and link state (this network namespace)."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
+            name, _, rest = line.partition(":")
+            f = rest.split()
+            name = name.strip()
+            state = _link_state(name)
+            out[name] = {"rx_bytes": int(f[0]), "tx_bytes": int(f[8]), "operstate": state}
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class HangWatch:
+    def __init__(self, rank: int, world_size: int, out_dir: Path | None, store: Any, factor: float,
+                 floor_seconds: float, poll_seconds: float = 1.0, job: str = "") -> None:
+        self.rank, self.world_size, self.out_dir, self.store = rank, world_size, out_dir, store
+        self.factor, self.floor_seconds, self.poll_seconds, self.job = factor, floor_seconds, poll_seconds, job
+        self.collectives = Collectives()
+        self.steps: deque[float] = deque(maxlen=50)
+        self.step = 0
+        self.last_step_t = time.monotonic()
+        self.thread_id: int | None = None
+        self.reported_step: int | None = None
+        self.snapshots_written = 0
+        self.cpu_seconds = 0.0             # both threads' CPU so far (the overhead benchmark reports it)
+        self.store_cpu_seconds = 0.0
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._prev: tuple[float, dict[str, dict[str, Any]], float] | None = None
+        self._thread = threading.Thread(target=self._run, name="eroica-hang", daemon=True)
+        # the store on a thread of its own: a store that does not answer (rank 0's host or this rank's
+        # link is down) must not keep the watchdog from writing its snapshot
+        self._store_thread = threading.Thread(target=self._store_loop, name="eroica-hang-store", daemon=True)
+        self.want_peers = False
+        self.peers: dict[str, dict[str, Any]] | None = None
+        self.peers_at = 0.0
+        self._snap: dict[str, Any] | None = None
+
+    def start(self) -> None:
+        self.collectives.install()
+        self._thread.start()
+        if self.store is not None:
+            self._store_thread.start()
+        prev = sys.excepthook
+
+        def hook(tp: Any, value: Any, tb: Any) -> None:
+            self.on_exception(value, tb)
+            prev(tp, value, tb)
+        sys.excepthook = hook
+
+    def on_exception(self, exc: BaseException, tb: Any) -> None:
+        """The training thread dies of an exception (gloo raises when a peer's connection drops):
+        record where and why, with what the store says of the peers, before the process exits."""
+        try:
+            if self.thread_id is None or self.reported_step == self.step:
+                return
+            self.reported_step = self.step
+            frames = []
+            while tb is not None:
+                frames.append(tb.tb_frame)
+                tb = tb.tb_next
+            if self.store is not None:                # what the store says of the peers, if it answers soon
+                t = threading.Thread(target=lambda: setattr(self, "peers", self._peers()), daemon=True)
+                t.start()
+                t.join(3.0)
+            snap = self._snapshot(time.monotonic() - self.last_step_t, frames[-1] if frames else None)
+            snap["error"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
+            self._write(snap)
+        except Exception:
+            pass
+
+    def stepped(self, step: int, seconds: float | None) -> None:
+        """From the training thread at each step: cheap (a deque append and three assignments)."""
+        self.thread_id = threading.get_ident()
+        self.step = step
+        self.last_step_t = time.monotonic()
+        if seconds is not None:
+            self.steps.append(seconds)
+
+    def limit_seconds(self) -> float:
+        med = statistics.median(self.steps) if len(self.steps) >= 3 else 0.0
+        return max(self.factor * med, self.floor_seconds)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2 * self.poll_seconds + 1)
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        try:
+            c0 = time.thread_time()
+            while not self._stop.wait(self.poll_seconds):
+                self._tick()
+                self.cpu_seconds = time.thread_time() - c0 + self.store_cpu_seconds
+        except Exception as exc:  # fail open: the job runs on without the watchdog
+            print(f"eroica hang watchdog [rank {self.rank}]: {exc!r}; it stops, the job runs on",
+                  file=sys.stderr, flush=True)
+
+    def _store_loop(self) -> None:
+        try:
+            c0 = time.thread_time()
+            while not self._stop.wait(2 * self.poll_seconds):
+                self._heartbeat()
+                if self.want_peers:
+                    self.peers, self.peers_at = self._peers(), time.time()
+                self.store_cpu_seconds = time.thread_time() - c0
+        except Exception:
+            pass
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        self._sample(now)
+        stalled = now - self.last_step_t
+        if self.thread_id is None or len(self.steps) < 3:
+            return
+        limit = self.limit_seconds()
+        self.want_peers = stalled > limit / 2
+        if stalled > limit and self.reported_step != self.step:
+            self.reported_step = self.step
+            self._snap = self._snapshot(stalled)
+            self._write(self._snap)
+        elif self._snap is not None and self.reported_step == self.step and self.peers_at > self._snap["wall_time"]:
+            self._snap = {**self._snap, "peers": self.peers, "peers_wall_time": self.peers_at}
+            self._write(self._snap, quiet=True)          # the peers as the store saw them after the stall
+
+    def _sample(self, now: float) -> None:
+        nics, cpu = _nics(), _cpu_seconds()
+        self._last = (now, nics, cpu)
+        if self._prev is None or now - self._prev[0] >= 3 * self.poll_seconds:
+            self._prev = self._last
+
+    def _heartbeat(self) -> None:
+        if self.store is None:
+            return
+        with contextlib.suppress(Exception):
+            self.store.set(HB_KEY.format(rank=self.rank), json.dumps(
+                {"step": self.step, "wall_time": time.time(), "pid": os.getpid(), "host": socket.gethostname()}))
+
+    def _peers(self) -> dict[str, dict[str, Any]]:
+        """Each peer as this rank sees it through the store: its last step, heartbeat age, and, on
+        this host, whether its process still exists."""
+        out: dict[str, dict[str, Any]] = {}
+        if self.store is None:
+            return out
+        me = socket.gethostname()
+        for r in range(self.world_size):
+            key = HB_KEY.format(rank=r)
+            try:
+                if not self.store.check([key]):
+                    out[str(r)] = {"heartbeat": None}
+                    continue
+                hb = json.loads(self.store.get(key))
+            except Exception as exc:
+                out[str(r)] = {"error": repr(exc)[:200]}
+                continue
+            alive = None
+            if hb.get("host") == me and hb.get("pid"):
+                try:
+                    os.kill(int(hb["pid"]), 0)
+                    alive = True
+                except ProcessLookupError:
+                    alive = False
+                except OSError:
+                    alive = True
+            out[str(r)] = {"step": hb.get("step"), "heartbeat_age_seconds": round(time.time() - hb["wall_time"], 1),
+                           "host": hb.get("host"), "pid": hb.get("pid"), "process_alive": alive}
+        return out
+
+    def _snapshot(self, stalled: float, frame: Any = None) -> dict[str, Any]:
+        frame = frame if frame is not None else sys._current_frames().get(self.thread_id or -1)
+        if not hasattr(self, "_last"):
+            self._sample(time.monotonic())
+        (t1, nics1, cpu1), (t0, nics0, cpu0) = self._last, self._prev or self._last
+        dt = max(t1 - t0, 1e-3)
+        nic = {n: {"operstate": v["operstate"],
+                   "rx_bytes_per_second": round((v["rx_bytes"] - nics0.get(n, v)["rx_bytes"]) / dt, 1),
+                   "tx_bytes_per_second": round((v["tx_bytes"] - nics0.get(n, v)["tx_bytes"]) / dt, 1)}
+               for n, v in nics1.items()}
+        return {
+            "schema": "eroica.hang/v1", "job": self.job, "rank": self.rank, "world_size": self.world_size,
+            "host": socket.gethostname(), "pid": os.getpid(), "wall_time": time.time(),
+            "last_step": self.step, "stalled_seconds": round(stalled, 2), "error": None,
+            "limit_seconds": round(self.limit_seconds(), 2),
+            "median_step_seconds": round(statistics.median(self.steps), 4) if self.steps else None,
+            "stack": _frames(frame) if frame is not None else [],
+            "stack_gap": None if frame is not None else "the training thread was not found",
+            "seq": self.collectives.seq(), "last_entered": self.collectives.entered,
+            "last_completed": self.collectives.completed,
+            "process_cpu_ratio": round((cpu1 - cpu0) / dt, 3), "nics": nic,
+            "peers": self.peers if self.peers is not None else {},
+        }
+
+    def _write(self, snap: dict[str, Any], quiet: bool = False) -> None:
+        if self.out_dir is None:
+            return
+        d = Path(self.out_dir) / f"hang-s{snap['last_step']:06d}"
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".rank-{self.rank}.hang.json.tmp"
+        tmp.write_text(json.dumps(snap, indent=1))
+        tmp.replace(d / f"rank-{self.rank}.hang.json")
+        self.snapshots_written += 1
+        if not quiet:
+                print(f"eroica [rank {self.rank}]: no step for {snap['stalled_seconds']:.0f} s (limit "
+                  f"{snap['limit_seconds']:.0f} s): snapshot in {d}", file=sys.stderr, flush=True)

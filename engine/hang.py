@@ -1,0 +1,245 @@
+"""Localizing a hang from the ranks' watchdog snapshots (eroica.collector.hang): peer comparison on
+where each rank's training thread stands and on the default group's collective sequence number.
+
+- a rank whose sequence number is behind never reached the collective the others wait in: it is
+  stuck before it (data loading, a lock, I/O, a loop), and its stack says where;
+- ranks at the same number that stand in different collectives (one inside `backward`'s all-reduce,
+  the others in an explicit `all_reduce`), or in the same one with other shapes, are desynchronized:
+  the minority is the culprit;
+- a rank that wrote nothing and whose process is gone (a peer on its host checked its pid), or whose
+  peers' collectives failed with a dropped connection, died;
+- all ranks in the same collective with one rank's link down: the link.
+
+Each rank becomes a typed `HangRankState`; the verdict is a `HangFinding` with the kind, the
+culprit ranks, the location (function, file, line) and the evidence an SRE can check."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+
+from eroica.engine.facts import HangState
+from eroica.engine.rules.compiler import RuleIR, compile_rules
+from eroica.engine.rules.conclusion import Conclusion
+from eroica.engine.rules.loader import builtin_rules_dir, load_rules
+from eroica.engine.rules.runner import evaluate
+
+LIBRARY = ("/torch/", "/eroica/", "/threading.py", "/queue.py", "/selectors.py", "/socket.py", "/contextlib.py",
+           "/multiprocessing/", "/site-packages/", "/lib/python3", "<frozen")
+CLUSTER_SECONDS = 180.0
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HangFrame(Frozen):
+    file: str
+    line: int
+    function: str
+    code: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.function} ({Path(self.file).name}:{self.line}){f': {self.code}' if self.code else ''}"
+
+
+State = Literal["waiting_in_collective", "before_collective", "different_collective", "dead", "silent",
+                "link_down", "errored"]
+
+
+class HangRankState(Frozen):
+    rank: NonNegativeInt
+    state: State
+    last_step: int | None = None
+    seq: int | None = None
+    collective: str | None = None            # what it stands in: "all_reduce [1] at x.py:12" or "backward"
+    where: HangFrame | None = None           # its innermost frame in the user's code
+    in_data_loader: bool = False
+    waits_on_lock: bool = False
+    detail: str = ""
+
+
+Cause = Literal["hang_dataloader", "hang_user_code", "hang_desync", "rank_died", "hang_link", "hang_unknown"]
+Category = Literal["software", "hardware"]
+
+
+class HangFinding(Frozen):
+    root_cause: Cause
+    category: Category
+    ranks: list[NonNegativeInt]
+    where: HangFrame | None
+    confidence: float = Field(ge=0, le=1)
+    summary: str
+    evidence: list[str]
+    stalled_seconds: float
+    limit_seconds: float
+    states: list[HangRankState]
+
+
+def load_snapshots(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
+    """The latest hang's snapshots: every rank's, within CLUSTER_SECONDS of the newest."""
+    snaps = []
+    for f in sorted(Path(run_dir).glob("hang-s*/rank-*.hang.json")):
+        try:
+            snaps.append(json.loads(f.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if not snaps:
+        return []
+    newest = max(s["wall_time"] for s in snaps)
+    latest: dict[int, dict] = {}  # type: ignore[type-arg]
+    for s in sorted(snaps, key=lambda s: s["wall_time"]):
+        if s["wall_time"] >= newest - CLUSTER_SECONDS:
+            latest[s["rank"]] = s
+    return [latest[r] for r in sorted(latest)]
+
+
+def _user_frame(stack: list[dict]) -> HangFrame | None:  # type: ignore[type-arg]
+    for f in stack:
+        if not any(m in f["file"] for m in LIBRARY):
+            return HangFrame(**f)
+    return HangFrame(**stack[0]) if stack else None
+
+
+def _current(s: dict) -> str:  # type: ignore[type-arg]
+    """The collective the rank stands in: an explicit one still open, else where its thread waits."""
+    ent, done = s.get("last_entered"), s.get("last_completed")
+    if ent and ent != done:
+        return f"{ent['op']} {ent.get('shape')} at {Path(ent['file']).name}:{ent['line']}"
+    stack = s.get("stack") or []
+    if any("/torch/autograd/" in f["file"] for f in stack):
+        return "backward (DDP's gradient all-reduce)"
+    u = _user_frame(stack)
+    return f"{u.function} at {Path(u.file).name}:{u.line}" if u else "unknown"
+
+
+def _down(s: dict) -> set[str]:  # type: ignore[type-arg]
+    """Interfaces down on this rank (compared with the peers': an interface down everywhere, an unused
+    ifb or bridge, says nothing about one rank)."""
+    return {n for n, v in (s.get("nics") or {}).items() if n != "lo" and v.get("operstate") == "down"}
+
+
+def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
+    world = max((s["world_size"] for s in snaps), default=0)
+    by = {s["rank"]: s for s in snaps}
+    out: list[HangRankState] = []
+    views = [s.get("peers", {}) for s in snaps]
+    seqs = Counter(s["seq"] for s in snaps if s.get("seq") is not None)
+    mode = max(seqs, key=lambda k: (seqs[k], k)) if seqs else None     # where most ranks stand
+    at_mode = [s for s in snaps if s.get("seq") == mode]
+    majority = Counter(_current(s) for s in at_mode).most_common(1)[0][0] if at_mode else None
+    for r in range(world):
+        s = by.get(r)
+        if s is None:
+            seen = [v.get(str(r), {}) for v in views]
+            gone = [v for v in seen if v.get("process_alive") is False]
+            ages = [v["heartbeat_age_seconds"] for v in seen if v.get("heartbeat_age_seconds") is not None]
+            if gone:
+                out.append(HangRankState(rank=r, state="dead", detail=f"its process (pid {gone[0].get('pid')}) is "
+                                         f"gone from {gone[0].get('host')}; it wrote no snapshot"))
+            else:
+                out.append(HangRankState(rank=r, state="silent", detail="no snapshot" + (
+                    f"; its last heartbeat was {min(ages):.0f} s old" if ages else "; no heartbeat in the store")))
+            continue
+        stack = s.get("stack") or []
+        where = _user_frame(stack)
+        loader = any("/torch/utils/data/" in f["file"] for f in stack)
+        lock = bool(where and ("lock" in where.code.lower() or "acquire" in where.code.lower()))
+        common = dict(rank=r, last_step=s.get("last_step"), seq=s.get("seq"), where=where, in_data_loader=loader,
+                      waits_on_lock=lock, collective=_current(s))
+        down = [n for n in _down(s) if sum(n in _down(o) for o in snaps if o is not s) < (len(snaps) - 1) / 2]
+        err = f"; then its collective failed: {s['error'][:200]}" if s.get("error") else ""
+        if down:
+            out.append(HangRankState(state="link_down", detail=f"interface {', '.join(down)} is down{err}", **common))
+        elif mode is not None and s.get("seq") is not None and s["seq"] < mode:
+            out.append(HangRankState(state="before_collective", detail=f"collective #{s['seq']} done, most ranks "
+                                     f"are at #{mode}{err}", **common))
+        elif mode is not None and s.get("seq") is not None and s["seq"] > mode:
+            out.append(HangRankState(state="different_collective", detail=f"ran ahead to collective #{s['seq']} "
+                                     f"(most ranks are at #{mode}): it skipped one they called{err}", **common))
+        elif majority is not None and _current(s) != majority:
+            out.append(HangRankState(state="different_collective", detail=f"stands in {_current(s)}; the others in "
+                                     f"{majority}{err}", **common))
+        elif s.get("error"):
+            out.append(HangRankState(state="errored", detail=s["error"][:300], **common))
+        else:
+            out.append(HangRankState(state="waiting_in_collective", **common))
+    return out
+
+
+def localize(run_dir: Path) -> HangFinding | None:
+    snaps = load_snapshots(run_dir)
+    if not snaps:
+        return None
+    st = states(snaps)
+    stalled = max(s["stalled_seconds"] for s in snaps)
+    limit = max(s["limit_seconds"] for s in snaps)
+    ev = [f"rank {s.rank}: {s.state.replace('_', ' ')}" + (f", in {s.collective}" if s.collective else "")
+          + (f" ({s.detail})" if s.detail else "") for s in st]
+
+    def finding(cause: Cause, cat: Category, culprits: list[HangRankState], conf: float, summary: str) -> HangFinding:
+        return HangFinding(root_cause=cause, category=cat, ranks=[c.rank for c in culprits],
+                           where=culprits[0].where if culprits else None, confidence=conf, summary=summary,
+                           evidence=ev, stalled_seconds=stalled, limit_seconds=limit, states=st)
+    best = _conclusions(st)
+    if not best:
+        return finding("hang_unknown", "software", [], 0.3, "Every rank waits in the same collective and no rank "
+                       "stands apart: look at the network and the collective's peers.")
+    cause = min(best, key=lambda c: PRECEDENCE.index(c) if c in PRECEDENCE else len(PRECEDENCE))
+    cs = best[cause]
+    culprits = [next(s for s in st if s.rank == c.rank) for c in cs]
+    cat: Category = "hardware" if cause in ("rank_died", "hang_link") else "software"
+    return finding(cause, cat, culprits, max(c.rule_confidence for c in cs),  # type: ignore[arg-type]
+                   " ".join(cs[0].summary.split()))
+
+
+# when several causes fire, the first explains the others: a link down stops everyone's collectives;
+# a desync crashes the rank that receives the wrong size; a rank behind is what the others wait for
+PRECEDENCE = ("hang_link", "hang_desync", "hang_dataloader", "hang_user_code", "rank_died")
+
+
+def hang_facts(st: list[HangRankState]) -> list[HangState]:
+    return [HangState(rank=s.rank, state=s.state, seq=s.seq if s.seq is not None else -1,
+                      in_data_loader=s.in_data_loader, waits_on_lock=s.waits_on_lock,
+                      function=s.where.function if s.where else "", file=s.where.file if s.where else "",
+                      line=s.where.line if s.where else 0, code=s.where.code if s.where else "",
+                      collective=s.collective or "", detail=s.detail) for s in st]
+
+
+def _conclusions(st: list[HangRankState]) -> dict[str, list[Conclusion]]:
+    """The knowledge base's hang rules (knowledge/rules/hang/) on the ranks' states: each cause with
+    its most confident conclusion per rank."""
+    rules = [r for r in _rules() if r.id.startswith("hang.")]
+    got = evaluate(rules, {"hang": list(hang_facts(st))}, in_process=True).get("hang", [])
+    by: dict[str, dict[int, Conclusion]] = {}
+    for c in got:
+        mine = by.setdefault(c.root_cause, {})
+        if c.rank not in mine or c.rule_confidence > mine[c.rank].rule_confidence:
+            mine[c.rank] = c
+    return {k: [v[r] for r in sorted(v)] for k, v in by.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _rules() -> tuple[RuleIR, ...]:
+    return tuple(compile_rules(load_rules([builtin_rules_dir()])))
+
+
+def render(f: HangFinding, fmt: str = "text") -> str:
+    """The hang verdict: JSON (the model), or a short report for people (text and Markdown alike)."""
+    if fmt == "json":
+        return f.model_dump_json(indent=2) + "\n"
+    lines = [f"# Hang: {f.root_cause} on rank {', '.join(map(str, f.ranks)) or '?'} "
+             f"({f.category}, confidence {f.confidence:.2f})", "",
+             f"No step for {f.stalled_seconds:.0f} s (the limit was {f.limit_seconds:.0f} s). {f.summary}", ""]
+    if f.where is not None:
+        lines += [f"Where: `{f.where.function}` at {f.where.file}:{f.where.line}", f"    {f.where.code}", ""]
+    lines += ["| rank | state | step | seq | stands in | where |", "|---|---|---|---|---|---|"]
+    lines += [f"| {s.rank} | {s.state.replace('_', ' ')} | {s.last_step if s.last_step is not None else '-'} | "
+              f"{s.seq if s.seq is not None else '-'} | {s.collective or '-'} | {s.where or s.detail or '-'} |"
+              for s in f.states]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,101 @@
+"""Hangs on real 4-rank gloo jobs: after a healthy phase, one rank hangs (its loader blocks forever, a
+user region waits on a lock nobody releases, it skips one all-reduce, its NIC goes down) or dies
+(SIGKILL). Each rank's watchdog notices no step for max(10 x the median step, 4 s), records where
+its training thread is, and `eroica diagnose` localizes the kind, the rank and the place while the
+other ranks still wait. A pause inside the policy raises nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from eroica.engine.hang import HangFinding, localize
+from eroica.lab.launch import JobResult, launch
+from eroica.lab.netns import available as netns_available
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.e2e
+
+POLICY = {"EROICA_POLICY_HANG_FLOOR_SECONDS": "4", "EROICA_POLICY_HANG_FACTOR": "10",
+          "EROICA_POLICY_HANG_POLL_SECONDS": "0.5"}
+BOUND_SECONDS = 8.0           # from the stall to the diagnosis: the 4 s floor, a poll, the snapshot, the read
+
+
+def hang(tmp: Path, fault: str, rank: int = 1, netns: bool = False, **kw: object) -> tuple[HangFinding, float, bool]:
+    """Run the job in the background; return the diagnosis, the seconds from the stall to it, and
+    whether the job's processes were all still there when it was made."""
+    result: list[JobResult] = []
+    job = threading.Thread(target=lambda: result.append(launch(
+        tmp, fault=fault, fault_rank=rank, fault_step=30, steps=2000, env=POLICY, timeout_seconds=35,
+        progress=False, stop_on_failure=False, extra_args=["--stop-after-windows", "99"], netns=netns, **kw)))
+    job.start()
+    try:
+        deadline = time.monotonic() + 34
+        found = None
+        while time.monotonic() < deadline and job.is_alive():
+            found = localize(tmp)
+            if found is not None and found.ranks == [rank]:     # else the ranks' snapshots are still coming
+                break
+            time.sleep(0.5)
+        assert found is not None, f"no hang snapshot under {tmp}"
+        stall_started = min(t for t in _stall_starts(tmp))
+        return found, time.time() - stall_started, job.is_alive()
+    finally:
+        job.join(90)
+
+
+def _stall_starts(tmp: Path) -> list[float]:
+    import json
+    out = []
+    for f in tmp.glob("hang-s*/rank-*.hang.json"):
+        s = json.loads(f.read_text())
+        out.append(s["wall_time"] - s["stalled_seconds"])
+    return out
+
+
+def test_a_loader_that_blocks_forever(tmp_path: Path) -> None:
+    f, secs, alive = hang(tmp_path, "hang_loader")
+    assert (f.root_cause, f.ranks) == ("hang_dataloader", [1]), f
+    assert f.where is not None and f.where.function == "collate" and "Event().wait()" in f.where.code
+    assert alive and secs < BOUND_SECONDS + 6, secs
+    assert {s.rank: s.state for s in f.states} == {0: "waiting_in_collective", 1: "before_collective",
+                                                   2: "waiting_in_collective", 3: "waiting_in_collective"}
+
+
+def test_a_user_region_waiting_on_a_lock(tmp_path: Path) -> None:
+    f, secs, alive = hang(tmp_path, "hang_lock", rank=2)
+    assert (f.root_cause, f.ranks) == ("hang_user_code", [2]), f
+    assert f.where is not None and "METRICS_LOCK" in f.where.code and "lock" in f.summary.lower()
+    assert alive
+
+
+def test_a_rank_that_skips_one_all_reduce(tmp_path: Path) -> None:
+    """On gloo the mismatched collective does not stay hung: the rank that receives the wrong size
+    aborts (`Received data size doesn't match expected size`) and the others' collectives fail within
+    seconds. The culprit is still the rank that ran ahead, not the one that aborted."""
+    f, secs, _alive = hang(tmp_path, "hang_desync", rank=3)
+    assert (f.root_cause, f.ranks) == ("hang_desync", [3]), f
+    assert "skipped one" in f.summary and "backward" in (f.states[3].collective or "")
+
+
+def test_a_rank_killed_with_sigkill(tmp_path: Path) -> None:
+    f, secs, _alive = hang(tmp_path, "hang_kill", rank=1)
+    assert (f.root_cause, f.ranks) == ("rank_died", [1]), f
+    assert f.category == "hardware"
+
+
+@pytest.mark.skipif(not netns_available()[0], reason=f"network namespaces: {netns_available()[1]}")
+def test_a_nic_taken_down(tmp_path: Path) -> None:
+    f, secs, alive = hang(tmp_path, "hang_nic", rank=2, netns=True)
+    assert (f.root_cause, f.ranks) == ("hang_link", [2]), f
+    assert alive
+
+
+def test_a_pause_within_the_policy_is_not_a_hang(tmp_path: Path) -> None:
+    res = launch(tmp_path, fault="none", steps=70, env=POLICY, timeout_seconds=120, progress=False,
+                 extra_args=["--pause-step", "40", "--pause-seconds", "2.5", "--stop-after-windows", "99"])
+    assert all(rc == 0 for rc in res.returncodes), res.logs
+    assert not list(tmp_path.glob("hang-s*")) and localize(tmp_path) is None

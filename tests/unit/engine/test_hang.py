@@ -1,0 +1,130 @@
+"""Hang localization on synthetic watchdog snapshots: every kind, the culprit and the place."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eroica.collector.hang import HangWatch
+from eroica.engine.hang import localize, render
+
+TORCH_WAIT = {"file": "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", "line": 979,
+              "function": "_engine_run_backward", "code": "return Variable._execution_engine.run_backward("}
+BACKWARD = {"file": "/job/train.py", "line": 40, "function": "main", "code": "loss.backward()"}
+ALL_REDUCE = {"op": "all_reduce", "seq": 96, "shape": [1], "dtype": "torch.float32", "file": "/job/train.py",
+              "line": 44, "function": "main", "wall_time": 1.0}
+
+
+def snap(rank: int, seq: int | None, stack: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
+    return {"schema": "eroica.hang/v1", "rank": rank, "world_size": 4, "wall_time": 1000.0 + rank, "last_step": 30,
+            "stalled_seconds": 5.0, "limit_seconds": 4.0, "stack": stack, "seq": seq, "last_entered": None,
+            "last_completed": None, "error": None, "nics": {"eth0": {"operstate": "up"}, "ifb0": {"operstate": "down"}},
+            "peers": {}, **kw}
+
+
+def run(tmp: Path, snaps: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    d = tmp / "hang-s000030"
+    d.mkdir(parents=True)
+    for s in snaps:
+        (d / f"rank-{s['rank']}.hang.json").write_text(json.dumps(s))
+    f = localize(tmp)
+    assert f is not None
+    render(f)
+    return f
+
+
+def waiting(rank: int, seq: int = 96) -> dict[str, Any]:
+    return snap(rank, seq, [TORCH_WAIT, BACKWARD])
+
+
+def test_a_rank_behind_in_the_data_loader(tmp_path: Path) -> None:
+    loader = [{"file": "/job/data.py", "line": 12, "function": "collate", "code": "ev.wait()"},
+              {"file": "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", "line": 700,
+               "function": "__next__", "code": ""}, {**BACKWARD, "line": 30, "code": "x = next(it)"}]
+    f = run(tmp_path, [waiting(0), snap(1, 94, loader), waiting(2), waiting(3)])
+    assert (f.root_cause, f.ranks, f.category) == ("hang_dataloader", [1], "software")
+    assert f.where is not None and (f.where.function, f.where.line) == ("collate", 12)
+
+
+def test_a_rank_behind_on_a_lock(tmp_path: Path) -> None:
+    lock = [{"file": "/job/metrics.py", "line": 8, "function": "flush", "code": "with METRICS_LOCK:"}]
+    f = run(tmp_path, [waiting(0, 97), waiting(1, 97), snap(2, 96, lock), waiting(3, 97)])
+    assert (f.root_cause, f.ranks) == ("hang_user_code", [2]) and "lock" in f.summary.lower()
+
+
+def test_a_rank_ahead_skipped_a_collective(tmp_path: Path) -> None:
+    inside = dict(last_entered=ALL_REDUCE)
+    f = run(tmp_path, [snap(r, 97, [BACKWARD], **inside) for r in range(3)] + [waiting(3, 98)])
+    assert (f.root_cause, f.ranks) == ("hang_desync", [3]) and "skipped one" in f.summary
+
+
+def test_the_same_collective_with_another_shape(tmp_path: Path) -> None:
+    other = {**ALL_REDUCE, "shape": [4]}
+    f = run(tmp_path, [snap(r, 97, [BACKWARD], last_entered=ALL_REDUCE) for r in range(3)]
+            + [snap(3, 97, [BACKWARD], last_entered=other)])
+    assert (f.root_cause, f.ranks) == ("hang_desync", [3]) and "[4]" in f.summary
+
+
+def test_a_rank_whose_process_is_gone(tmp_path: Path) -> None:
+    peers = {"1": {"step": 30, "heartbeat_age_seconds": 3.0, "host": "h", "pid": 77, "process_alive": False}}
+    err = "RuntimeError: Connection reset by peer"
+    f = run(tmp_path, [snap(r, 96, [BACKWARD], error=err, peers=peers) for r in (0, 2, 3)])
+    assert (f.root_cause, f.ranks, f.category) == ("rank_died", [1], "hardware") and "pid 77" in f.summary
+
+
+def test_a_link_down_on_one_rank_and_not_an_interface_down_everywhere(tmp_path: Path) -> None:
+    down = snap(2, 96, [TORCH_WAIT, BACKWARD], nics={"eth0": {"operstate": "down"}, "ifb0": {"operstate": "down"}})
+    f = run(tmp_path, [waiting(0), waiting(1), down, waiting(3)])
+    assert (f.root_cause, f.ranks, f.category) == ("hang_link", [2], "hardware") and "eth0" in f.summary
+
+
+def test_nobody_stands_apart(tmp_path: Path) -> None:
+    f = run(tmp_path, [waiting(r) for r in range(4)])
+    assert f.root_cause == "hang_unknown" and not f.ranks and f.confidence < 0.5
+
+
+def test_no_snapshot_no_hang(tmp_path: Path) -> None:
+    assert localize(tmp_path) is None
+
+
+class Broken:
+    def set(self, *a: Any) -> None:
+        raise RuntimeError("store gone")
+
+    def check(self, *a: Any) -> bool:
+        raise RuntimeError("store gone")
+
+
+def test_the_watchdog_fails_open_and_writes_what_it_can(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    w = HangWatch(0, 2, tmp_path, Broken(), factor=10.0, floor_seconds=0.3, poll_seconds=0.05)
+    w.start()
+    for i in range(5):                     # a few quick steps from this (the training) thread
+        w.stepped(i + 1, 0.001)
+    deadline = time.monotonic() + 5
+    while not list(tmp_path.glob("hang-s*/rank-0.hang.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    w.close()
+    snap_ = json.loads(next(tmp_path.glob("hang-s*/rank-0.hang.json")).read_text())
+    assert snap_["last_step"] == 5 and snap_["stack"] and snap_["stack"][0]["function"]
+    assert all("store gone" in v["error"] for v in snap_["peers"].values())   # recorded, never raised
+    assert not [t for t in threading.enumerate() if t.name == "eroica-hang" and t.is_alive()]
+    w2 = HangWatch(0, 1, Path("/proc/not-writable"), None, factor=10.0, floor_seconds=0.2, poll_seconds=0.05)
+    w2.start()
+    for i in range(4):
+        w2.stepped(i + 1, 0.001)
+    time.sleep(0.6)
+    w2.close()
+    assert "the job runs on" in capsys.readouterr().err
+
+
+@pytest.fixture(autouse=True)
+def _restore_excepthook():  # type: ignore[no-untyped-def]
+    import sys
+    hook = sys.excepthook
+    yield
+    sys.excepthook = hook
