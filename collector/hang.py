@@ -191,8 +191,8 @@ class HangWatch:
         """The training thread dies of an exception (gloo raises when a peer's connection drops):
         record where and why, with what the store says of the peers, before the process exits."""
         try:
-            if self.thread_id is None or self.reported_step == self.step:
-                return
+            if self._stop.is_set() or self.thread_id is None or self.reported_step == self.step:
+                return                                # closed, never stepped, or already on record
             self.reported_step = self.step
             frames = []
             while tb is not None:
