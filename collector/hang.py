@@ -151,9 +151,11 @@ def _cpu_seconds() -> float:
 
 class HangWatch:
     def __init__(self, rank: int, world_size: int, out_dir: Path | None, store: Any, factor: float,
-                 floor_seconds: float, poll_seconds: float = 1.0, job: str = "") -> None:
+                 floor_seconds: float, poll_seconds: float = 1.0, job: str = "",
+                 send: Callable[[str], Any] | None = None) -> None:
         self.rank, self.world_size, self.out_dir, self.store = rank, world_size, out_dir, store
         self.factor, self.floor_seconds, self.poll_seconds, self.job = factor, floor_seconds, poll_seconds, job
+        self.send = send                    # the sink's submit_hang: the service sees the hang too
         self.collectives = Collectives()
         self.steps: deque[float] = deque(maxlen=50)
         self.step = 0
@@ -331,6 +333,9 @@ class HangWatch:
         }
 
     def _write(self, snap: dict[str, Any], quiet: bool = False) -> None:
+        if self.send is not None:
+            with contextlib.suppress(Exception):
+                self.send(json.dumps(snap))
         if self.out_dir is None:
             return
         d = Path(self.out_dir) / f"hang-s{snap['last_step']:06d}"

@@ -68,6 +68,10 @@ class PatternSink(QueueThread):
                            "world_size": world_size}).encode()
         return self._put((f"/v1/jobs/{self.job_id}/steps", body))
 
+    def submit_hang(self, text: str) -> bool:
+        """Queue a hang snapshot (the watchdog's): the service localizes the hang while the job waits."""
+        return self._put((f"/v1/jobs/{self.job_id}/hang", text.encode()))
+
     def submit_end(self) -> bool:
         """Queue the run's end (rank 0, at close): the service resolves the alerts of its open issues."""
         return self._put((f"/v1/jobs/{self.job_id}/end", b"{}"))

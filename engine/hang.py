@@ -82,21 +82,26 @@ class HangFinding(Frozen):
 
 
 def load_snapshots(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
-    """The latest hang's snapshots: every rank's, within CLUSTER_SECONDS of the newest."""
+    """The latest hang's snapshots in a run directory (see `latest`)."""
     snaps = []
     for f in sorted(Path(run_dir).glob("hang-s*/rank-*.hang.json")):
         try:
             snaps.append(json.loads(f.read_text()))
         except (OSError, json.JSONDecodeError):
             continue
+    return latest(snaps)
+
+
+def latest(snaps: list[dict]) -> list[dict]:  # type: ignore[type-arg]
+    """Every rank's newest snapshot within CLUSTER_SECONDS of the newest of all: one hang."""
     if not snaps:
         return []
     newest = max(s["wall_time"] for s in snaps)
-    latest: dict[int, dict] = {}  # type: ignore[type-arg]
+    last: dict[int, dict] = {}  # type: ignore[type-arg]
     for s in sorted(snaps, key=lambda s: s["wall_time"]):
         if s["wall_time"] >= newest - CLUSTER_SECONDS:
-            latest[s["rank"]] = s
-    return [latest[r] for r in sorted(latest)]
+            last[s["rank"]] = s
+    return [last[r] for r in sorted(last)]
 
 
 def _user_frame(stack: list[dict]) -> HangFrame | None:  # type: ignore[type-arg]
@@ -173,7 +178,11 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
 
 
 def localize(run_dir: Path) -> HangFinding | None:
-    snaps = load_snapshots(run_dir)
+    return localize_snapshots(load_snapshots(run_dir))
+
+
+def localize_snapshots(snaps: list[dict]) -> HangFinding | None:  # type: ignore[type-arg]
+    """The verdict on one hang's snapshots (a run directory's, or those the service received)."""
     if not snaps:
         return None
     st = states(snaps)

@@ -128,6 +128,15 @@ steps = sa.Table(   # the always-on step-time series: one row per summary a rank
     sa.Column("at", sa.Float, nullable=False),
 )
 
+hangs = sa.Table(   # each rank's newest hang snapshot (the watchdog's; revision 0007)
+    "hang_snapshots", meta,
+    sa.Column("job_id", sa.String(128), sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("rank", sa.Integer, primary_key=True),
+    sa.Column("wall_time", sa.Float, nullable=False),
+    sa.Column("body", sa.JSON, nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+)
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 

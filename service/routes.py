@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eroica.service import api_models as m
-from eroica.service import store
+from eroica.service import hangs, store
 from eroica.service.db import findings, issues, jobs, steps, windows
 from eroica.service.fleet import drain_list, host_ranking, week_summary
 from eroica.service.lifecycle import export_false_positive, state_of, transition
@@ -92,6 +92,23 @@ def api_router(svc: Service) -> APIRouter:
         store.add_steps(eng, job_id, s.first_step, s.last_step, s.median_seconds, s.p90_seconds, s.world_size,
                         name=request.headers.get("x-eroica-job-name") or None)
         return {"status": "stored"}
+
+    @r.post("/jobs/{job_id}/hang", status_code=201)
+    async def post_hang(job_id: str, request: Request) -> dict[str, Any]:
+        """A rank's hang snapshot (its watchdog saw no step for too long): kept, and the job's hang
+        localized now, while the job still waits; a confident verdict opens or updates its issue."""
+        store.valid_job_id(job_id)
+        doc = hangs.parse(read_body(await request.body(), request.headers.get("content-encoding"),
+                                    svc.settings.max_body_bytes))
+        f = hangs.add(eng, job_id, doc, name=request.headers.get("x-eroica-job-name") or None)
+        return {"status": "stored", "hang": f.model_dump(mode="json") if f is not None else None}
+
+    @r.get("/jobs/{job_id}/hang")
+    def get_hang(job_id: str) -> dict[str, Any]:
+        f = hangs.current(eng, store.valid_job_id(job_id))
+        if f is None:
+            raise store.IngestError(404, f"no hang snapshot for job {job_id!r}", "job")
+        return f.model_dump(mode="json")
 
     @r.post("/jobs/{job_id}/end")
     def end_job(job_id: str) -> dict[str, str]:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from service_support import SERVE_TOKEN, get, serve
 
 from eroica.engine.hang import HangFinding, localize
 from eroica.lab.launch import JobResult, launch
@@ -24,12 +27,13 @@ POLICY = {"EROICA_POLICY_HANG_FLOOR_SECONDS": "4", "EROICA_POLICY_HANG_FACTOR": 
 BOUND_SECONDS = 8.0           # from the stall to the diagnosis: the 4 s floor, a poll, the snapshot, the read
 
 
-def hang(tmp: Path, fault: str, rank: int = 1, netns: bool = False, **kw: object) -> tuple[HangFinding, float, bool]:
+def hang(tmp: Path, fault: str, rank: int = 1, netns: bool = False, env: dict[str, str] | None = None,
+         during: Callable[[], None] | None = None, **kw: object) -> tuple[HangFinding, float, bool]:
     """Run the job in the background; return the diagnosis, the seconds from the stall to it, and
-    whether the job's processes were all still there when it was made."""
+    whether the job's processes were all still there when it was made (`during` runs then too)."""
     result: list[JobResult] = []
     job = threading.Thread(target=lambda: result.append(launch(
-        tmp, fault=fault, fault_rank=rank, fault_step=30, steps=2000, env=POLICY, timeout_seconds=35,
+        tmp, fault=fault, fault_rank=rank, fault_step=30, steps=2000, env={**POLICY, **(env or {})}, timeout_seconds=35,
         progress=False, stop_on_failure=False, extra_args=["--stop-after-windows", "99"], netns=netns, **kw)))
     job.start()
     try:
@@ -42,7 +46,10 @@ def hang(tmp: Path, fault: str, rank: int = 1, netns: bool = False, **kw: object
             time.sleep(0.5)
         assert found is not None, f"no hang snapshot under {tmp}"
         stall_started = min(t for t in _stall_starts(tmp))
-        return found, time.time() - stall_started, job.is_alive()
+        secs, alive = time.time() - stall_started, job.is_alive()
+        if during is not None:
+            during()
+        return found, secs, alive
     finally:
         job.join(90)
 
@@ -65,11 +72,28 @@ def test_a_loader_that_blocks_forever(tmp_path: Path) -> None:
                                                    2: "waiting_in_collective", 3: "waiting_in_collective"}
 
 
-def test_a_user_region_waiting_on_a_lock(tmp_path: Path) -> None:
-    f, secs, alive = hang(tmp_path, "hang_lock", rank=2)
+def test_a_user_region_waiting_on_a_lock_reaches_the_service_while_the_job_waits(tmp_path: Path) -> None:
+    seen: list[dict[str, Any]] = []
+    with serve(tmp_path) as url:
+        def ask_the_service() -> None:             # the job is still hung here
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and not seen:
+                jobs = get(f"{url}/v1/jobs")
+                for j in jobs:  # type: ignore[attr-defined]
+                    try:
+                        h = get(f"{url}/v1/jobs/{j['id']}/hang")
+                    except OSError:
+                        continue
+                    if h.get("ranks") == [2]:  # type: ignore[union-attr]
+                        seen.append({"hang": h, "issues": get(f"{url}/v1/issues?job={j['id']}")})
+                time.sleep(0.5)
+        f, secs, alive = hang(tmp_path / "job", "hang_lock", rank=2, during=ask_the_service,
+                              env={"EROICA_SINK": url, "EROICA_SINK_TOKEN": SERVE_TOKEN})
     assert (f.root_cause, f.ranks) == ("hang_user_code", [2]), f
     assert f.where is not None and "METRICS_LOCK" in f.where.code and "lock" in f.summary.lower()
-    assert alive
+    assert alive and seen, "the service did not localize the hang while the job waited"
+    assert seen[0]["hang"]["root_cause"] == "hang_user_code"
+    assert [(i["root_cause"], i["ranks"], i["state"]) for i in seen[0]["issues"]] == [("hang_user_code", "2", "open")]
 
 
 def test_a_rank_that_skips_one_all_reduce(tmp_path: Path) -> None:
