@@ -119,6 +119,7 @@ class Monitor:
         self._det_calls = 0
         self._win_seconds_this_call = 0.0
         self.config: dict[str, str] = {}
+        self._sited: set[str] = set()               # region names whose site was looked up
         self._out: PatternOutput | None = None
         self._control: ControlAgent | None = None
         self._not_eligible: str | None = None
@@ -207,9 +208,9 @@ class Monitor:
     def region(self, name: str) -> Iterator[None]:
         """Annotate a user region; its own time (outside torch ops) is attributed to it."""
         t0 = time.monotonic_ns() if self._win.recording else 0
-        key = f"{sites.SITE_PREFIX}region.{str(name)[:MAX_NAME]}"
-        if key not in self.config:
-            sites.note(self.config, key[len(sites.SITE_PREFIX):], sites.caller_site(2))
+        if name not in self._sited and len(self._sited) < sites.MAX_SITES:   # once per name: off the hot path
+            self._sited.add(name)
+            sites.note(self.config, f"region.{str(name)[:MAX_NAME]}", sites.caller_site(2))
         try:
             yield
         finally:
