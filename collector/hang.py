@@ -224,8 +224,9 @@ class HangWatch:
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=2 * self.poll_seconds + 1)
+        for t in (self._thread, self._store_thread):     # both threads end with the Monitor
+            if t.is_alive() and threading.current_thread() is not t:
+                t.join(timeout=2 * self.poll_seconds + 1)
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
