@@ -19,6 +19,7 @@ from pathlib import Path
 
 from eroica.cli.policy_cmd import load_policy
 from eroica.collector import boot
+from eroica.collector.hang import FR_DEFAULT, FR_ENV
 from eroica.collector.policy import TriggerPolicy
 
 BOOTSTRAP = Path(boot.__file__).parent / "bootstrap"
@@ -63,6 +64,7 @@ def attach_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]
         env["EROICA_JOB_NAME"] = args.job
     if args.step:
         env["EROICA_STEP"] = args.step
+    env.setdefault(FR_ENV, FR_DEFAULT)     # torch's Flight Recorder: every collective's sequence id and sizes
     if args.policy:
         env.update(policy_env(load_policy(args.policy)))
     return env

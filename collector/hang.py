@@ -7,8 +7,11 @@ blocked in a collective, a lock, a queue or a sleep has released the GIL, so thi
 the stuck thread's Python frames are intact (a thread spinning in Python code also yields the GIL
 every few milliseconds). py-spy would also see a thread that holds the GIL inside C code, but it
 needs ptrace rights and a binary on every node; this needs neither. A thread stuck in C while
-holding the GIL stops this thread too: then the heartbeat stops, and the peers report the rank as
-silent, which is what it is.
+holding the GIL stops this thread too, so this thread keeps a dead man's switch: at every tick it
+re-arms `faulthandler.dump_traceback_later` (a C thread that needs no GIL) for the limit plus two
+polls; when this thread cannot run that long, faulthandler writes every thread's stack to
+`<run dir>/hang-native/rank-<r>.txt` after a header that names the training thread, its last step and
+the limit, and the engine reads it for the rank that wrote no snapshot.
 
 Each rank also keeps a heartbeat in the job's store (`eroica/hang/hb/<rank>`: step, time, pid,
 host), so a stalled rank can say which peers are alive, which stopped stepping, and which are gone
@@ -20,6 +23,7 @@ Everything here fails open: an error is one line on stderr and the watchdog stop
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import fcntl
 import functools
 import json
@@ -39,6 +43,10 @@ from typing import Any
 from eroica.collector.sites import OURS
 
 HB_KEY = "eroica/hang/hb/{rank}"
+FR_ENV = "TORCH_FR_BUFFER_SIZE"            # torch's Flight Recorder: set before init_process_group
+FR_DEFAULT = "2000"                        # entries; `eroica run` and the lab set it when the user did not
+FR_TAIL = 8
+NATIVE_HEADER = 512                        # bytes of JSON header before faulthandler's text
 MAX_FRAMES = 40
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "barrier", "all_to_all_single", "all_to_all", "reduce", "gather", "scatter",
@@ -144,15 +152,41 @@ def _nics() -> dict[str, dict[str, Any]]:
     return out
 
 
+def flight_recorder() -> list[dict[str, Any]] | None:
+    """The last collectives torch's Flight Recorder holds for this process (gloo and NCCL alike, when
+    TORCH_FR_BUFFER_SIZE was set before the process group): every collective, DDP's own included,
+    with its sequence id, operation and input sizes. None when it is off or unreadable."""
+    try:
+        if int(os.environ.get(FR_ENV) or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or 0) <= 0:
+            return None
+        import torch._C._distributed_c10d as c10d
+        entries = json.loads(c10d._dump_fr_trace_json(True, False)).get("entries") or []  # type: ignore[attr-defined]
+        return [{"seq": e.get("collective_seq_id"), "op": str(e.get("profiling_name", "")).partition(":")[2] or
+                 e.get("profiling_name"), "sizes": e.get("input_sizes"), "state": e.get("state"),
+                 "pg": (e.get("process_group") or [None])[0]} for e in entries[-FR_TAIL:]]
+    except Exception:
+        return None
+
+
 def _cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
 
 
+def _bounded(fn: Callable[[], Any], seconds: float) -> Any:
+    """fn() on a thread of its own, or None when it does not answer in time (a snapshot must not
+    wait on a lock inside torch)."""
+    box: list[Any] = []
+    t = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    return box[0] if box else None
+
+
 class HangWatch:
     def __init__(self, rank: int, world_size: int, out_dir: Path | None, store: Any, factor: float,
                  floor_seconds: float, poll_seconds: float = 1.0, job: str = "",
-                 send: Callable[[str], Any] | None = None) -> None:
+                 send: Callable[[str], Any] | None = None, native: bool = False) -> None:
         self.rank, self.world_size, self.out_dir, self.store = rank, world_size, out_dir, store
         self.factor, self.floor_seconds, self.poll_seconds, self.job = factor, floor_seconds, poll_seconds, job
         self.send = send                    # the sink's submit_hang: the service sees the hang too
@@ -176,6 +210,9 @@ class HangWatch:
         self.peers: dict[str, dict[str, Any]] | None = None
         self.peers_at = 0.0
         self._snap: dict[str, Any] | None = None
+        self.native = native and out_dir is not None
+        self._native_fd: int | None = None
+        self._native_step: int | None = None
 
     def start(self) -> None:
         self.collectives.install()
@@ -224,6 +261,7 @@ class HangWatch:
 
     def close(self) -> None:
         self._stop.set()
+        self._disarm_native()
         for t in (self._thread, self._store_thread):     # both threads end with the Monitor
             if t.is_alive() and threading.current_thread() is not t:
                 t.join(timeout=2 * self.poll_seconds + 1)
@@ -234,10 +272,51 @@ class HangWatch:
             c0 = time.thread_time()
             while not self._stop.wait(self.poll_seconds):
                 self._tick()
+                self._arm_native()
                 self.cpu_seconds = time.thread_time() - c0 + self.store_cpu_seconds
         except Exception as exc:  # fail open: the job runs on without the watchdog
             print(f"eroica hang watchdog [rank {self.rank}]: {exc!r}; it stops, the job runs on",
                   file=sys.stderr, flush=True)
+
+    def _arm_native(self) -> None:
+        """Re-arm the dead man's switch (see the module's doc): one small pwrite and one re-arm per
+        tick. After a dump, once the rank steps again, the file goes back to its header."""
+        if not self.native or self.thread_id is None or len(self.steps) < 3 or self._stop.is_set():
+            return
+        try:
+            fd = self._native_fd
+            if fd is None:
+                d = Path(self.out_dir or ".") / "hang-native"
+                d.mkdir(parents=True, exist_ok=True)
+                fd = self._native_fd = os.open(d / f"rank-{self.rank}.txt", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            elif self._native_step != self.step and os.fstat(fd).st_size > NATIVE_HEADER:
+                os.ftruncate(fd, NATIVE_HEADER)         # a dump from a stall the rank came out of
+            limit = self.limit_seconds()
+            header = json.dumps({
+                "schema": "eroica.hang-native/v1", "job": self.job[:120], "rank": self.rank,
+                "world_size": self.world_size, "host": socket.gethostname()[:64], "pid": os.getpid(),
+                "thread": f"0x{self.thread_id:016x}",
+                "last_step": self.step, "last_step_wall_time": time.time() - (time.monotonic() - self.last_step_t),
+                "limit_seconds": round(limit, 2), "fires_after_seconds": round(limit + 2 * self.poll_seconds, 2),
+                "median_step_seconds": round(statistics.median(self.steps), 4)})
+            os.pwrite(fd, header.encode()[:NATIVE_HEADER - 1].ljust(NATIVE_HEADER - 1) + b"\n", 0)
+            os.lseek(fd, 0, os.SEEK_END)
+            self._native_step = self.step
+            faulthandler.dump_traceback_later(limit + 2 * self.poll_seconds, repeat=False, file=fd)
+        except Exception:
+            self._disarm_native()
+            self.native = False                          # fail open: the Python snapshots still work
+
+    def _disarm_native(self) -> None:
+        if self._native_fd is None:
+            return
+        with contextlib.suppress(Exception):
+            faulthandler.cancel_dump_traceback_later()
+            fired = os.fstat(self._native_fd).st_size > NATIVE_HEADER
+            os.close(self._native_fd)
+            if not fired:
+                (Path(self.out_dir or ".") / "hang-native" / f"rank-{self.rank}.txt").unlink()
+        self._native_fd = None
 
     def _store_loop(self) -> None:
         try:
@@ -328,7 +407,7 @@ class HangWatch:
             "stack": _frames(frame) if frame is not None else [],
             "stack_gap": None if frame is not None else "the training thread was not found",
             "seq": self.collectives.seq(), "last_entered": self.collectives.entered,
-            "last_completed": self.collectives.completed,
+            "last_completed": self.collectives.completed, "flight_recorder": _bounded(flight_recorder, 2.0),
             "process_cpu_ratio": round((cpu1 - cpu0) / dt, 3), "nics": nic,
             "peers": self.peers if self.peers is not None else {},
         }

@@ -180,7 +180,8 @@ class Monitor:
                 self._hang = HangWatch(self.rank, self.world_size, self.out_dir, raw if job_store is not None else None,
                                        self.policy.hang_factor, self.policy.hang_floor_seconds,
                                        self.policy.hang_poll_seconds, self.job_name,
-                                       self._sink.submit_hang if self._sink is not None else None)
+                                       self._sink.submit_hang if self._sink is not None else None,
+                                       native=self.policy.hang_native_dump)
                 self._hang.start()
             self._win.sampler = SamplerClient(os.getpid(), threading.get_native_id())
             self.gaps.extend(self._win.sampler.gaps)

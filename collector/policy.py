@@ -93,6 +93,9 @@ class TriggerPolicy(BaseModel):
         300.0, gt=0, description="... and for at least this long (a checkpoint or evaluation pause shorter than "
         "this is not a hang)")
     hang_poll_seconds: float = Field(1.0, gt=0, le=10.0, description="how often the watchdog looks")
+    hang_native_dump: bool = Field(
+        True, description="hang: arm faulthandler's C thread as a dead man's switch, so a training thread that "
+        "holds the GIL inside C code is still located (it takes over faulthandler.dump_traceback_later)")
 
     def window_length(self, period_steps: int | None = None) -> int:
         """Steps a window profiles: the policy's, or one whole period (+1 step) of a periodic

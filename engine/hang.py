@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import functools
 import json
+import linecache
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
+from eroica.collector.hang import NATIVE_HEADER
 from eroica.engine.facts import HangState
 from eroica.engine.rules.compiler import RuleIR, compile_rules
 from eroica.engine.rules.conclusion import Conclusion
@@ -82,14 +85,57 @@ class HangFinding(Frozen):
 
 
 def load_snapshots(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
-    """The latest hang's snapshots in a run directory (see `latest`)."""
+    """The latest hang's snapshots in a run directory (see `latest`): the watchdogs' own, and, for a
+    rank whose watchdog could not run (its training thread held the GIL in C code), faulthandler's
+    dump turned into one."""
     snaps = []
     for f in sorted(Path(run_dir).glob("hang-s*/rank-*.hang.json")):
         try:
             snaps.append(json.loads(f.read_text()))
         except (OSError, json.JSONDecodeError):
             continue
+    own = {s["rank"] for s in latest(snaps)}
+    for f in sorted(Path(run_dir).glob("hang-native/rank-*.txt")):
+        n = native_snapshot(f)
+        if n is not None and n["rank"] not in own:
+            snaps.append(n)
     return latest(snaps)
+
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+
+
+def native_snapshot(path: Path) -> dict | None:  # type: ignore[type-arg]
+    """A faulthandler dump written by the watchdog's dead man's switch (eroica.collector.hang), as a
+    snapshot: the training thread's frames, innermost first, and no collective state (the process
+    could run no Python to read it). None when the switch never fired."""
+    try:
+        raw = path.read_bytes()
+        if len(raw) <= NATIVE_HEADER:
+            return None
+        head = json.loads(raw[:NATIVE_HEADER])
+        dumped_at = path.stat().st_mtime
+    except (OSError, ValueError):
+        return None
+    threads: dict[int, list[dict]] = {}  # type: ignore[type-arg]
+    cur: list[dict] | None = None  # type: ignore[type-arg]
+    for line in raw[NATIVE_HEADER:].decode(errors="replace").splitlines():
+        if m := _THREAD.match(line):
+            cur = threads.setdefault(int(m.group(1), 16), [])
+        elif (m := _FRAME.match(line)) and cur is not None:
+            file, no = m.group(1), int(m.group(2))
+            cur.append({"file": file, "line": no, "function": m.group(3).strip(),
+                        "code": linecache.getline(file, no).strip()[:160]})
+    stack = threads.get(int(head["thread"], 16), [])
+    return {"schema": "eroica.hang/v1", "job": head.get("job", ""), "rank": head["rank"],
+            "world_size": head["world_size"], "host": head.get("host"), "pid": head.get("pid"),
+            "wall_time": dumped_at, "last_step": head.get("last_step"),
+            "stalled_seconds": round(dumped_at - head["last_step_wall_time"], 2),
+            "limit_seconds": head["limit_seconds"],
+            "stack": stack, "stack_gap": None if stack else "the training thread is not in faulthandler's dump",
+            "seq": None, "last_entered": None, "last_completed": None, "error": None, "nics": {}, "peers": {},
+            "native": True}
 
 
 def latest(snaps: list[dict]) -> list[dict]:  # type: ignore[type-arg]
@@ -121,6 +167,39 @@ def _current(s: dict) -> str:  # type: ignore[type-arg]
         return "backward (DDP's gradient all-reduce)"
     u = _user_frame(stack)
     return f"{u.function} at {Path(u.file).name}:{u.line}" if u else "unknown"
+
+
+def _mismatch(s: dict, snaps: list[dict]) -> str | None:  # type: ignore[type-arg]
+    """The collective this rank issued where its peers issued another operation or shape at the same
+    sequence number: from the collector's wrappers (an explicit collective still open) or from torch's
+    Flight Recorder (any collective, DDP's own included). The peers may have completed theirs and
+    gone on (gloo completes the smaller side), so what they entered and completed both count."""
+    def key(rec: dict) -> tuple[str, str]:  # type: ignore[type-arg]
+        return str(rec.get("op")), str(rec.get("shape", rec.get("sizes")))
+
+    mine: list[tuple[int, dict]] = []  # type: ignore[type-arg]
+    ent, done = s.get("last_entered"), s.get("last_completed")
+    if ent and ent != done and ent.get("seq") is not None:
+        mine.append((ent["seq"] + 1, ent))                # the wrapper records the number before the call
+    fr = s.get("flight_recorder") or []
+    if fr and fr[-1].get("seq") is not None:
+        mine.append((fr[-1]["seq"], fr[-1]))
+    for seq, rec in mine:
+        theirs: Counter[tuple[str, str]] = Counter()
+        for o in snaps:
+            if o is s:
+                continue
+            recs = [(r["seq"] + 1, r) for r in (o.get("last_entered"), o.get("last_completed"))
+                    if r and r.get("seq") is not None and "shape" in rec]
+            recs += [(r["seq"], r) for r in o.get("flight_recorder") or [] if "sizes" in rec]
+            got = {key(r) for n, r in recs if n == seq}
+            theirs.update(got)
+        if theirs:
+            (op, shape), n = theirs.most_common(1)[0]
+            if (op, shape) != key(rec) and n >= (len(snaps) - 1) / 2:
+                return (f"issued {rec.get('op')} {key(rec)[1]} as collective #{seq} where {n} peer(s) issued "
+                        f"{op} {shape}")
+    return None
 
 
 def _down(s: dict) -> set[str]:  # type: ignore[type-arg]
@@ -159,8 +238,15 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
                       waits_on_lock=lock, collective=_current(s))
         down = [n for n in _down(s) if sum(n in _down(o) for o in snaps if o is not s) < (len(snaps) - 1) / 2]
         err = f"; then its collective failed: {s['error'][:200]}" if s.get("error") else ""
-        if down:
+        if s.get("native"):
+            out.append(HangRankState(state="before_collective", detail="its training thread holds the GIL inside "
+                                     "native code, so its watchdog could not run: the stack is faulthandler's dump, "
+                                     f"{s['stalled_seconds']:.0f} s after the watchdog last saw a step (step "
+                                     f"{s['last_step']})", **common))
+        elif down:
             out.append(HangRankState(state="link_down", detail=f"interface {', '.join(down)} is down{err}", **common))
+        elif (mis := _mismatch(s, snaps)) is not None:
+            out.append(HangRankState(state="different_collective", detail=mis + err, **common))
         elif mode is not None and s.get("seq") is not None and s["seq"] < mode:
             out.append(HangRankState(state="before_collective", detail=f"collective #{s['seq']} done, most ranks "
                                      f"are at #{mode}{err}", **common))

@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eroica.collector.hang import FR_DEFAULT, FR_ENV
 from eroica.lab.errors import FaultSetupError
 from eroica.lab.netns import RankNetworks
 from eroica.lab.netns import available as netns_available
@@ -227,6 +228,7 @@ def launch(
                 OMP_NUM_THREADS="1",
                 PYTHONUNBUFFERED="1",
             )
+            penv.setdefault(FR_ENV, FR_DEFAULT)     # torch's Flight Recorder, as `eroica run` turns it on
             if cg.throttled is not None:
                 penv["EROICA_THROTTLE_CGROUP"] = str(cg.throttled)
             if nets is not None:

@@ -29,6 +29,7 @@ Several faults at once: `--fault a,b --fault-rank 1,3`.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import subprocess
@@ -42,8 +43,9 @@ from eroica.lab.errors import WorkloadArgError
 
 FAULTS = ("none", "dataloader_stall", "cpu_throttled", "cpu_contention", "workload_imbalance", "gc_pause",
           "user_code", "framework_config", "nic_degraded", "slow_storage", "host_memory_pressure",
-          "untracked_work", "hang_loader", "hang_lock", "hang_desync", "hang_kill", "hang_nic")
-HANGS = FAULTS[-5:]          # one rank stops for good (eroica.collector.hang, tests/e2e/test_hang_e2e.py)
+          "untracked_work", "hang_loader", "hang_lock", "hang_desync", "hang_kill", "hang_nic", "hang_shape",
+          "hang_gil")
+HANGS = FAULTS[-7:]          # one rank stops for good (eroica.collector.hang, tests/e2e/test_hang_e2e.py)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -234,6 +236,10 @@ def step_end_faults(mon, region: str, fault: str, seconds: float) -> None:
         elif fault == "hang_lock":
             with METRICS_LOCK:                     # the flusher holds it forever
                 pass
+        elif fault == "hang_gil":
+            # a C extension stuck while it holds the GIL (ctypes.PyDLL does not release it): no other
+            # Python thread of this process runs, the watchdog's included
+            ctypes.PyDLL(None).sleep(3600)
     if fault == "untracked_work":
         spin_until = time.perf_counter() + seconds
         while time.perf_counter() < spin_until:
@@ -362,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
             opt.step()
             if sync_metric and not (fault == "hang_desync" and step == args.fault_step):
                 metric = loss.detach().reshape(1)
+                if fault == "hang_shape" and step == args.fault_step:
+                    metric = metric.repeat(4)            # this rank logs a per-class vector: another shape
                 dist.all_reduce(metric)                  # the job's loss for logging: one more collective
             if args.pause_step is not None and step == args.pause_step:
                 time.sleep(args.pause_seconds)           # a checkpoint or evaluation pause, within the policy

@@ -1,8 +1,9 @@
 """Hangs on real 4-rank gloo jobs: after a healthy phase, one rank hangs (its loader blocks forever, a
-user region waits on a lock nobody releases, it skips one all-reduce, its NIC goes down) or dies
-(SIGKILL). Each rank's watchdog notices no step for max(10 x the median step, 4 s), records where
-its training thread is, and `eroica diagnose` localizes the kind, the rank and the place while the
-other ranks still wait. A pause inside the policy raises nothing."""
+user region waits on a lock nobody releases, it skips one all-reduce, it calls one with another
+shape, it holds the GIL inside C code, its NIC goes down) or dies (SIGKILL). Each rank's watchdog
+notices no step for max(10 x the median step, 4 s), records where its training thread is, and
+`eroica diagnose` localizes the kind, the rank and the place while the other ranks still wait. A
+merely slow job that pauses inside the policy raises nothing."""
 
 from __future__ import annotations
 
@@ -105,6 +106,20 @@ def test_a_rank_that_skips_one_all_reduce(tmp_path: Path) -> None:
     assert "skipped one" in f.summary and "backward" in (f.states[3].collective or "")
 
 
+def test_a_rank_that_calls_all_reduce_with_another_shape(tmp_path: Path) -> None:
+    f, secs, _alive = hang(tmp_path, "hang_shape", rank=2)
+    assert (f.root_cause, f.ranks) == ("hang_desync", [2]), f
+    assert "[4]" in (f.states[2].collective or "") and "issued all_reduce [1]" in f.states[2].detail, f.states
+
+
+def test_a_rank_holding_the_gil_in_native_code(tmp_path: Path) -> None:
+    """Its own watchdog cannot run: faulthandler's dead man's switch dumps its stack instead."""
+    f, secs, alive = hang(tmp_path, "hang_gil", rank=1)
+    assert (f.root_cause, f.ranks) == ("hang_user_code", [1]), f
+    assert f.where is not None and "PyDLL" in f.where.code and "GIL" in f.states[1].detail, f
+    assert alive and secs < BOUND_SECONDS + 6, secs
+
+
 def test_a_rank_killed_with_sigkill(tmp_path: Path) -> None:
     f, secs, _alive = hang(tmp_path, "hang_kill", rank=1)
     assert (f.root_cause, f.ranks) == ("rank_died", [1]), f
@@ -118,8 +133,14 @@ def test_a_nic_taken_down(tmp_path: Path) -> None:
     assert alive
 
 
-def test_a_pause_within_the_policy_is_not_a_hang(tmp_path: Path) -> None:
-    res = launch(tmp_path, fault="none", steps=70, env=POLICY, timeout_seconds=120, progress=False,
-                 extra_args=["--pause-step", "40", "--pause-seconds", "2.5", "--stop-after-windows", "99"])
+def test_a_merely_slow_job_that_pauses_within_the_policy_is_not_a_hang(tmp_path: Path) -> None:
+    """A 1 s floor, far under the 2.5 s pause: rank 1 is slowed about 10x from step 5 (a synchronous
+    0.5 s call each step), so the recent median follows it and the pause stays under 10 x the median.
+    Neither the slow steps nor the pause is a hang."""
+    res = launch(tmp_path, fault="user_code", fault_rank=1, fault_step=5, steps=45, timeout_seconds=150,
+                 env={**POLICY, "EROICA_POLICY_HANG_FLOOR_SECONDS": "1"}, progress=False,
+                 extra_args=["--stall-seconds", "0.5", "--pause-step", "35", "--pause-seconds", "2.5",
+                             "--stop-after-windows", "99"])
     assert all(rc == 0 for rc in res.returncodes), res.logs
-    assert not list(tmp_path.glob("hang-s*")) and localize(tmp_path) is None
+    assert not list(tmp_path.glob("hang-s*")) and not list(tmp_path.glob("hang-native/*"))
+    assert localize(tmp_path) is None

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from eroica.collector.hang import HangWatch
-from eroica.engine.hang import localize, render
+from eroica.engine.hang import localize, localize_snapshots, native_snapshot, render
 
 TORCH_WAIT = {"file": "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", "line": 979,
               "function": "_engine_run_backward", "code": "return Variable._execution_engine.run_backward("}
@@ -68,6 +68,52 @@ def test_the_same_collective_with_another_shape(tmp_path: Path) -> None:
     f = run(tmp_path, [snap(r, 97, [BACKWARD], last_entered=ALL_REDUCE) for r in range(3)]
             + [snap(3, 97, [BACKWARD], last_entered=other)])
     assert (f.root_cause, f.ranks) == ("hang_desync", [3]) and "[4]" in f.summary
+
+
+def test_a_rank_behind_inside_the_collective_its_peers_completed_with_another_shape(tmp_path: Path) -> None:
+    """gloo completes the smaller side: the peers went on to DDP's next all-reduces, the culprit waits
+    for data that never comes, and it is behind, yet not before the collective."""
+    f = run(tmp_path, [waiting(r, 99) | {"last_entered": ALL_REDUCE, "last_completed": ALL_REDUCE} for r in (0, 1, 3)]
+            + [snap(2, 97, [BACKWARD], last_entered={**ALL_REDUCE, "shape": [4]})])
+    assert (f.root_cause, f.ranks) == ("hang_desync", [2]), f
+    assert "issued all_reduce [1]" in f.states[2].detail
+
+
+def test_flight_recorder_sizes_show_a_mismatch_inside_ddp(tmp_path: Path) -> None:
+    def fr(size: int) -> list[dict[str, Any]]:
+        return [{"seq": 96, "op": "all_reduce", "sizes": [[1]], "state": "scheduled"},
+                {"seq": 97, "op": "all_reduce", "sizes": [[size]], "state": "scheduled"}]
+    f = run(tmp_path, [waiting(r, 97) | {"flight_recorder": fr(1000)} for r in range(3)]
+            + [waiting(3, 97) | {"flight_recorder": fr(999)}])
+    assert (f.root_cause, f.ranks) == ("hang_desync", [3]) and "[[999]]" in f.states[3].detail
+
+
+def test_the_dead_mans_switch_dumps_a_thread_that_holds_the_gil(tmp_path: Path) -> None:
+    import ctypes
+    w = HangWatch(0, 1, tmp_path, None, factor=10.0, floor_seconds=0.3, poll_seconds=0.05, native=True)
+    w.start()
+    for i in range(5):
+        w.stepped(i + 1, 0.001)
+    time.sleep(0.15)                               # the watchdog arms the switch
+    ctypes.PyDLL(None).usleep(1_200_000)           # C code holding the GIL: the watchdog cannot run
+    w.close()
+    n = native_snapshot(tmp_path / "hang-native" / "rank-0.txt")
+    assert n is not None and n["last_step"] == 5 and n["stalled_seconds"] > 0.3
+    assert n["stack"][0]["function"] == "test_the_dead_mans_switch_dumps_a_thread_that_holds_the_gil"
+    assert "PyDLL" in n["stack"][0]["code"]
+    f = localize_snapshots([n])
+    assert f is not None and (f.root_cause, f.ranks) == ("hang_user_code", [0]) and "GIL" in f.states[0].detail
+
+
+def test_the_switch_leaves_nothing_behind_when_it_never_fired(tmp_path: Path) -> None:
+    w = HangWatch(0, 1, tmp_path, None, factor=10.0, floor_seconds=5, poll_seconds=0.05, native=True)
+    w.start()
+    for i in range(5):
+        w.stepped(i + 1, 0.001)
+        time.sleep(0.06)
+    assert (tmp_path / "hang-native" / "rank-0.txt").exists()
+    w.close()
+    assert not (tmp_path / "hang-native" / "rank-0.txt").exists()
 
 
 def test_a_rank_whose_process_is_gone(tmp_path: Path) -> None:
