@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.diagnose import DiagnoseOptions, diagnose, version
+from eroica.engine.diagnosis import Diagnosis
 from eroica.engine.errors import EngineError, RuleError
 from eroica.engine.hang import localize
-from eroica.engine.hang import render as render_hang
 from eroica.engine.render import FORMATS, render
 
 NOT_DIAGNOSABLE = 3    # exit code: a window fell below the coverage floor (no verdict)
@@ -59,20 +59,19 @@ def run(args: argparse.Namespace) -> int:
                   "taxonomy.yaml)", file=sys.stderr)
             return 2
     hung = localize(args.run_dir) if args.run_dir.is_dir() else None
-    if hung is not None:           # a hang first: the job may still be waiting, and someone can act
-        sys.stdout.write(render_hang(hung, "json" if args.format == "json" else "text"))
-        if not any(args.run_dir.glob("w*/rank-*.json")):
-            return 0
     try:
-        d = diagnose(args.run_dir, DiagnoseOptions(extra_rule_dirs=rules, override_files=overrides,
-                                                   window=args.window, knowledge_dirs=list(args.knowledge or [])))
+        if hung is not None and not any(args.run_dir.glob("w*/rank-*.json")):   # hung before any window
+            d = Diagnosis(run_dir=str(args.run_dir), eroica_version=version(), rules_loaded=0, windows=[], hang=hung)
+        else:                  # the report puts a hang first: the job may still wait, and someone can act
+            d = diagnose(args.run_dir, DiagnoseOptions(extra_rule_dirs=rules, override_files=overrides,
+                                                       window=args.window, knowledge_dirs=list(args.knowledge or [])))
     except RuleError as exc:
         print("eroica diagnose: the rule base has problems:\n" + "\n".join(exc.problems), file=sys.stderr)
         return 2
     except EngineError as exc:
         print(f"eroica diagnose: {exc}", file=sys.stderr)
         return 2
-    if not d.windows:
+    if not d.windows and d.hang is None:
         print(f"eroica diagnose: {args.run_dir} has no window directories with rank-<R>.json files", file=sys.stderr)
         return 2
     text = render(d, args.format)

@@ -11,6 +11,7 @@ import numpy as np
 from eroica.engine.diagnosis import Coverage, Diagnosis, PeerGroupInfo, StepSummary, WindowDiagnosis
 from eroica.engine.errors import RuleError
 from eroica.engine.findings import build_findings, unhealthy
+from eroica.engine.hang import localize
 from eroica.engine.history import add_gaps, mark_history
 from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
@@ -29,7 +30,7 @@ from eroica.engine.taxonomy import (  # noqa: F401  (re-exported: the CLI and th
 )
 
 
-def _version() -> str:
+def version() -> str:
     try:
         return metadata.version("eroica")
     except metadata.PackageNotFoundError:
@@ -149,8 +150,9 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
                 diagnosable=why_not is None, not_diagnosable_reason=why_not,
             )
         )
-    return Diagnosis(run_dir=str(run_dir), eroica_version=_version(), rules_loaded=len(rules),
-                     windows=_across_windows(out, taxonomy, resolution))
+    return Diagnosis(run_dir=str(run_dir), eroica_version=version(), rules_loaded=len(rules),
+                     windows=_across_windows(out, taxonomy, resolution),
+                     hang=localize(Path(run_dir)) if Path(run_dir).is_dir() else None)
 
 
 def _across_windows(windows: list[WindowDiagnosis], taxonomy: dict[str, TaxonomyEntry],

@@ -7,6 +7,8 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
+from eroica.engine.hang import HangFinding
+
 DIAGNOSIS_SCHEMA: Final = "eroica.diagnosis/v1"
 
 
@@ -177,3 +179,4 @@ class Diagnosis(Frozen):
     eroica_version: str
     rules_loaded: NonNegativeInt
     windows: list[WindowDiagnosis]
+    hang: HangFinding | None = None       # the run's latest hang (eroica.engine.hang), reported first

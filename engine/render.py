@@ -8,6 +8,7 @@ from importlib import resources
 import jinja2
 
 from eroica.engine.diagnosis import Diagnosis
+from eroica.engine.hang import render as render_hang
 from eroica.engine.render_html import window_pictures
 
 FORMATS = ("text", "json", "md", "html")
@@ -39,6 +40,7 @@ def _env(autoescape: bool = False) -> jinja2.Environment:
     )
     env.globals["ms"] = _ms
     env.globals["gap_sources"] = _gap_sources
+    env.globals["hang_text"] = render_hang
     return env
 
 
@@ -49,8 +51,9 @@ def render(d: Diagnosis, fmt: str) -> str:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     if fmt == "html":
         env = _env(autoescape=True)
-        title = ", ".join(f"{f.root_cause} on rank {','.join(map(str, f.ranks))}" for w in d.windows
-                          for f in w.findings[:1] if f.confidence >= 0.5) or "healthy"
+        title = ", ".join([f"{d.hang.root_cause} on rank {','.join(map(str, d.hang.ranks))}"] if d.hang else []
+                          + [f"{f.root_cause} on rank {','.join(map(str, f.ranks))}" for w in d.windows
+                             for f in w.findings[:1] if f.confidence >= 0.5]) or "healthy"
         return env.get_template("report.html.j2").render(d=d, pictures=window_pictures, title=title)
     name = {"text": "report.txt.j2", "md": "report.md.j2"}[fmt]
     return _env().get_template(name).render(d=d)

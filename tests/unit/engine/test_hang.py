@@ -174,3 +174,20 @@ def _restore_excepthook():  # type: ignore[no-untyped-def]
     hook = sys.excepthook
     yield
     sys.excepthook = hook
+
+
+def test_the_hang_is_in_every_report_format_and_json_stays_one_document(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from eroica.cli.main import main
+    from eroica.engine.diagnosis import Diagnosis
+    from eroica.engine.render import render as render_report
+
+    lock = [{"file": "/job/metrics.py", "line": 8, "function": "flush", "code": "with METRICS_LOCK:"}]
+    f = run(tmp_path, [waiting(0, 97), waiting(1, 97), snap(2, 96, lock), waiting(3, 97)])
+    d = Diagnosis(run_dir=str(tmp_path), eroica_version="t", rules_loaded=0, windows=[], hang=f)
+    assert "Hang: hang_user_code on rank 2" in render_report(d, "text")
+    assert "`flush` at /job/metrics.py:8" in render_report(d, "md")
+    page = render_report(d, "html")
+    assert "<title>" in page and "hang_user_code on rank 2" in page and "with METRICS_LOCK:" in page
+    assert main(["diagnose", str(tmp_path), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)              # one JSON document, the hang inside it
+    assert doc["hang"]["root_cause"] == "hang_user_code" and doc["windows"] == []
