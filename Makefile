@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-frameworks test-llm lint typecheck bench clean
+.PHONY: demo test test-fast test-frameworks test-llm lint typecheck bench bench-traces clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -56,5 +56,15 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 
+# eroica diagnose on traces against HTA's load, in one run (HTA in a venv of its own)
+HTA_VENV := .hta-venv
+$(HTA_VENV)/.installed:
+	test -x $(HTA_VENV)/bin/python || $(PY) -m venv $(HTA_VENV)
+	$(HTA_VENV)/bin/pip install --quiet HolisticTraceAnalysis==0.5.0
+	touch $@
+
+bench-traces: $(STAMP) $(HTA_VENV)/.installed
+	$(BIN)/python bench/traces.py
+
 clean:
-	rm -rf $(VENV) $(LLM_VENV) build *.egg-info runs
+	rm -rf $(VENV) $(LLM_VENV) $(HTA_VENV) build *.egg-info runs

@@ -1,25 +1,32 @@
-"""`eroica diagnose RUN_DIR`: peer comparison + rules over the pattern files of a run."""
+"""`eroica diagnose RUN_DIR | TRACES...`: peer comparison + rules over the pattern files of a run, or
+of profiler traces ingested on the way.
+
+With traces, the ingestion workers are forked before the engine is imported, so the engine's
+imports run while the traces are summarized (on a small trace, importing costs as much as
+ingesting)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
-
-from eroica.engine.diagnose import DiagnoseOptions, diagnose, version
-from eroica.engine.diagnosis import Diagnosis
-from eroica.engine.errors import EngineError, RuleError
-from eroica.engine.hang import localize
-from eroica.engine.render import FORMATS, render
 
 NOT_DIAGNOSABLE = 3    # exit code: a window fell below the coverage floor (no verdict)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("diagnose", help="diagnose the windows of a run directory")
-    p.add_argument("run_dir", type=Path)
+    p = sub.add_parser("diagnose", help="diagnose a run directory, or profiler traces (ingested on the way)",
+                       description="PATH: a run directory (its windows' pattern files, its hang snapshots), or "
+                       "PyTorch profiler (Kineto) trace files or directories of them, one file per rank: those are "
+                       "ingested first, on every core, into --patterns DIR or a temporary directory.")
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    p.add_argument("--patterns", type=Path, default=None,
+                   help="traces only: keep their pattern files here (default: a temporary directory, removed after)")
+    p.add_argument("--rank", action="append", default=[], metavar="FILE=N",
+                   help="traces only: the rank of a file that has no distributedInfo and no rank in its name")
     p.add_argument("--window", default=None, help="only this window id (default: all)")
-    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("--format", choices=("text", "json", "md", "html"), default="text")
     p.add_argument("-o", "--output", type=Path, default=None, help="write here instead of stdout")
     p.add_argument("--rules", type=Path, action="append", default=None,
                    help="extra rule file or directory (a site's own rules); repeatable")
@@ -45,7 +52,54 @@ def print_facts(run_dir: Path, window: str | None) -> int:
     return 0
 
 
+def _is_run_dir(p: Path) -> bool:
+    return p.is_dir() and (any(p.glob("w*/rank-*.json")) or any(p.glob("hang-s*")) or any(p.glob("hang-native/*")))
+
+
 def run(args: argparse.Namespace) -> int:
+    if len(args.paths) == 1 and (_is_run_dir(args.paths[0]) or not args.paths[0].exists()):
+        args.run_dir = args.paths[0]
+        return _run(args)
+    from eroica.cli.ingest_cmd import trace_files
+    from eroica.collector.kineto import IngestJob, write_doc
+
+    files = trace_files(args.paths)
+    if not files:
+        print(f"eroica diagnose: {', '.join(map(str, args.paths))}: neither a run directory (w*/rank-*.json) nor "
+              "profiler traces (*.json, *.json.gz)", file=sys.stderr)
+        return 2
+    ranks = {Path(k).name: int(v) for k, _, v in (r.partition("=") for r in args.rank) if v.isdigit()}
+    tmp = None if args.patterns else tempfile.TemporaryDirectory(prefix="eroica-trace-")
+    args.run_dir = args.patterns or Path(tmp.name)  # type: ignore[union-attr]
+    try:
+        n = 0
+        job = IngestJob(files, ranks)          # workers start now; the engine is imported meanwhile
+        import eroica.engine.diagnose  # noqa: F401
+        import eroica.engine.render  # noqa: F401
+        for f, docs in job.results():
+            if not isinstance(docs, list):
+                print(f"eroica diagnose: skipped {f}: {docs}", file=sys.stderr)
+                continue
+            for doc in docs:
+                write_doc(args.run_dir, doc)
+            n += 1
+        if not n:
+            return 2
+        print(f"eroica diagnose: {n} trace file(s) ingested" + (f" into {args.patterns}" if args.patterns else ""),
+              file=sys.stderr)
+        return _run(args)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _run(args: argparse.Namespace) -> int:
+    from eroica.engine.diagnose import DiagnoseOptions, diagnose, version
+    from eroica.engine.diagnosis import Diagnosis
+    from eroica.engine.errors import EngineError, RuleError
+    from eroica.engine.hang import localize
+    from eroica.engine.render import render
+
     if args.facts:
         try:
             return print_facts(args.run_dir, args.window)
@@ -63,8 +117,10 @@ def run(args: argparse.Namespace) -> int:
         if hung is not None and not any(args.run_dir.glob("w*/rank-*.json")):   # hung before any window
             d = Diagnosis(run_dir=str(args.run_dir), eroica_version=version(), rules_loaded=0, windows=[], hang=hung)
         else:                  # the report puts a hang first: the job may still wait, and someone can act
+            # one diagnosis per process: the rules run in it (no worker process to start)
             d = diagnose(args.run_dir, DiagnoseOptions(extra_rule_dirs=rules, override_files=overrides,
-                                                       window=args.window, knowledge_dirs=list(args.knowledge or [])))
+                                                       window=args.window, knowledge_dirs=list(args.knowledge or []),
+                                                       in_process=True))
     except RuleError as exc:
         print("eroica diagnose: the rule base has problems:\n" + "\n".join(exc.problems), file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from eroica.collector.kineto import TraceError, ingest_file, write_doc
+from eroica.collector.kineto import ingest_many, write_doc
 
 SUFFIXES = (".json", ".json.gz")
 
@@ -44,12 +44,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"eroica ingest: no trace files (*.json, *.json.gz) in {', '.join(map(str, args.paths))}")
         return 2
     ok, failed, raw, written = 0, 0, 0, 0
-    for i, f in enumerate(files, 1):
-        try:
-            docs = ingest_file(f, ranks.get(f.name), args.world_size)
-        except (TraceError, OSError) as exc:
+    for i, (f, docs) in enumerate(ingest_many(files, ranks, args.world_size), 1):
+        if not isinstance(docs, list):
             failed += 1
-            print(f"[{i}/{len(files)}] skipped: {exc}")
+            print(f"[{i}/{len(files)}] skipped: {docs}")
             continue
         ok += 1
         raw += f.stat().st_size

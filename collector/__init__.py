@@ -5,8 +5,22 @@ ranks; in the window it records function executions and samples hardware, then w
 kilobyte-sized `eroica.patterns/v1` summary per rank. It never raises into the training loop.
 """
 
-from eroica.collector.facts import PATTERNS_SCHEMA, PatternsDoc
-from eroica.collector.monitor import Monitor
-from eroica.collector.policy import TriggerPolicy
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eroica.collector.facts import PATTERNS_SCHEMA, PatternsDoc
+    from eroica.collector.monitor import Monitor
+    from eroica.collector.policy import TriggerPolicy
 
 __all__ = ["Monitor", "TriggerPolicy", "PatternsDoc", "PATTERNS_SCHEMA"]
+_WHERE = {"Monitor": "monitor", "TriggerPolicy": "policy", "PatternsDoc": "facts", "PATTERNS_SCHEMA": "facts"}
+
+
+def __getattr__(name: str) -> Any:
+    """Imported on first use: the engine and the CLI import collector modules without the Monitor's."""
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"eroica.collector.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'eroica.collector' has no attribute {name!r}")

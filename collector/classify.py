@@ -7,6 +7,7 @@ Unknown names are kept as compute, never dropped.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from eroica.collector.facts import Category
@@ -19,6 +20,7 @@ _MEMORY = re.compile(r"(?i)(memcpy|memset|Memcpy|Memset|cudaMemcpy|hipMemcpy)")
 _DATA = re.compile(r"(enumerate\(DataLoader\)|DataLoader|_MultiProcessingDataLoaderIter|dataloader)")
 
 
+@functools.lru_cache(maxsize=1 << 14)     # names repeat: a trace or a window has few distinct ones
 def classify_op(name: str, on_device: bool = False) -> Category:
     """Category of an operator or kernel name."""
     if _COMM.search(name):
@@ -30,6 +32,7 @@ def classify_op(name: str, on_device: bool = False) -> Category:
     return Category.compute
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def kernel_name(name: str) -> str:
     """A device kernel's function name without its return type, template arguments and parameter
     list (`void ns::k<float, 2>(float*, int)` -> `ns::k`): instantiations of one kernel are one function."""

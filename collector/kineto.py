@@ -1,9 +1,11 @@
 """Offline ingestion of PyTorch profiler (Kineto) Chrome-trace JSON into `eroica.patterns/v1`.
 
-One file per rank, plain or gzip. The JSON is streamed (a 1 GB trace is never one Python object):
-the top-level object is read key by key and `traceEvents` element by element, keeping only the
-few fields eroica needs. Each rank is summarized on its own clock (timestamps are never compared
-across ranks) with the live collector's own critical-path attribution and summary:
+One file per rank, plain or gzip. msgspec decodes the bytes straight into the few fields
+eroica needs (an event is a five-field struct, never a dict of everything), so a trace costs its
+bytes plus those structs. A file over FAST_MAX_BYTES, or one whose events do not have the usual
+types, is streamed instead: the top-level object key by key and `traceEvents` element by element.
+Each rank is summarized on its own clock (timestamps are never compared across ranks) with the
+live collector's own critical-path attribution and summary:
 
 - device work holds the critical path by priority: kernels > memory ops > communication kernels;
 - where the device is idle, the CPU-side work of the thread that drives the step (ops, CUDA
@@ -24,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import msgspec
+
 from eroica.collector.classify import classify_op, kernel_name
 from eroica.collector.critical import Execution, device_first
 from eroica.collector.errors import TraceError
@@ -31,6 +35,8 @@ from eroica.collector.facts import Category, CollectorGap, JobInfo, PatternsDoc
 from eroica.collector.summarize import WindowRecord, summarize
 
 CHUNK = 1 << 20
+FAST_MAX_BYTES = 1 << 30          # bytes on disk; above, the stream keeps memory flat
+PARALLEL_MIN_BYTES = 1 << 16      # below, forking workers costs more than it saves
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -130,6 +136,57 @@ def read_trace(path: Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
     return meta, events()
 
 
+class _Event(msgspec.Struct):
+    ph: str = ""
+    cat: str | None = None
+    name: str = ""
+    ts: float | None = None
+    dur: float = 0.0
+
+
+class _Trace(msgspec.Struct):
+    traceEvents: list[_Event] | None = None           # noqa: N815 (the trace's own key)
+    distributedInfo: dict[str, Any] | None = None     # noqa: N815
+    hostname: str | None = None
+
+
+_DECODER = msgspec.json.Decoder(_Trace)
+
+
+def _fast(path: Path) -> tuple[dict[str, Any], _Rank] | None:
+    """The whole file decoded at once into the fields eroica reads; None when it is too big or its
+    events are not of the usual types (then the stream reads it)."""
+    try:
+        if path.stat().st_size > FAST_MAX_BYTES:
+            return None
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        t = _DECODER.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError, EOFError, gzip.BadGzipFile):
+        return None
+    if t.traceEvents is None:
+        return None
+    meta = {k: v for k, v in (("distributedInfo", t.distributedInfo), ("hostname", t.hostname)) if v is not None}
+    r = _Rank()
+    steps, device, cpu = r.steps.append, r.device.append, r.cpu.append
+    for ev in t.traceEvents:
+        if ev.ph != "X" or ev.ts is None:
+            continue
+        cat, name = ev.cat or "", ev.name
+        s = int(ev.ts * 1000)
+        e = s + int(ev.dur * 1000)
+        if cat in CPU_CATS:
+            m = STEP.match(name) if name.startswith("ProfilerStep#") else None
+            if m:
+                steps((int(m.group(1)), s, e))
+            else:
+                cpu((s, e, cat, name))
+        elif cat in DEVICE_CATS:
+            device((s, e, cat, name))
+    return meta, r
+
+
 @dataclass
 class _Rank:
     steps: list[tuple[int, int, int]] = field(default_factory=list)        # (step number, start, end) ns
@@ -177,8 +234,12 @@ def _executions(r: _Rank) -> list[Execution]:
 
 def ingest_file(path: Path, rank: int | None = None, world_size: int | None = None) -> list[PatternsDoc]:
     """One pattern document per contiguous range of profiled steps."""
-    meta, events = read_trace(path)
-    r = _collect(events)
+    fast = _fast(path)
+    if fast is not None:
+        meta, r = fast
+    else:
+        meta, events = read_trace(path)
+        r = _collect(events)
     info = meta.get("distributedInfo") or {}
     if rank is None:
         if "rank" in info:
@@ -217,6 +278,51 @@ def ingest_file(path: Path, rank: int | None = None, world_size: int | None = No
                            gaps=[CollectorGap(source="hardware", reason="offline trace: no hardware samples")])
         docs.append(summarize(rec, 0.0, 0.0))
     return docs
+
+
+def _ingest_one(job: tuple[Path, int | None, int | None]) -> list[PatternsDoc] | TraceError | OSError:
+    try:
+        return ingest_file(*job)
+    except (TraceError, OSError) as exc:
+        return exc
+
+
+class IngestJob:
+    """Each file's documents (or the error that kept it out), in order. Files are summarized on
+    every core (forked workers: nothing is imported again) when there are enough bytes to pay for
+    the fork; the workers start when the job is made, so the caller can do other work meanwhile (the
+    CLI imports the engine). A file's error never stops the others."""
+
+    def __init__(self, files: list[Path], ranks: dict[str, int] | None = None, world_size: int | None = None,
+                 workers: int | None = None) -> None:
+        import os
+
+        self.jobs = [(f, (ranks or {}).get(f.name), world_size) for f in files]
+        cpus = workers or os.cpu_count() or 1
+        n = min(cpus, len(self.jobs))
+        total = sum(f.stat().st_size for f in files if f.exists())
+        self.pool: Any = None
+        self.futures: list[Any] = []
+        # even one file goes to a worker when there is a second core: the caller works meanwhile
+        if cpus > 1 and n >= 1 and total >= PARALLEL_MIN_BYTES:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"))
+            self.futures = [self.pool.submit(_ingest_one, job) for job in self.jobs]
+
+    def results(self) -> Iterator[tuple[Path, list[PatternsDoc] | TraceError | OSError]]:
+        try:
+            for i, job in enumerate(self.jobs):
+                yield job[0], self.futures[i].result() if self.pool is not None else _ingest_one(job)
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(cancel_futures=True)
+
+
+def ingest_many(files: list[Path], ranks: dict[str, int] | None = None, world_size: int | None = None,
+                workers: int | None = None) -> Iterator[tuple[Path, list[PatternsDoc] | TraceError | OSError]]:
+    return IngestJob(files, ranks, world_size, workers).results()
 
 
 def write_doc(run_dir: Path, doc: PatternsDoc) -> Path:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
+from eroica.engine import VERSION, rule_cache
 from eroica.engine.diagnosis import Coverage, Diagnosis, PeerGroupInfo, StepSummary, WindowDiagnosis
 from eroica.engine.errors import RuleError
 from eroica.engine.findings import build_findings, unhealthy
@@ -31,10 +31,7 @@ from eroica.engine.taxonomy import (  # noqa: F401  (re-exported: the CLI and th
 
 
 def version() -> str:
-    try:
-        return metadata.version("eroica")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
+    return VERSION
 
 
 def _coverage(w: WindowData) -> Coverage:
@@ -100,10 +97,18 @@ def compile_knowledge(opts: DiagnoseOptions) -> list[RuleIR]:
         if (Path(k) / "rules").is_dir():
             paths.append(Path(k) / "rules")
         override_files.extend(sorted((Path(k) / "overrides").glob("*.yaml")))
-    rule_files(paths)  # raises a clear error for missing paths
+    files = rule_files(paths)  # raises a clear error for missing paths
+    k_dir = builtin_knowledge_dir()
+    inputs = [*files, *override_files, k_dir / "priors.yaml", k_dir / "taxonomy.yaml",
+              *[Path(k) / "taxonomy.yaml" for k in opts.knowledge_dirs or []]]
+    cached = rule_cache.get(inputs, opts.fitted_priors)
+    if cached is not None:
+        return cached
     overrides = load_overrides(override_files)
     priors = load_priors(builtin_knowledge_dir()) if opts.fitted_priors else {}
-    return compile_rules(load_rules(paths, overrides, priors), opts.knowledge_dirs)
+    rules = compile_rules(load_rules(paths, overrides, priors), opts.knowledge_dirs)
+    rule_cache.put(inputs, opts.fitted_priors, rules)
+    return rules
 
 
 def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:

@@ -64,3 +64,14 @@ def test_a_site_knowledge_dir_adds_rules_and_overrides(tmp_path: Path) -> None:
     causes = [f["root_cause"] for f in json.loads(out.read_text())["windows"][0]["findings"]]
     assert "gc_pause" not in causes          # the site disabled the shipped rule without editing it
     assert main(["diagnose", str(run), "--knowledge", str(tmp_path / "nope")]) == 2
+
+
+def test_the_command_table_is_what_each_module_registers() -> None:
+    import argparse
+
+    from eroica.cli.main import COMMANDS, build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(COMMANDS)
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    assert {n: h for n, (_m, h) in COMMANDS.items()} == helps

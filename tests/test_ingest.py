@@ -156,3 +156,63 @@ def test_each_contiguous_range_of_profiled_steps_is_a_window(tmp_path: Path) -> 
     assert [(d.window.window_id, d.window.start_step, len(d.step_times.during_seconds)) for d in docs] == [
         ("w000-s5", 5, 3), ("w001-s25", 25, 3)]
     assert all(0.0099 < x < 0.0101 for d in docs for x in d.step_times.during_seconds)
+
+
+@NEEDS
+def test_the_fast_decoder_reads_what_the_stream_reads_on_every_shared_trace() -> None:
+    for f in sorted(TRACES.rglob("*.json.gz")):
+        fast = kineto._fast(f)
+        meta, events = kineto.read_trace(f)
+        slow = kineto._collect(events)
+        assert fast is not None and fast[1] == slow, f
+        assert {k: fast[0].get(k) for k in ("distributedInfo", "hostname")} == \
+            {k: meta.get(k) for k in ("distributedInfo", "hostname")}, f
+
+
+def test_events_of_unusual_types_fall_back_to_the_stream(tmp_path: Path) -> None:
+    ev = _events(10, 3)
+    ev[0] = {**ev[0], "ts": str(ev[0]["ts"])}                      # a string timestamp
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(_trace(ev)))
+    assert kineto._fast(p) is None
+    (doc,) = kineto.ingest_file(p, world_size=1)
+    assert doc.step_times.during_seconds
+
+
+@NEEDS
+def test_diagnose_takes_traces_directly_and_keeps_the_patterns_where_asked(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    dlrm = TRACES / "param" / "dlrm_kineto_8rank"
+    assert main(["ingest", "kineto", str(dlrm), "-o", str(tmp_path / "run")]) == 0
+    assert main(["diagnose", str(tmp_path / "run")]) == 0
+    two_steps = capsys.readouterr().out.split("next: eroica diagnose")[-1].split("\n", 1)[1]
+    assert main(["diagnose", str(dlrm), "--patterns", str(tmp_path / "kept")]) == 0
+    got = capsys.readouterr()
+    assert got.out == two_steps and "8 trace file(s) ingested" in got.err
+    assert len(list((tmp_path / "kept").glob("w*/rank-*.json"))) == 8
+    assert main(["diagnose", str(tmp_path / "nothing-here.txt")]) == 2      # neither a run nor traces
+
+
+@NEEDS
+def test_the_ingest_workers_report_a_bad_file_and_keep_the_others(tmp_path: Path) -> None:
+    files = sorted((TRACES / "param" / "dlrm_kineto_8rank").glob("*.json.gz"))[:3]
+    bad = tmp_path / "rank9.json.gz"
+    bad.write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "cat": "cpu_op"'))     # truncated
+    job = kineto.IngestJob([files[0], bad, files[1], files[2]], workers=2)
+    assert job.pool is not None                                      # enough bytes: forked workers
+    out = list(job.results())
+    assert [f for f, _ in out] == [files[0], bad, files[1], files[2]]
+    assert isinstance(out[1][1], kineto.TraceError) and "rank9.json.gz" in str(out[1][1])
+    assert all(isinstance(d, list) and d for i, (_, d) in enumerate(out) if i != 1)
+
+
+@NEEDS
+def test_the_console_script_ends_fast_with_all_of_its_output(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / "eroica"
+    dlrm = TRACES / "param" / "dlrm_kineto_8rank"
+    p = subprocess.run([str(exe), "diagnose", str(dlrm), "--format", "json"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert len(json.loads(p.stdout)["windows"]) == 1                  # flushed whole before os._exit

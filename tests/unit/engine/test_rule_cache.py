@@ -1,0 +1,45 @@
+"""The compiled rule base is cached between processes and any change to an input is a new key."""
+
+from __future__ import annotations
+
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from eroica.engine import VERSION, rule_cache
+from eroica.engine.diagnose import DiagnoseOptions, compile_knowledge
+from eroica.engine.rules.loader import builtin_knowledge_dir
+
+
+def test_the_version_constant_is_the_installed_one() -> None:
+    assert VERSION == metadata.version("eroica")
+
+
+def test_a_cached_rule_base_is_used_until_a_rule_file_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EROICA_CACHE_DIR", str(tmp_path / "cache"))
+    rules = tmp_path / "rules"
+    shutil.copytree(builtin_knowledge_dir() / "rules", rules)
+    opts = DiagnoseOptions(rule_paths=[rules])
+    first = compile_knowledge(opts)
+    assert len(list((tmp_path / "cache").glob("rules-*.pickle"))) == 1
+    calls: list[int] = []
+    real_put = rule_cache.put
+    monkeypatch.setattr(rule_cache, "put", lambda *a: (calls.append(1), real_put(*a)))
+    assert [r.id for r in compile_knowledge(opts)] == [r.id for r in first] and not calls    # from the cache
+    f = next(rules.rglob("*.yaml"))
+    f.write_text(f.read_text() + "\n# changed\n")
+    compile_knowledge(opts)
+    assert calls == [1]                                             # compiled again, cached under a new key
+
+
+def test_a_broken_cache_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EROICA_CACHE_DIR", str(tmp_path))
+    opts = DiagnoseOptions()
+    n = len(compile_knowledge(opts))
+    for p in tmp_path.glob("rules-*.pickle"):
+        p.write_bytes(b"not a pickle")
+    assert len(compile_knowledge(opts)) == n
+    monkeypatch.setenv("EROICA_CACHE_DIR", "off")
+    assert len(compile_knowledge(opts)) == n
