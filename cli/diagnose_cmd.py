@@ -8,6 +8,7 @@ ingesting)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -120,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
             # one diagnosis per process: the rules run in it (no worker process to start)
             d = diagnose(args.run_dir, DiagnoseOptions(extra_rule_dirs=rules, override_files=overrides,
                                                        window=args.window, knowledge_dirs=list(args.knowledge or []),
-                                                       in_process=True))
+                                                       in_process=True, workers=os.cpu_count() or 1))
     except RuleError as exc:
         print("eroica diagnose: the rule base has problems:\n" + "\n".join(exc.problems), file=sys.stderr)
         return 2

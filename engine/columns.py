@@ -184,6 +184,41 @@ class ColumnsBuilder:
         t["privacy"].append(d.privacy)
         self.ops.append(self.op_index.setdefault(op_set(d), len(self.op_index)))
 
+    def seal(self) -> ColumnsBuilder:
+        """The function rows as one array (cheap to send between processes); returns self."""
+        if self.fn_rows:
+            self.fn_chunks.append(np.array(self.fn_rows, dtype=float))
+            self.fn_rows = []
+        return self
+
+    def merge(self, other: ColumnsBuilder) -> None:
+        """Append another builder's documents (loaded elsewhere, e.g. by a worker process) after this
+        one's: rows, function and operation-set indices and offsets are renumbered."""
+        other.seal()
+        nr0, nv0, np0 = len(self.ranks), len(self.fn_vals), len(self.ps_vals)
+        cmap = np.array([self.index.setdefault(k, len(self.index)) for k in other.index], dtype=float)
+        omap = [self.op_index.setdefault(k, len(self.op_index)) for k in other.op_index]
+        for chunk in other.fn_chunks:
+            t = chunk.copy()
+            t[:, 0] += nr0
+            if len(t):
+                t[:, 1] = cmap[t[:, 1].astype(np.int64)]
+            t[:, 2] += nv0
+            self.fn_chunks.append(t)
+        self.ranks += other.ranks
+        for name in ("fn_vals", "steps", "step_len", "before", "before_len", "sig", "ps_vals"):
+            getattr(self, name).extend(getattr(other, name))
+        meta = np.frombuffer(other.ps_meta, dtype=np.int64).reshape(-1, 4).copy() if other.ps_meta else None
+        if meta is not None:
+            meta[:, 0] += nr0
+            meta[:, 3] += np0
+            self.ps_meta.extend(meta.ravel().tolist())
+        for k, v in other.scalars.items():
+            self.scalars[k].extend(v)
+        for k, lst in other.text.items():
+            self.text[k].extend(lst)
+        self.ops.extend(omap[o] for o in other.ops)
+
     def build(self) -> WindowColumns:
         nr, nf = len(self.ranks), len(self.index)
         order = np.argsort(np.array(self.ranks, dtype=np.int64), kind="stable")
@@ -199,14 +234,23 @@ class ColumnsBuilder:
         rows, cols = pos[fi["row"]], fi["col"]
         vals = np.frombuffer(self.fn_vals, dtype=float) if self.fn_vals else np.zeros(0)
         per_step = np.zeros((nr, nf, width))
+        flat = rows * max(nf, 1) + cols
+        # a function listed twice by one rank is added up (np.add.at); the usual case, once each, is a
+        # plain assignment, many times faster on a wide window
+        unique = len(np.unique(flat)) == len(flat)
         for m in np.unique(fi["len"]):
             sel = fi["len"] == m
             block = vals[fi["off"][sel][:, None] + np.arange(m)]
-            np.add.at(per_step, (rows[sel], cols[sel], slice(0, int(m))), block)  # type: ignore[arg-type]  # numpy's stubs take no slice in an index tuple
+            if unique:
+                per_step[rows[sel], cols[sel], : int(m)] = block
+            else:
+                np.add.at(per_step, (rows[sel], cols[sel], slice(0, int(m))), block)  # type: ignore[arg-type]  # numpy's stubs take no slice in an index tuple
 
         def mat(values: np.ndarray, fill: float, add: bool) -> np.ndarray:
             out = np.full((nr, nf), fill)
-            if add:
+            if add and unique:
+                out[rows, cols] = fill + values
+            elif add:
                 np.add.at(out, (rows, cols), values)
             else:            # the first function of a (rank, key), as a document lists them
                 first = np.unique(rows * max(nf, 1) + cols, return_index=True)[1]

@@ -88,6 +88,7 @@ class DiagnoseOptions:
     in_process: bool = False
     doc_cache: int = 4096                      # parsed documents kept in memory; others are read again
     fitted_priors: bool = True                 # knowledge/priors.yaml (False: the rules' hand-set confidences)
+    workers: int = 1                           # processes that parse a wide window (forked: not in a server)
 
 
 def compile_knowledge(opts: DiagnoseOptions) -> list[RuleIR]:
@@ -121,7 +122,7 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
                          "knowledge/taxonomy.yaml or your site's taxonomy.yaml (eroica rules lint says which rule)"])
     resolution = load_resolution()
     status = {r.id: r.status for r in rules}
-    windows = load_run(Path(run_dir), opts.window, opts.doc_cache)
+    windows = load_run(Path(run_dir), opts.window, opts.doc_cache, opts.workers)
     analyses = {w.window_id: analyze(w) for w in windows}
     mark_history(windows, analyses)
     add_gaps(windows, analyses)

@@ -49,9 +49,9 @@ class DocStore(Mapping[int, PatternsDoc]):
         self._cache: OrderedDict[int, PatternsDoc] = OrderedDict()
         self.cache_limit = cache_limit
 
-    def add(self, rank: int, where: tuple[str, int, int], doc: PatternsDoc) -> None:
+    def add(self, rank: int, where: tuple[str, int, int], doc: PatternsDoc | None) -> None:
         self._where[rank] = where
-        if len(self._cache) < self.cache_limit:
+        if doc is not None and len(self._cache) < self.cache_limit:
             self._cache[rank] = doc
 
     def __getitem__(self, rank: int) -> PatternsDoc:
@@ -144,11 +144,29 @@ def _parse_or_report(w: WindowData, read: Callable[[], bytes], where: str,
     return None
 
 
-def load_window(wdir: Path, cache_limit: int = 4096) -> WindowData:
-    """`cache_limit`: how many parsed documents to keep in memory (the rest are read again on demand)."""
-    store = DocStore(cache_limit)
+PARALLEL_MIN_BYTES = 32 << 20     # pattern bytes of a window below which one process loads it
+
+
+def load_window(wdir: Path, cache_limit: int = 4096, workers: int = 1) -> WindowData:
+    """`cache_limit`: how many parsed documents to keep in memory (the rest are read again on demand).
+    `workers` > 1: a wide window's files are parsed in that many processes (forked; the caller's
+    own process is one of them) and their columns merged, in file order."""
+    files = sorted(wdir.iterdir())
+    if workers > 1:
+        w = _load_parallel(wdir, files, cache_limit, workers)
+        if w is not None:
+            return w
+    w = WindowData(window_id=wdir.name, docs=DocStore(cache_limit))
     builder = ColumnsBuilder()
-    w = WindowData(window_id=wdir.name, docs=store)
+    with _gc_paused():     # many objects, no cycles: the cyclic collector would only rescan them
+        _load_files(w, files, builder)
+        w._columns = builder.build()
+    return w
+
+
+def _load_files(w: WindowData, files: list[Path], builder: ColumnsBuilder) -> None:
+    store = w.docs
+    assert isinstance(store, DocStore)
 
     def keep(doc: PatternsDoc, where: tuple[str, int, int], name: str) -> None:
         if doc.job.rank in store:
@@ -157,26 +175,76 @@ def load_window(wdir: Path, cache_limit: int = 4096) -> WindowData:
         store.add(doc.job.rank, where, doc)
         builder.add(doc)
 
-    with _gc_paused():     # many objects, no cycles: the cyclic collector would only rescan them
-        for f in sorted(wdir.iterdir()):
-            t = TRACE_FILE.match(f.name)
-            if t:
-                w.raw_traces[int(t.group(1))] = str(f.resolve())
-            if PACKED_FILE.match(f.name):
-                _load_packed(w, f, keep)
-                continue
-            m = RANK_FILE.match(f.name)
-            if not m:
-                continue
-            doc = _parse_or_report(w, f.read_bytes, str(f))
-            if doc is None:
-                continue
-            rank = doc.job.rank
-            if int(m.group(1)) != rank:
-                w.problems.append(
-                    LoadProblem(str(f), "job.rank", f"file name says rank {m.group(1)}, document says {rank}")
-                )
-            keep(doc, (str(f), 0, -1), str(f))
+    for f in files:
+        t = TRACE_FILE.match(f.name)
+        if t:
+            w.raw_traces[int(t.group(1))] = str(f.resolve())
+        if PACKED_FILE.match(f.name):
+            _load_packed(w, f, keep)
+            continue
+        m = RANK_FILE.match(f.name)
+        if not m:
+            continue
+        doc = _parse_or_report(w, f.read_bytes, str(f))
+        if doc is None:
+            continue
+        rank = doc.job.rank
+        if int(m.group(1)) != rank:
+            w.problems.append(
+                LoadProblem(str(f), "job.rank", f"file name says rank {m.group(1)}, document says {rank}")
+            )
+        keep(doc, (str(f), 0, -1), str(f))
+
+
+def _load_part(wdir: Path, files: list[Path]) -> tuple[ColumnsBuilder, WindowData]:
+    """A worker's share: its columns and what it found (documents stay here: the caller's store
+    reads them again from their file when asked)."""
+    w = WindowData(window_id=wdir.name, docs=DocStore(0))
+    builder = ColumnsBuilder()
+    with _gc_paused():
+        _load_files(w, files, builder)
+    w._columns = None
+    return builder.seal(), w
+
+
+def _load_parallel(wdir: Path, files: list[Path], cache_limit: int, workers: int) -> WindowData | None:
+    """None when the window is too small to pay for the workers, or when a rank appears in two
+    shares (the one-process load reports the duplicate as it always has)."""
+    sized = [(f, f.stat().st_size) for f in files if _is_pattern_file(f) and f.is_file()]
+    total = sum(n for _, n in sized)
+    if total < PARALLEL_MIN_BYTES or len(sized) < workers:
+        return None
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    shares: list[list[Path]] = [[] for _ in range(workers)]
+    acc, k = 0, 0
+    for f, n in sized:                        # contiguous shares of about equal bytes, in file order
+        if acc >= total * (k + 1) / workers and k < workers - 1:
+            k += 1
+        shares[k].append(f)
+        acc += n
+    others = [f for f in files if not (_is_pattern_file(f) and f.is_file())]
+    with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = [pool.submit(_load_part, wdir, share) for share in shares[1:]]
+        w = WindowData(window_id=wdir.name, docs=DocStore(cache_limit))
+        builder = ColumnsBuilder()
+        with _gc_paused():
+            _load_files(w, shares[0] + others, builder)
+            parts = [fut.result() for fut in futures]
+    store = w.docs
+    assert isinstance(store, DocStore)
+    for b, part in parts:
+        pstore = part.docs
+        assert isinstance(pstore, DocStore)
+        if any(r in store for r in pstore):
+            return None
+        for r in pstore:
+            store.add(r, pstore._where[r], None)
+        builder.merge(b)
+        w.problems += part.problems
+        w.raw_traces.update(part.raw_traces)
+    with _gc_paused():
         w._columns = builder.build()
     return w
 
@@ -216,7 +284,8 @@ def _is_pattern_file(f: Path) -> bool:
     return bool(RANK_FILE.match(f.name) or PACKED_FILE.match(f.name))
 
 
-def load_run(run_dir: Path, window: str | None = None, cache_limit: int = 4096) -> list[WindowData]:
+def load_run(run_dir: Path, window: str | None = None, cache_limit: int = 4096,
+             workers: int = 1) -> list[WindowData]:
     """The windows of a run directory. Also accepted where a user would point: an incident
     (`INC-XXXX/`, its windows under `patterns/`), one window's directory, or one pattern file (the
     window that holds it)."""
@@ -228,7 +297,7 @@ def load_run(run_dir: Path, window: str | None = None, cache_limit: int = 4096) 
     if run_dir.is_dir() and any(_is_pattern_file(f) for f in run_dir.iterdir() if f.is_file()):
         if window not in (None, run_dir.name):
             raise RunDirError(f"{run_dir}: a window directory, not window {window!r}")
-        return [load_window(run_dir, cache_limit)]      # one window's directory
+        return [load_window(run_dir, cache_limit, workers)]      # one window's directory
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory (expected RUN_DIR/<window>/rank-<R>.json, a window "
                           f"directory, an incident directory or a pattern file)")
@@ -238,4 +307,4 @@ def load_run(run_dir: Path, window: str | None = None, cache_limit: int = 4096) 
         dirs = [d for d in dirs if d.name == window]
         if not dirs:
             raise RunDirError(f"{run_dir}: no window named {window!r}")
-    return [load_window(d, cache_limit) for d in dirs]
+    return [load_window(d, cache_limit, workers) for d in dirs]

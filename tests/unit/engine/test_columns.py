@@ -87,3 +87,44 @@ def test_the_sorted_suspect_removal_and_mode_split_equal_their_definitions() -> 
         work = [float(x) for x in busy] if trial % 2 else [rng.choice([10.0, 20.0]) * rng.uniform(1, 1.1)
                                                             for _ in range(n)]
         assert bimodal_split(work, 0.1) == _bimodal_reference(work, 0.1), trial
+
+
+def test_a_wide_window_loaded_by_two_processes_is_the_window_loaded_by_one(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Each process parses a share of the files; the columns are merged (rows, function and
+    operation-set indices, offsets renumbered): the diagnosis is the same to the byte, a duplicate
+    rank across shares falls back to the one-process load, and a bad line is still reported."""
+    import eroica.engine.load as load
+
+    run = tmp_path / "p"
+    simulate(run, 320, "gpu_throttled", seed=4, tp=8, pp=5, packed=True, ep=2)
+    bad = run / "w000-s200" / "host-zz.jsonl"
+    bad.write_text('{"not": "a pattern"}\n')
+    monkeypatch.setattr(load, "PARALLEL_MIN_BYTES", 1)
+    one = diagnose(run, DiagnoseOptions(in_process=True, workers=1))
+    two = diagnose(run, DiagnoseOptions(in_process=True, workers=2))
+    assert one.model_dump(exclude={"run_dir"}) == two.model_dump(exclude={"run_dir"})
+    assert any("host-zz.jsonl:1" in p for p in two.windows[0].coverage.file_problems)
+    (w,) = load_run(run, workers=2)
+    assert w.docs[319].job.rank == 319                 # a worker's document, read again from its line
+    c1, c2 = load_run(run, workers=1)[0].columns, w.columns
+    assert c1.keys == c2.keys and np.array_equal(c1.per_step, c2.per_step) and c1.op_sets == c2.op_sets
+    # the same rank in two shares: the one-process load reports the duplicate
+    src = (run / "w000-s200" / "host-node00000.jsonl").read_text()
+    (run / "w000-s200" / "host-zzz.jsonl").write_text(src)
+    again = load_run(run, workers=2)[0]
+    assert any("duplicate rank 0" in str(p) for p in again.problems)
+
+
+def test_simulated_documents_are_exactly_valid_pattern_documents(tmp_path: Path) -> None:
+    """The simulator writes the JSON itself (fast): each line is what PatternsDoc would write, and the
+    files do not depend on how many processes wrote them."""
+    import json
+
+    from eroica.collector.facts import PatternsDoc
+
+    for workers, d in ((1, tmp_path / "one"), (2, tmp_path / "two")):
+        simulate(d, 96, "host_launch_bound", seed=7, tp=4, pp=3, packed=False, workers=workers)
+    for f in sorted((tmp_path / "one" / "w000-s200").iterdir()):
+        raw = f.read_bytes()
+        assert json.loads(raw) == PatternsDoc.model_validate_json(raw).model_dump(mode="json", by_alias=True)
+        assert raw == (tmp_path / "two" / "w000-s200" / f.name).read_bytes()
