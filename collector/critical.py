@@ -120,33 +120,46 @@ def metric_by_key(
     per key; NaN where a key overlaps no sample interval.
     """
     k = len(seg.names)
-    w_sum = np.zeros(k)
-    x_sum = np.zeros(k)
-    x2_sum = np.zeros(k)
     cnt = np.zeros(k, dtype=np.int64)
-    if len(sample_t_ns) < 2:
+    if len(sample_t_ns) < 2 or len(seg.key) == 0:
         nan = np.full(k, np.nan)
         return nan, nan, cnt
+    # every segment at once: the sample intervals inside a segment are whole (prefix sums over the
+    # intervals); only its first and last may be cut by the segment's ends
     a_all, b_all = sample_t_ns[:-1], sample_t_ns[1:]
     ok = np.isfinite(rate)
-    for s, e, key in zip(seg.start_ns, seg.end_ns, seg.key):
-        lo = max(int(np.searchsorted(b_all, s, side="right")), 0)
-        hi = int(np.searchsorted(a_all, e, side="left"))
-        if hi <= lo:
-            continue
-        a, b = a_all[lo:hi], b_all[lo:hi]
-        w = (np.minimum(b, e) - np.maximum(a, s)).astype(float)
-        m = ok[lo:hi] & (w > 0)
-        if not m.any():
-            continue
-        r = rate[lo:hi][m]
-        w = w[m]
-        w_sum[key] += w.sum()
-        x_sum[key] += (w * r).sum()
-        x2_sum[key] += (w * r * r).sum()
-        cnt[key] += int(m.sum())
+    r0 = np.where(ok, rate, 0.0)
+    full = (b_all - a_all).astype(float)
+    okw = ok & (full > 0)
+
+    def prefix(v: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0.0], np.cumsum(v)])
+    pw, px, px2, pc = (prefix(np.where(okw, full, 0.0)), prefix(np.where(okw, full * r0, 0.0)),
+                       prefix(np.where(okw, full * r0 * r0, 0.0)), prefix(okw.astype(float)))
+    s_ns, e_ns, key = np.asarray(seg.start_ns), np.asarray(seg.end_ns), np.asarray(seg.key)
+    lo = np.searchsorted(b_all, s_ns, side="right")
+    hi = np.searchsorted(a_all, e_ns, side="left")
+    has = hi > lo
+    s_ns, e_ns, key, lo, hi = s_ns[has], e_ns[has], key[has], lo[has], hi[has]
+    last = hi - 1
+
+    def part(i: np.ndarray) -> tuple[np.ndarray, ...]:
+        w = (np.minimum(b_all[i], e_ns) - np.maximum(a_all[i], s_ns)).astype(float)
+        m = ok[i] & (w > 0)
+        w = np.where(m, w, 0.0)
+        return w, w * r0[i], w * r0[i] * r0[i], m.astype(float)
+    first_w, first_x, first_x2, first_c = part(lo)
+    two = last > lo                                     # a last interval apart from the first
+    lw, lx, lx2, lc = part(last)
+    inner_lo, inner_hi = lo + 1, np.maximum(last, lo + 1)       # whole intervals lo+1 .. last-1
+    sums = []
+    for pre, f, lpart in ((pw, first_w, lw), (px, first_x, lx), (px2, first_x2, lx2), (pc, first_c, lc)):
+        v = f + np.where(two, lpart + pre[inner_hi] - pre[inner_lo], 0.0)
+        sums.append(np.bincount(key, weights=v, minlength=k))
+    w_sum, x_sum, x2_sum, c_sum = sums
+    cnt = np.rint(c_sum).astype(np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = x_sum / w_sum
+        mean = np.where(cnt > 0, x_sum / np.where(w_sum > 0, w_sum, np.nan), np.nan)
         var = np.maximum(x2_sum / w_sum - mean * mean, 0.0)
     return mean, np.sqrt(var), cnt
 

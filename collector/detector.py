@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 from math import sqrt
-from statistics import median
 
 from eroica.collector.policy import TriggerPolicy
 
@@ -95,6 +95,12 @@ def central_mean(values: list[float], cut: float = 0.2) -> float:
     return sum(mid) / len(mid)
 
 
+def _sorted_median(v: list[float]) -> float:
+    """statistics.median of a list already sorted (the same value, without sorting it again)."""
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
 def trimmed_mean(values: list[float]) -> float:
     """Mean without the single largest value (with fewer than 3 values: the plain mean)."""
     if len(values) < 3:
@@ -125,24 +131,31 @@ class StepTimeDetector:
     history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))
 
     def _reference(self) -> list[float]:
-        h = list(self._judged)[-(self.policy.baseline_steps + self.policy.recent_steps) :]
-        recent = self.policy.recent_steps
-        return h[:-recent] if len(h) > recent else []
+        recent, n = self.policy.recent_steps, len(self._judged)
+        start = max(n - self.policy.baseline_steps - recent, 0)
+        return list(islice(self._judged, start, n - recent)) if n > recent else []
 
     def _recent(self) -> list[float]:
-        return list(self._judged)[-self.policy.recent_steps :]
+        n = len(self._judged)
+        return list(islice(self._judged, max(n - self.policy.recent_steps, 0), n))
 
     @property
     def baseline_median_seconds(self) -> float | None:
         return None if self._ref_stats is None else self._ref_stats[0]
 
     def _update_stats(self) -> None:
-        ref = self._reference()
-        if len(ref) < MIN_REFERENCE:
+        """Median, MAD sigma and central mean of the reference: one sort of it and one of its
+        deviations (this runs at every step of the job; statistics.median would sort three times)."""
+        v = sorted(self._reference())
+        n = len(v)
+        if n < MIN_REFERENCE:
             self._ref_stats = None
             return
-        med = median(ref)
-        self._ref_stats = (med, median(abs(x - med) for x in ref) * MAD_TO_SIGMA, central_mean(ref))
+        med = _sorted_median(v)
+        k = int(n * 0.2)                     # central_mean's cut, on the list already sorted
+        mid = v[k : n - k] or v
+        self._ref_stats = (med, _sorted_median(sorted([abs(x - med) for x in v])) * MAD_TO_SIGMA,
+                           sum(mid) / len(mid))
 
     def _judged_against(self) -> tuple[float, float, float] | None:
         return self._anchor if self._anchor is not None else self._ref_stats
