@@ -216,7 +216,8 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
     seqs = Counter(s["seq"] for s in snaps if s.get("seq") is not None)
     mode = max(seqs, key=lambda k: (seqs[k], k)) if seqs else None     # where most ranks stand
     at_mode = [s for s in snaps if s.get("seq") == mode]
-    majority = Counter(_current(s) for s in at_mode).most_common(1)[0][0] if at_mode else None
+    current = {id(s): _current(s) for s in snaps}                  # where each rank stands, once
+    majority = Counter(current[id(s)] for s in at_mode).most_common(1)[0][0] if at_mode else None
     for r in range(world):
         s = by.get(r)
         if s is None:
@@ -235,7 +236,7 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
         loader = any("/torch/utils/data/" in f["file"] for f in stack)
         lock = bool(where and ("lock" in where.code.lower() or "acquire" in where.code.lower()))
         common = dict(rank=r, last_step=s.get("last_step"), seq=s.get("seq"), where=where, in_data_loader=loader,
-                      waits_on_lock=lock, collective=_current(s))
+                      waits_on_lock=lock, collective=current[id(s)])
         down = [n for n in _down(s) if sum(n in _down(o) for o in snaps if o is not s) < (len(snaps) - 1) / 2]
         err = f"; then its collective failed: {s['error'][:200]}" if s.get("error") else ""
         if s.get("native"):
@@ -253,8 +254,8 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
         elif mode is not None and s.get("seq") is not None and s["seq"] > mode:
             out.append(HangRankState(state="different_collective", detail=f"ran ahead to collective #{s['seq']} "
                                      f"(most ranks are at #{mode}): it skipped one they called{err}", **common))
-        elif majority is not None and _current(s) != majority:
-            out.append(HangRankState(state="different_collective", detail=f"stands in {_current(s)}; the others in "
+        elif majority is not None and current[id(s)] != majority:
+            out.append(HangRankState(state="different_collective", detail=f"stands in {current[id(s)]}; the others in "
                                      f"{majority}{err}", **common))
         elif s.get("error"):
             out.append(HangRankState(state="errored", detail=s["error"][:300], **common))

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from eroica.engine.hang import HangFinding, latest, localize_snapshots
 from eroica.service.db import hangs, issues, jobs
 from eroica.service.errors import IngestError
+from eroica.service.lifecycle import open_issue
 
 CONFIDENT = 0.5
 FIELDS = ("rank", "world_size", "wall_time", "last_step", "stalled_seconds", "limit_seconds", "stack")
@@ -65,11 +66,7 @@ def _issue(c: sa.Connection, job_id: str, f: HangFinding, now: float) -> None:
     row = c.execute(sa.select(issues).where(issues.c.job_id == job_id, issues.c.root_cause == f.root_cause,
                                             issues.c.ranks == ranks)).mappings().first()
     if row is None:
-        c.execute(issues.insert().values(
-            job_id=job_id, root_cause=f.root_cause, category=f.category, ranks=ranks, hosts=[], function=where,
-            first_seen=now, last_seen=now, windows_total=0, top_confidence=f.confidence, last_window_pk=0,
-            state="open", alert_dirty=True, runs=[job_id], devices=[],
-            history=[{"state": "open", "who": "eroica", "at": now, "why": f"hang: {f.summary[:300]}"}]))
+        open_issue(c, job_id, f.root_cause, f.category, ranks, where, f.confidence, now, why=f"hang: {f.summary[:300]}")
     else:
         c.execute(issues.update().where(issues.c.id == row["id"]).values(
             last_seen=now, top_confidence=max(row["top_confidence"], f.confidence)))

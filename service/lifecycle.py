@@ -59,6 +59,23 @@ def _devices(c: sa.Connection, pk: int, ranks: list[int]) -> list[str]:
     return sorted(out)
 
 
+def open_issue(c: sa.Connection, job_id: str, root_cause: str, category: str, ranks: str, function: str | None,
+               confidence: float, now: float, hosts: list[str] | None = None, devices: list[str] | None = None,
+               window_pk: int = 0, why: str | None = None) -> int:
+    """A new open issue (its alert still to send) with its first history entry: from a window's
+    finding (`window_pk`), or from a hang, which no window saw (`why`)."""
+    entry: dict[str, Any] = {"state": "open", "who": "eroica", "at": now}
+    if window_pk:
+        entry["window"] = window_pk
+    if why:
+        entry["why"] = why
+    return int(c.execute(issues.insert().returning(issues.c.id).values(
+        job_id=job_id, root_cause=root_cause, category=category, ranks=ranks, hosts=hosts or [], function=function,
+        first_seen=now, last_seen=now, windows_total=1 if window_pk else 0, top_confidence=confidence,
+        last_window_pk=window_pk, state="open", alert_dirty=True, runs=[job_id], devices=devices or [],
+        history=[entry])).scalar_one())
+
+
 def record_findings(c: sa.Connection, pk: int, job_id: str, d: Diagnosis, now: float) -> list[int]:
     """Fold a window's confident findings into the job's issues (inside the diagnosis's transaction);
     the ids of the issues this window touched. A closed issue that shows up again is reopened; one of
@@ -72,12 +89,8 @@ def record_findings(c: sa.Connection, pk: int, job_id: str, d: Diagnosis, now: f
             devices = _devices(c, pk, f.ranks)
             row = _issue_of(c, job_id, f.root_cause, ranks)
             if row is None:
-                iid = c.execute(issues.insert().returning(issues.c.id).values(
-                    job_id=job_id, root_cause=f.root_cause, category=f.category.value, ranks=ranks, hosts=f.hosts,
-                    function=f.function, first_seen=now, last_seen=now, windows_total=1,
-                    top_confidence=f.confidence, last_window_pk=pk, state="open", alert_dirty=True, runs=[job_id],
-                    devices=devices,
-                    history=[{"state": "open", "who": "eroica", "at": now, "window": pk}])).scalar_one()
+                iid = open_issue(c, job_id, f.root_cause, f.category.value, ranks, f.function, f.confidence, now,
+                                 hosts=f.hosts, devices=devices, window_pk=pk)
             else:
                 iid = row["id"]
                 upd: dict[str, Any] = {"last_seen": now, "last_window_pk": pk,
