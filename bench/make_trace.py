@@ -38,7 +38,7 @@ def _rank(rank: int, world: int, port: int, out: str, active: int) -> None:
             loss.backward()
             opt.step()
             prof.step()
-    prof.export_chrome_trace(str(Path(out) / f"rank-{rank}.json"))
+    prof.export_chrome_trace(str(Path(out) / f"job_rank{rank}.pt.trace.json"))   # never a pattern file's name
     dist.barrier()
     dist.destroy_process_group()
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_rank, args=(args.ranks, port, str(args.out), args.active), nprocs=args.ranks)
-    total = sum(f.stat().st_size for f in args.out.glob("rank-*.json"))
+    total = sum(f.stat().st_size for f in args.out.glob("job_rank*.pt.trace.json"))
     print(f"{args.ranks} rank traces, {total / 1e6:.0f} MB in {args.out}")
     return 0
 

@@ -98,7 +98,7 @@ def hta_python(arg: str | None) -> tuple[Path | None, str]:
 
 
 def big_trace() -> Path:
-    if not sorted(BIG.glob("rank-*.json")):
+    if not sorted(BIG.glob("job_rank*.pt.trace.json")):
         print(f"making the big trace (a real 4-rank profiled job) in {BIG} ...", flush=True)
         subprocess.run([sys.executable, str(ROOT / "bench" / "make_trace.py"), str(BIG)], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -53,12 +53,10 @@ def print_facts(run_dir: Path, window: str | None) -> int:
     return 0
 
 
-def _is_run_dir(p: Path) -> bool:
-    return p.is_dir() and (any(p.glob("w*/rank-*.json")) or any(p.glob("hang-s*")) or any(p.glob("hang-native/*")))
-
-
 def run(args: argparse.Namespace) -> int:
-    if len(args.paths) == 1 and (_is_run_dir(args.paths[0]) or not args.paths[0].exists()):
+    from eroica.collector.run_files import is_run_path
+
+    if len(args.paths) == 1 and is_run_path(args.paths[0]):
         args.run_dir = args.paths[0]
         return _run(args)
     from eroica.cli.ingest_cmd import trace_files

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import json
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -18,12 +17,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from eroica.collector.facts import PATTERNS_SCHEMA, PatternsDoc
+from eroica.collector.run_files import PACKED_FILE, RANK_FILE, TRACE_FILE, is_pattern_file
 from eroica.engine.columns import ColumnsBuilder, WindowColumns, window_columns
 from eroica.engine.errors import RunDirError
-
-RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
-TRACE_FILE = re.compile(r"^rank-(\d+)\.trace\.json$")
-PACKED_FILE = re.compile(r"^(?:host|pack)-[\w.-]+\.jsonl$")     # many ranks' documents, one per line
 
 
 @dataclass(frozen=True)
@@ -210,7 +206,7 @@ def _load_part(wdir: Path, files: list[Path]) -> tuple[ColumnsBuilder, WindowDat
 def _load_parallel(wdir: Path, files: list[Path], cache_limit: int, workers: int) -> WindowData | None:
     """None when the window is too small to pay for the workers, or when a rank appears in two
     shares (the one-process load reports the duplicate as it always has)."""
-    sized = [(f, f.stat().st_size) for f in files if _is_pattern_file(f) and f.is_file()]
+    sized = [(f, f.stat().st_size) for f in files if is_pattern_file(f) and f.is_file()]
     total = sum(n for _, n in sized)
     if total < PARALLEL_MIN_BYTES or len(sized) < workers:
         return None
@@ -224,7 +220,7 @@ def _load_parallel(wdir: Path, files: list[Path], cache_limit: int, workers: int
             k += 1
         shares[k].append(f)
         acc += n
-    others = [f for f in files if not (_is_pattern_file(f) and f.is_file())]
+    others = [f for f in files if not (is_pattern_file(f) and f.is_file())]
     with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork")) as pool:
         futures = [pool.submit(_load_part, wdir, share) for share in shares[1:]]
         w = WindowData(window_id=wdir.name, docs=DocStore(cache_limit))
@@ -280,21 +276,17 @@ def _load_packed(w: WindowData, f: Path, keep: Callable[[PatternsDoc, tuple[str,
                 keep(doc, (str(f), start, len(line)), where)
 
 
-def _is_pattern_file(f: Path) -> bool:
-    return bool(RANK_FILE.match(f.name) or PACKED_FILE.match(f.name))
-
-
 def load_run(run_dir: Path, window: str | None = None, cache_limit: int = 4096,
              workers: int = 1) -> list[WindowData]:
     """The windows of a run directory. Also accepted where a user would point: an incident
     (`INC-XXXX/`, its windows under `patterns/`), one window's directory, or one pattern file (the
     window that holds it)."""
     run_dir = Path(run_dir)
-    if run_dir.is_file() and _is_pattern_file(run_dir):
+    if run_dir.is_file() and is_pattern_file(run_dir):
         run_dir, window = run_dir.parent.parent, run_dir.parent.name
-    if (run_dir / "patterns").is_dir() and not any(_is_pattern_file(f) for f in run_dir.iterdir()):
+    if (run_dir / "patterns").is_dir() and not any(is_pattern_file(f) for f in run_dir.iterdir()):
         run_dir = run_dir / "patterns"         # an incident directory
-    if run_dir.is_dir() and any(_is_pattern_file(f) for f in run_dir.iterdir() if f.is_file()):
+    if run_dir.is_dir() and any(is_pattern_file(f) for f in run_dir.iterdir() if f.is_file()):
         if window not in (None, run_dir.name):
             raise RunDirError(f"{run_dir}: a window directory, not window {window!r}")
         return [load_window(run_dir, cache_limit, workers)]      # one window's directory

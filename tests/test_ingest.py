@@ -216,3 +216,19 @@ def test_the_console_script_ends_fast_with_all_of_its_output(tmp_path: Path) -> 
                        timeout=120)
     assert p.returncode == 0, p.stderr
     assert len(json.loads(p.stdout)["windows"]) == 1                  # flushed whole before os._exit
+
+
+def test_diagnose_tells_traces_from_a_run_directory(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Profiler traces go through ingestion; a run, an incident or a window directory, and a pattern
+    file, do not (their names say which: rank-N.json, host-*.jsonl, w*/, patterns/)."""
+    src = tmp_path / "traces"
+    src.mkdir()
+    for r in range(4):
+        (src / f"job_rank{r}.pt.trace.json").write_text(json.dumps(_trace(_events(10, 4), distributedInfo={
+            "rank": r, "world_size": 4})))
+    assert main(["diagnose", str(src), "--patterns", str(tmp_path / "run")]) == 0
+    assert "4 trace file(s) ingested" in capsys.readouterr().err
+    window = next((tmp_path / "run").glob("w*"))
+    for p in (tmp_path / "run", window, window / "rank-2.json"):
+        assert main(["diagnose", str(p)]) == 0
+        assert "ingested" not in capsys.readouterr().err

@@ -45,6 +45,8 @@ def hang(tmp: Path, fault: str, rank: int = 1, netns: bool = False, env: dict[st
             if found is not None and found.ranks == [rank]:     # else the ranks' snapshots are still coming
                 break
             time.sleep(0.5)
+        if found is None or found.ranks != [rank]:
+            found = localize(tmp)          # the job ended: every snapshot it wrote is there now
         assert found is not None, f"no hang snapshot under {tmp}"
         stall_started = min(t for t in _stall_starts(tmp))
         secs, alive = time.time() - stall_started, job.is_alive()
