@@ -13,6 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from eroica.engine import FORMATS
+
 NOT_DIAGNOSABLE = 3    # exit code: a window fell below the coverage floor (no verdict)
 
 
@@ -27,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rank", action="append", default=[], metavar="FILE=N",
                    help="traces only: the rank of a file that has no distributedInfo and no rank in its name")
     p.add_argument("--window", default=None, help="only this window id (default: all)")
-    p.add_argument("--format", choices=("text", "json", "md", "html"), default="text")
+    p.add_argument("--format", choices=FORMATS, default="text")
     p.add_argument("-o", "--output", type=Path, default=None, help="write here instead of stdout")
     p.add_argument("--rules", type=Path, action="append", default=None,
                    help="extra rule file or directory (a site's own rules); repeatable")
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if len(args.paths) == 1 and is_run_path(args.paths[0]):
         args.run_dir = args.paths[0]
         return _run(args)
-    from eroica.cli.ingest_cmd import trace_files
+    from eroica.cli.ingest_cmd import rank_overrides, trace_files
     from eroica.collector.kineto import IngestJob, write_doc
 
     files = trace_files(args.paths)
@@ -67,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"eroica diagnose: {', '.join(map(str, args.paths))}: neither a run directory (w*/rank-*.json) nor "
               "profiler traces (*.json, *.json.gz)", file=sys.stderr)
         return 2
-    ranks = {Path(k).name: int(v) for k, _, v in (r.partition("=") for r in args.rank) if v.isdigit()}
+    try:
+        ranks = rank_overrides(args.rank)
+    except ValueError as exc:
+        print(f"eroica diagnose: {exc}", file=sys.stderr)
+        return 2
     tmp = None if args.patterns else tempfile.TemporaryDirectory(prefix="eroica-trace-")
     args.run_dir = args.patterns or Path(tmp.name)  # type: ignore[union-attr]
     try:
@@ -93,10 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from eroica.engine.diagnose import DiagnoseOptions, diagnose, version
-    from eroica.engine.diagnosis import Diagnosis
+    from eroica.engine.diagnose import DiagnoseOptions, diagnose
     from eroica.engine.errors import EngineError, RuleError
-    from eroica.engine.hang import localize
     from eroica.engine.render import render
 
     if args.facts:
@@ -111,15 +115,12 @@ def _run(args: argparse.Namespace) -> int:
             print(f"eroica diagnose: --knowledge {k}: not a directory (expected rules/, overrides/ and/or "
                   "taxonomy.yaml)", file=sys.stderr)
             return 2
-    hung = localize(args.run_dir) if args.run_dir.is_dir() else None
     try:
-        if hung is not None and not any(args.run_dir.glob("w*/rank-*.json")):   # hung before any window
-            d = Diagnosis(run_dir=str(args.run_dir), eroica_version=version(), rules_loaded=0, windows=[], hang=hung)
-        else:                  # the report puts a hang first: the job may still wait, and someone can act
-            # one diagnosis per process: the rules run in it (no worker process to start)
-            d = diagnose(args.run_dir, DiagnoseOptions(extra_rule_dirs=rules, override_files=overrides,
-                                                       window=args.window, knowledge_dirs=list(args.knowledge or []),
-                                                       in_process=True, workers=os.cpu_count() or 1))
+        # the report puts a hang first (the job may still wait, and someone can act); one diagnosis per
+        # process: the rules run in it (no worker process to start)
+        d = diagnose(args.run_dir, DiagnoseOptions(extra_rule_dirs=rules, override_files=overrides,
+                                                   window=args.window, knowledge_dirs=list(args.knowledge or []),
+                                                   in_process=True, workers=os.cpu_count() or 1))
     except RuleError as exc:
         print("eroica diagnose: the rule base has problems:\n" + "\n".join(exc.problems), file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from eroica.collector.kineto import ingest_many, write_doc
+from eroica.collector.kineto import IngestJob, write_doc
 
 SUFFIXES = (".json", ".json.gz")
 
@@ -31,20 +31,29 @@ def trace_files(paths: list[Path]) -> list[Path]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def rank_overrides(items: list[str]) -> dict[str, int]:
+    """`--rank FILE=N` values: file name -> rank; ValueError naming the first bad one."""
     ranks: dict[str, int] = {}
-    for item in args.rank:
+    for item in items:
         name, _, n = item.partition("=")
         if not n.isdigit():
-            print(f"eroica ingest: --rank {item!r}: expected FILE=N")
-            return 2
+            raise ValueError(f"--rank {item!r}: expected FILE=N")
         ranks[Path(name).name] = int(n)
+    return ranks
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        ranks = rank_overrides(args.rank)
+    except ValueError as exc:
+        print(f"eroica ingest: {exc}")
+        return 2
     files = trace_files(args.paths)
     if not files:
         print(f"eroica ingest: no trace files (*.json, *.json.gz) in {', '.join(map(str, args.paths))}")
         return 2
     ok, failed, raw, written = 0, 0, 0, 0
-    for i, (f, docs) in enumerate(ingest_many(files, ranks, args.world_size), 1):
+    for i, (f, docs) in enumerate(IngestJob(files, ranks, args.world_size).results(), 1):
         if not isinstance(docs, list):
             failed += 1
             print(f"[{i}/{len(files)}] skipped: {docs}")

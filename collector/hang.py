@@ -210,7 +210,8 @@ class HangWatch:
         self.peers: dict[str, dict[str, Any]] | None = None
         self.peers_at = 0.0
         self._snap: dict[str, Any] | None = None
-        self.native = native and out_dir is not None
+        self._native_path = Path(out_dir) / "hang-native" / f"rank-{rank}.txt" if native and out_dir else None
+        self.native = self._native_path is not None
         self._native_fd: int | None = None
         self._native_step: int | None = None
 
@@ -286,9 +287,9 @@ class HangWatch:
         try:
             fd = self._native_fd
             if fd is None:
-                d = Path(self.out_dir or ".") / "hang-native"
-                d.mkdir(parents=True, exist_ok=True)
-                fd = self._native_fd = os.open(d / f"rank-{self.rank}.txt", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                assert self._native_path is not None
+                self._native_path.parent.mkdir(parents=True, exist_ok=True)
+                fd = self._native_fd = os.open(self._native_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             elif self._native_step != self.step and os.fstat(fd).st_size > NATIVE_HEADER:
                 os.ftruncate(fd, NATIVE_HEADER)         # a dump from a stall the rank came out of
             limit = self.limit_seconds()
@@ -314,8 +315,8 @@ class HangWatch:
             faulthandler.cancel_dump_traceback_later()
             fired = os.fstat(self._native_fd).st_size > NATIVE_HEADER
             os.close(self._native_fd)
-            if not fired:
-                (Path(self.out_dir or ".") / "hang-native" / f"rank-{self.rank}.txt").unlink()
+            if not fired and self._native_path is not None:
+                self._native_path.unlink()
         self._native_fd = None
 
     def _store_loop(self) -> None:

@@ -169,21 +169,10 @@ def _fast(path: Path) -> tuple[dict[str, Any], _Rank] | None:
         return None
     meta = {k: v for k, v in (("distributedInfo", t.distributedInfo), ("hostname", t.hostname)) if v is not None}
     r = _Rank()
-    steps, device, cpu = r.steps.append, r.device.append, r.cpu.append
     for ev in t.traceEvents:
-        if ev.ph != "X" or ev.ts is None:
-            continue
-        cat, name = ev.cat or "", ev.name
-        s = int(ev.ts * 1000)
-        e = s + int(ev.dur * 1000)
-        if cat in CPU_CATS:
-            m = STEP.match(name) if name.startswith("ProfilerStep#") else None
-            if m:
-                steps((int(m.group(1)), s, e))
-            else:
-                cpu((s, e, cat, name))
-        elif cat in DEVICE_CATS:
-            device((s, e, cat, name))
+        if ev.ph == "X" and ev.ts is not None:
+            s = int(ev.ts * 1000)
+            r.add(ev.cat or "", ev.name, s, s + int(ev.dur * 1000))
     return meta, r
 
 
@@ -193,25 +182,28 @@ class _Rank:
     cpu: list[tuple[int, int, str, str]] = field(default_factory=list)      # start, end ns, cat, name
     device: list[tuple[int, int, str, str]] = field(default_factory=list)   # start, end ns, cat, name
 
+    def add(self, cat: str, name: str, s: int, e: int) -> None:
+        """One complete ('X') event: a profiler step, CPU-side work, device work, or nothing kept."""
+        m = STEP.match(name) if cat in CPU_CATS else None      # not its gpu_user_annotation twin
+        if m:
+            self.steps.append((int(m.group(1)), s, e))
+        elif cat in DEVICE_CATS:
+            self.device.append((s, e, cat, name))
+        elif cat in CPU_CATS:
+            self.cpu.append((s, e, cat, name))
+
 
 def _collect(events: Iterator[dict[str, Any]]) -> _Rank:
     r = _Rank()
     for ev in events:
         if ev.get("ph") != "X":
             continue
-        cat, name = ev.get("cat") or "", str(ev.get("name", ""))
         try:
             s = int(float(ev["ts"]) * 1000)
             e = s + int(float(ev.get("dur", 0)) * 1000)
         except (KeyError, TypeError, ValueError):
             continue
-        m = STEP.match(name) if cat in CPU_CATS else None      # not its gpu_user_annotation twin
-        if m:
-            r.steps.append((int(m.group(1)), s, e))
-        elif cat in DEVICE_CATS:
-            r.device.append((s, e, cat, name))
-        elif cat in CPU_CATS:
-            r.cpu.append((s, e, cat, name))
+        r.add(ev.get("cat") or "", str(ev.get("name", "")), s, e)
     return r
 
 
@@ -318,11 +310,6 @@ class IngestJob:
         finally:
             if self.pool is not None:
                 self.pool.shutdown(cancel_futures=True)
-
-
-def ingest_many(files: list[Path], ranks: dict[str, int] | None = None, world_size: int | None = None,
-                workers: int | None = None) -> Iterator[tuple[Path, list[PatternsDoc] | TraceError | OSError]]:
-    return IngestJob(files, ranks, world_size, workers).results()
 
 
 def write_doc(run_dir: Path, doc: PatternsDoc) -> Path:

@@ -30,10 +30,6 @@ from eroica.engine.taxonomy import (  # noqa: F401  (re-exported: the CLI and th
 )
 
 
-def version() -> str:
-    return VERSION
-
-
 def _coverage(w: WindowData) -> Coverage:
     c = w.columns
     world = w.world_size or len(c.ranks)
@@ -102,13 +98,14 @@ def compile_knowledge(opts: DiagnoseOptions) -> list[RuleIR]:
     k_dir = builtin_knowledge_dir()
     inputs = [*files, *override_files, k_dir / "priors.yaml", k_dir / "taxonomy.yaml",
               *[Path(k) / "taxonomy.yaml" for k in opts.knowledge_dirs or []]]
-    cached = rule_cache.get(inputs, opts.fitted_priors)
+    key = rule_cache.cache_key(inputs, opts.fitted_priors)
+    cached = rule_cache.get(key)
     if cached is not None:
         return cached
     overrides = load_overrides(override_files)
     priors = load_priors(builtin_knowledge_dir()) if opts.fitted_priors else {}
     rules = compile_rules(load_rules(paths, overrides, priors), opts.knowledge_dirs)
-    rule_cache.put(inputs, opts.fitted_priors, rules)
+    rule_cache.put(key, rules)
     return rules
 
 
@@ -156,7 +153,7 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
                 diagnosable=why_not is None, not_diagnosable_reason=why_not,
             )
         )
-    return Diagnosis(run_dir=str(run_dir), eroica_version=version(), rules_loaded=len(rules),
+    return Diagnosis(run_dir=str(run_dir), eroica_version=VERSION, rules_loaded=len(rules),
                      windows=_across_windows(out, taxonomy, resolution),
                      hang=localize(Path(run_dir)) if Path(run_dir).is_dir() else None)
 

@@ -199,7 +199,6 @@ def _load_part(wdir: Path, files: list[Path]) -> tuple[ColumnsBuilder, WindowDat
     builder = ColumnsBuilder()
     with _gc_paused():
         _load_files(w, files, builder)
-    w._columns = None
     return builder.seal(), w
 
 

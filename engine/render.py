@@ -7,11 +7,10 @@ from importlib import resources
 
 import jinja2
 
+from eroica.engine import FORMATS
 from eroica.engine.diagnosis import Diagnosis
 from eroica.engine.hang import render as render_hang
 from eroica.engine.render_html import window_pictures
-
-FORMATS = ("text", "json", "md", "html")
 
 
 def _ms(x: float | None) -> str:

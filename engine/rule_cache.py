@@ -30,7 +30,7 @@ def _dir() -> Path | None:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eroica"
 
 
-def _key(inputs: list[Path], fitted_priors: bool) -> str | None:
+def cache_key(inputs: list[Path], fitted_priors: bool) -> str:
     code = sorted((Path(__file__).parent / "rules").glob("*.py"))
     h = hashlib.sha256(f"{VERSION}|{fitted_priors}".encode())
     for p in [*inputs, *code, Path(__file__)]:
@@ -43,19 +43,19 @@ def _key(inputs: list[Path], fitted_priors: bool) -> str | None:
     return h.hexdigest()[:32]
 
 
-def get(inputs: list[Path], fitted_priors: bool) -> list[RuleIR] | None:
+def get(key: str) -> list[RuleIR] | None:
     d = _dir()
     if d is None:
         return None
     try:
-        with open(d / f"rules-{_key(inputs, fitted_priors)}.pickle", "rb") as fh:
+        with open(d / f"rules-{key}.pickle", "rb") as fh:
             rules = pickle.load(fh)
         return rules if isinstance(rules, list) and all(isinstance(r, RuleIR) for r in rules) else None
     except Exception:
         return None
 
 
-def put(inputs: list[Path], fitted_priors: bool, rules: list[RuleIR]) -> None:
+def put(key: str, rules: list[RuleIR]) -> None:
     d = _dir()
     if d is None:
         return
@@ -64,7 +64,7 @@ def put(inputs: list[Path], fitted_priors: bool, rules: list[RuleIR]) -> None:
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".rules-", suffix=".tmp")
         with os.fdopen(fd, "wb") as fh:
             pickle.dump(rules, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, d / f"rules-{_key(inputs, fitted_priors)}.pickle")
+        os.replace(tmp, d / f"rules-{key}.pickle")
         old = sorted(d.glob("rules-*.pickle"), key=lambda p: p.stat().st_mtime)[:-KEEP]
         for p in old:
             p.unlink()
