@@ -12,8 +12,10 @@ blocks, shuffled anew each round, so machine noise and drift hit every mode alik
 - `profiler`: `torch.profiler` recording every CPU op all the time (eroica's anchor).
 Each block's median step is divided by the `none` block of its round; reported are the median and
 the interquartile range of that ratio over rounds and ranks. The idle cost is also measured
-directly: the training thread's CPU time inside `mon.step()` per call. Targets: idle <= 0.5%,
-window <= 5% while open, amortized <= 1% under the default policy. Last, the pattern bytes per
+directly: the training thread's CPU time inside `mon.step()`, its mean per call (work done every few
+steps - a store poll, the detector's turn - counts in full) and its median call. Targets (issue 20):
+idle <= 0.2%, window <= +3% while open, closing a window <= 100 ms, amortized <= 1% under the
+default policy. Last, the pattern bytes per
 rank per window beside the same window's raw profiler trace.
 
     .venv/bin/python bench/overhead.py [--rounds 30] [--block 10] [--policy JSON]
@@ -30,7 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from statistics import median, quantiles
+from statistics import mean, median, quantiles
 
 MODES = ("none", "none2", "idle", "window", "attach", "attach_window", "profiler")
 
@@ -192,14 +194,17 @@ def main() -> int:
         print(f"{m:<13} {med * 1000:9.2f} ms   {_spread(ratios[m])}")
     idle, win = median(ratios["idle"]) - 1, median(ratios["window"]) - 1
     noise = max(abs(q - 1) for q in quantiles(ratios["none2"], n=4)[::2])
-    step_cpu = median(c for r in rows for c in r["step_cpu"])
+    # the mean is the cost (work done every few steps - a poll, the detector's turn - counts); the
+    # median alone would hide it
+    step_cpu = mean(c for r in rows for c in r["step_cpu"])
+    step_cpu_median = median(c for r in rows for c in r["step_cpu"])
     close_s = (median(ratios["close"]) - 1) * base
     pol = TriggerPolicy()
     extra = pol.max_windows_per_hour * (pol.window_steps * max(win, 0) * base + max(close_s, 0))
     amortized = step_cpu / base + extra / 3600
     print(f"noise floor (A/A, none2 vs none, interquartile): +-{noise:.2%}")
-    print(f"idle (always on): {step_cpu * 1e6:.0f} us of training-thread CPU per mon.step() = {step_cpu / base:.3%} "
-          f"of a step (target <= 0.5%); A/B {idle:+.2%}")
+    print(f"idle (always on): {step_cpu * 1e6:.0f} us of training-thread CPU per mon.step() on average = "
+          f"{step_cpu / base:.3%} of a step (median call {step_cpu_median * 1e6:.0f} us); A/B {idle:+.2%}")
     print(f"window while open: {win:+.2%} (target <= +5%); closing a window: {close_s * 1000:.0f} ms once "
           f"(with a raw trace exported)")
     za, zw = median(ratios["attach"]) - 1, median(ratios["attach_window"]) - 1
