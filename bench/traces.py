@@ -9,7 +9,7 @@ made here by a real profiled job (bench/make_trace.py, kept in build/bench-trace
 its own virtual environment (`make bench-traces` makes .hta-venv with HolisticTraceAnalysis 0.5.0);
 without it the comparison is skipped with that reason and eroica's own numbers still print.
 Memory is the peak of the summed RSS of the whole process tree (both tools use worker processes),
-sampled every 10 ms."""
+sampled every 10 ms. The tools' runs alternate, so the machine's drift hits both alike."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -70,21 +69,32 @@ def run_measured(cmd: list[str], ok: tuple[int, ...] = (0,)) -> tuple[float, flo
     return wall, peak[0], out
 
 
-def eroica(trace_dir: Path, repeat: int) -> dict[str, float]:
+def eroica_once(trace_dir: Path) -> tuple[float, float]:
     exe = Path(sys.executable).parent / "eroica"
     # exit 3: reported, not diagnosable (the shared 2-rank set holds 2 of 128 ranks)
-    runs = [run_measured([str(exe), "diagnose", str(trace_dir)], ok=(0, 3)) for _ in range(repeat)]
-    return {"wall_seconds": statistics.median(r[0] for r in runs), "peak_mb": max(r[1] for r in runs)}
+    wall, peak, _ = run_measured([str(exe), "diagnose", str(trace_dir)], ok=(0, 3))
+    return wall, peak
 
 
-def hta(python: Path, trace_dir: Path, repeat: int) -> dict[str, float]:
-    runs = []
+def hta_once(python: Path, trace_dir: Path) -> tuple[float, float, float]:
+    wall, peak, out = run_measured([str(python), "-c", HTA_LOAD, str(trace_dir)])
+    res = json.loads(next(ln for ln in out.splitlines() if ln.startswith("HTA-RESULT "))[11:])
+    return wall, peak, res["load_seconds"]
+
+
+def compare(trace_dir: Path, repeat: int, python: Path | None) -> tuple[dict[str, float], dict[str, float] | None]:
+    """`repeat` runs of each tool, alternating (eroica, HTA, eroica, ...): this machine's speed drifts
+    by tens of percent within minutes, and alternating puts both tools under the same drift."""
+    e_runs, h_runs = [], []
     for _ in range(repeat):
-        wall, peak, out = run_measured([str(python), "-c", HTA_LOAD, str(trace_dir)])
-        res = json.loads(next(ln for ln in out.splitlines() if ln.startswith("HTA-RESULT "))[11:])
-        runs.append((wall, peak, res["load_seconds"]))
-    return {"wall_seconds": statistics.median(r[0] for r in runs), "peak_mb": max(r[1] for r in runs),
-            "load_seconds": statistics.median(r[2] for r in runs)}
+        e_runs.append(eroica_once(trace_dir))
+        if python is not None:
+            h_runs.append(hta_once(python, trace_dir))
+    e = {"wall_seconds": statistics.median(r[0] for r in e_runs), "peak_mb": max(r[1] for r in e_runs)}
+    h = None if python is None else {
+        "wall_seconds": statistics.median(r[0] for r in h_runs), "peak_mb": max(r[1] for r in h_runs),
+        "load_seconds": statistics.median(r[2] for r in h_runs)}
+    return e, h
 
 
 def hta_python(arg: str | None) -> tuple[Path | None, str]:
@@ -121,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, d in sets:
         size = sum(f.stat().st_size for f in d.iterdir() if f.is_file()) / 1e6
-        with tempfile.TemporaryDirectory():
-            e = eroica(d, args.repeat)
-            h = hta(py, d, max(1, args.repeat if size < 50 else 2)) if py is not None else None
+        e, h = compare(d, args.repeat if size < 50 else min(args.repeat, 3), py)
         rows.append((name, size, e, h))
         line = f"{name:<24} {size:7.1f} MB  eroica diagnose {e['wall_seconds']:6.2f} s {e['peak_mb']:6.0f} MB"
         if h is not None:

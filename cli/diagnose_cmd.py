@@ -79,8 +79,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         n = 0
         job = IngestJob(files, ranks)          # workers start now; the engine is imported meanwhile
+        import numpy.ma  # noqa: F401          # np.median's first call imports it (~30 ms): not after the workers
+
         import eroica.engine.diagnose  # noqa: F401
-        import eroica.engine.render  # noqa: F401
+        from eroica.engine.render import template
+
+        if args.format != "json":
+            template(args.format)              # compiled now, not after the workers
         for f, docs in job.results():
             if not isinstance(docs, list):
                 print(f"eroica diagnose: skipped {f}: {docs}", file=sys.stderr)

@@ -31,7 +31,7 @@ from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.diagnosis import Finding
 from eroica.engine.errors import EngineError, RunDirError
 from eroica.engine.priors import PriorFit, PriorSample, fit_priors
-from eroica.engine.rules.loader import load_rules
+from eroica.engine.rules.loader import SAFE_LOADER, load_rules
 
 
 class Expectation(BaseModel):
@@ -90,7 +90,7 @@ def _forbidden(f: Finding, m: MustNot) -> bool:
 
 def load_expected(path: Path) -> Expected:
     try:
-        return Expected.model_validate(yaml.safe_load(path.read_text()) or {})
+        return Expected.model_validate(yaml.load(path.read_text(), Loader=SAFE_LOADER) or {})
     except Exception as exc:
         raise RunDirError(f"invalid expected.yaml: {exc}", path=str(path)) from exc
 
@@ -185,7 +185,7 @@ def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None,
 def _context(inc: Path) -> dict[str, Any]:
     p = inc / "context.yaml"
     try:
-        data = yaml.safe_load(p.read_text()) if p.exists() else {}
+        data = yaml.load(p.read_text(), Loader=SAFE_LOADER) if p.exists() else {}
     except yaml.YAMLError:
         return {}
     return data if isinstance(data, dict) else {}
