@@ -40,8 +40,8 @@ FORCE_ENV = "EROICA_FORCE_WINDOW_AT_STEP"
 SERIES_EVERY = 20       # steps per summary of the always-on step-time series (rank 0, with a sink)
 # The detector judges the steps in turns of this many: right after the user's step the caches and
 # the TLB hold the user's data, and the detector's first step of a turn costs ~10x the next ones
-# (measured on the 4-rank bench: 55 us cold, 5 us warm). A firing is acted on up to this many - 1
-# steps later; lead_steps and the window are unchanged.
+# (55 us cold, 5 us warm, in a gloo job with bench/overhead.py's model). A firing is acted on up to
+# this many - 1 steps later; lead_steps and the window are unchanged.
 JUDGE_EVERY_STEPS = 4
 JOB_ID = re.compile(r"[^A-Za-z0-9._-]+")
 
