@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -21,9 +22,25 @@ from eroica.assistant.models import ConfigEdit, Proposal, Remediation
 from eroica.assistant.redact import Redactor
 from eroica.engine.diagnosis import Finding
 
-LOCATE = {"dataloader_kwargs": targets.loader, "balanced_sampler": targets.loader, "gc_freeze": targets.loop,
-          "anomaly_off": targets.anomaly, "move_blocking_call": targets.region,
-          "async_checkpoint": targets.checkpoint}
+
+class CodeAction(NamedTuple):
+    """A fix drafted in the code: where it goes, and the edit (the file's text, the located node
+    and the template's params -> the new text)."""
+
+    locate: Callable[[Path, Finding], targets.Target]
+    draft: Callable[[str, targets.Candidate, dict[str, Any]], str]
+
+
+CODE_ACTIONS: dict[str, CodeAction] = {
+    "dataloader_kwargs": CodeAction(targets.loader, lambda text, c, p: edits.loader_kwargs(
+        text, c, int(p.get("num_workers", 4)), int(p.get("prefetch_factor", 4)), pin="cuda" in text)),
+    "balanced_sampler": CodeAction(targets.loader, lambda text, c, p: edits.balanced_sampler(text, c)),
+    "gc_freeze": CodeAction(targets.loop, lambda text, c, p: edits.gc_freeze(
+        text, c, int(p.get("gen0_threshold", 50_000)))),
+    "anomaly_off": CodeAction(targets.anomaly, lambda text, c, p: edits.anomaly_off(text, c)),
+    "move_blocking_call": CodeAction(targets.region, lambda text, c, p: edits.to_background(text, c)),
+    "async_checkpoint": CodeAction(targets.checkpoint, lambda text, c, p: edits.async_checkpoint(text, c)),
+}
 ANOMALY_KEY = "detect_anomaly"
 
 
@@ -50,8 +67,8 @@ class Context:
 
     def __post_init__(self) -> None:
         action = action_of(self.finding, self.remediation)
-        if self.repo is not None and action in LOCATE:
-            self.target = LOCATE[action](self.repo, self.finding)
+        if self.repo is not None and action in CODE_ACTIONS:
+            self.target = CODE_ACTIONS[action].locate(self.repo, self.finding)
 
     @property
     def action(self) -> str | None:
@@ -65,7 +82,7 @@ class Context:
         return Scope(lines={t.found.file: [(t.found.line, t.found.end_line)]}, keys=frozenset(keys))
 
 
-def _code(ctx: Context, rem: Remediation) -> Proposal:
+def _code(ctx: Context, rem: Remediation, action: CodeAction) -> Proposal:
     t, repo = ctx.target, ctx.repo
     if repo is None:
         return Proposal(kind="none", rationale="no repository given (--repo): the code cannot be drafted")
@@ -73,22 +90,8 @@ def _code(ctx: Context, rem: Remediation) -> Proposal:
         return Proposal(kind="none", rationale=f"no target: {t.why if t else 'nothing located'}")
     c, p = t.found, rem.params
     text = edits.read(repo, c.file)
-    try:
-        if t.kind == "anomaly_config":
-            new = edits.config_off(text, c)
-        elif ctx.action == "anomaly_off":
-            new = edits.anomaly_off(text, c)
-        elif ctx.action == "dataloader_kwargs":
-            new = edits.loader_kwargs(text, c, int(p.get("num_workers", 4)), int(p.get("prefetch_factor", 4)),
-                                      pin="cuda" in text)
-        elif ctx.action == "balanced_sampler":
-            new = edits.balanced_sampler(text, c)
-        elif ctx.action == "gc_freeze":
-            new = edits.gc_freeze(text, c, int(p.get("gen0_threshold", 50_000)))
-        elif ctx.action == "move_blocking_call":
-            new = edits.to_background(text, c)
-        else:
-            new = edits.async_checkpoint(text, c)
+    try:   # anomaly detection turned on by a config key is turned off there, not in the code
+        new = edits.config_off(text, c) if t.kind == "anomaly_config" else action.draft(text, c, p)
     except edits.NotDrafted as exc:
         return Proposal(kind="none", rationale=f"{c}: {exc}")
     if new == text:
@@ -101,8 +104,8 @@ def offline(ctx: Context) -> Proposal:
     rem, f = ctx.remediation, ctx.finding
     if rem is None:
         return Proposal(kind="none", rationale=f"no remediation template for {f.root_cause}")
-    if ctx.action in LOCATE:
-        return _code(ctx, rem)
+    if ctx.action in CODE_ACTIONS:
+        return _code(ctx, rem, CODE_ACTIONS[ctx.action])
     if rem.action == "align_settings":
         if not f.settings:
             return Proposal(kind="none", rationale="the finding names no setting that differs from the peers")
@@ -176,7 +179,7 @@ def llm(ctx: Context, settings: ModelSettings, redact: Redactor) -> Proposal:
         from openai import OpenAI
     except ImportError:
         return Proposal(kind="none", rationale="the openai package is not installed (pip install 'eroica[llm]')")
-    if ctx.action in LOCATE and (ctx.target is None or ctx.target.found is None):
+    if ctx.action in CODE_ACTIONS and (ctx.target is None or ctx.target.found is None):
         return Proposal(kind="none", rationale=f"no target: {ctx.target.why if ctx.target else 'no --repo'}; "
                         "nothing was sent to the model")
     ctx.sent = prompt(ctx, redact)

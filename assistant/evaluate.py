@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from eroica.assistant.backends import LOCATE, Context, action_of, offline
+from eroica.assistant.backends import CODE_ACTIONS, Context, action_of, offline
 from eroica.assistant.gate import GateReport, Scope, check_diff, removed_lines, touched_files
 from eroica.assistant.models import Remediation, load_remediations
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
@@ -109,7 +109,7 @@ def code_findings(incidents: Path) -> list[tuple[str, Finding, Remediation]]:
             for f in w.findings:
                 rem = by_template.get(f.fix_template or "") or by_cause.get(f.root_cause)
                 key = (f.root_cause, f.function)
-                if f.confidence < 0.5 or key in seen or action_of(f, rem) not in LOCATE:
+                if f.confidence < 0.5 or key in seen or action_of(f, rem) not in CODE_ACTIONS:
                     continue
                 seen.add(key)
                 assert rem is not None
