@@ -34,8 +34,7 @@ from eroica.collector.control import (
 from eroica.collector.policy import TriggerPolicy
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("control", help="change a running job's trigger policy, or ask for a window, without a restart")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--who", default=None, help="who asks (default: user@host); logged with the change")
     on = p.add_mutually_exclusive_group()

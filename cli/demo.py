@@ -14,8 +14,7 @@ from eroica.lab.workload import FAULTS
 HEALTHY_FORCED_WINDOW_STEP = 40   # after warm-up and a full detector reference
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run a 4-rank CPU training job, inject a fault, diagnose it")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault", choices=FAULTS, default="dataloader_stall", help="fault to inject (default: %(default)s)")
     p.add_argument("--rank", type=int, default=1, help="rank to inject it on (default: %(default)s)")
     p.add_argument("--fault-step", type=int, default=25, help="healthy steps before the fault (default: %(default)s)")

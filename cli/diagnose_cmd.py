@@ -18,11 +18,10 @@ from eroica.engine import FORMATS
 NOT_DIAGNOSABLE = 3    # exit code: a window fell below the coverage floor (no verdict)
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("diagnose", help="diagnose a run directory, or profiler traces (ingested on the way)",
-                       description="PATH: a run directory (its windows' pattern files, its hang snapshots), or "
-                       "PyTorch profiler (Kineto) trace files or directories of them, one file per rank: those are "
-                       "ingested first, on every core, into --patterns DIR or a temporary directory.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("PATH: a run directory (its windows' pattern files, its hang snapshots), or PyTorch "
+                     "profiler (Kineto) trace files or directories of them, one file per rank: those are ingested "
+                     "first, on every core, into --patterns DIR or a temporary directory.")
     p.add_argument("paths", nargs="+", type=Path, metavar="PATH")
     p.add_argument("--patterns", type=Path, default=None,
                    help="traces only: keep their pattern files here (default: a temporary directory, removed after)")

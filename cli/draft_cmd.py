@@ -10,8 +10,7 @@ from eroica.assistant.draft import Options, draft_all, load_diagnosis
 from eroica.assistant.redact import load_pattern_file
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("draft", help="draft change requests (never applied) for a diagnosis's findings")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("diagnosis", type=Path, help="an eroica.diagnosis/v1 JSON file (eroica diagnose --format json)")
     p.add_argument("--repo", type=Path, help="the training code's repository (drafted diffs must apply to it)")
     p.add_argument("--backend", choices=("offline", "openai"), default="offline")

@@ -24,8 +24,7 @@ from eroica.engine.priors import MIN_FINDINGS, write_priors
 from eroica.engine.rules.loader import builtin_knowledge_dir, load_rules
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="replay recorded incidents and score diagnosis yield")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", nargs="?", type=Path, default=Path("incidents"))
     p.add_argument("-v", "--verbose", action="store_true", help="one line per incident")
     p.add_argument("--calibration", action="store_true",

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("findings", help="list findings (issues) of eroica serve and move them through their lifecycle")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", default=os.environ.get("EROICA_SERVER", "http://127.0.0.1:8080"))
     p.add_argument("--token-file", type=Path)
     fs = p.add_subparsers(dest="findings_cmd", required=True)

@@ -10,8 +10,7 @@ from eroica.collector.kineto import IngestJob, write_doc
 SUFFIXES = (".json", ".json.gz")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ingest", help="turn existing traces into eroica pattern files (then: eroica diagnose)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("format", choices=["kineto"], help="kineto: PyTorch profiler Chrome-trace JSON, one file per rank")
     p.add_argument("paths", nargs="+", type=Path, help="trace files (.json or .json.gz) or directories of them")
     p.add_argument("-o", "--output", type=Path, required=True, help="the run directory to write")

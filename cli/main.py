@@ -12,7 +12,7 @@ import sys
 
 DESCRIPTION = "Find why a distributed training job got slow."
 
-#: command -> (module under eroica.cli, one line of help); the module's add_parser defines the rest
+#: command -> (module under eroica.cli, its one line of help); the module's add_arguments defines the rest
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "run a 4-rank CPU training job, inject a fault, diagnose it"),
     "diagnose": ("diagnose_cmd", "diagnose a run directory, or profiler traces (ingested on the way)"),
@@ -36,9 +36,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser with every command's arguments (`only`: just that command's module is imported)."""
     p = argparse.ArgumentParser(prog="eroica", description=DESCRIPTION)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name, (module, _help) in COMMANDS.items():
+    for name, (module, text) in COMMANDS.items():
         if only is None or name == only:
-            importlib.import_module(f"eroica.cli.{module}").add_parser(sub)
+            importlib.import_module(f"eroica.cli.{module}").add_arguments(sub.add_parser(name, help=text))
     return p
 
 

@@ -13,8 +13,7 @@ from eroica.collector.policy import TriggerPolicy, first_error
 from eroica.collector.replay import read_step_times, replay
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("policy", help="the trigger policy: show it, or replay a step-time series through it")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     s = p.add_subparsers(dest="policy_cmd", required=True)
     r = s.add_parser("replay", help="when would windows open on this step-time history?")
     r.add_argument("step_times", type=Path, help="one step time (s) per line, step,seconds CSV, or a JSON list")

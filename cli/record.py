@@ -9,8 +9,7 @@ from eroica.lab.record import WORKLOADS, RecordSpec, record
 from eroica.lab.workload import FAULTS
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("record", help="run a real faulty job and keep its window as an incident")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault", required=True, help=f"one of {', '.join(FAULTS)}, or several separated by commas")
     p.add_argument("--rank", default="1", help="rank, or one rank per fault separated by commas")
     p.add_argument("--force-step", type=int, default=24, help="healthy runs: the step of the forced window")

@@ -25,8 +25,7 @@ from eroica.engine.taxonomy import load_taxonomy
 _CMP = {"gt": operator.gt, "gte": operator.ge, "lt": operator.lt, "lte": operator.le}
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("rules", help="test or lint the rule base")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     rs = p.add_subparsers(dest="rules_cmd", required=True)
     t = rs.add_parser("test", help="run every rule's inline tests")
     t.add_argument("paths", nargs="*", type=Path, help="rule files or directories (default: shipped rules)")

@@ -26,9 +26,8 @@ BOOTSTRAP = Path(boot.__file__).parent / "bootstrap"
 PTH_LINE = "import eroica.collector.boot\n"
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("run", help="run a training command unchanged, with every rank watched (zero-code attach)",
-                       description="eroica run [options] -- torchrun --nproc-per-node 4 train.py ...")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = "eroica run [options] -- torchrun --nproc-per-node 4 train.py ..."
     p.add_argument("--out", type=Path, help="the run directory every rank writes to (default "
                                             "./eroica-runs/run-<time>)")
     p.add_argument("--sink", help="send each window to a service (eroica serve) at this URL")

@@ -33,8 +33,7 @@ def schema(kind: str) -> dict[str, object]:
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": sid, **s}
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("schema", help="print the JSON Schema of a document eroica writes")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("kind", choices=sorted([*MODELS, "api"]))
     p.set_defaults(func=run)
 

@@ -10,9 +10,7 @@ import sys
 from pathlib import Path
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("serve", help="run the online service: ingest windows, diagnose them as they complete, "
-                                     "serve the API, pages and /metrics")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
                    / "eroica", help="where the SQLite database lives (default ~/.local/share/eroica)")
     p.add_argument("--db", help="a database URL instead: postgresql://user@host/db (a fleet) or sqlite:///PATH")

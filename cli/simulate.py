@@ -8,8 +8,7 @@ from pathlib import Path
 from eroica.lab.simulate import FAULTS, simulate
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("simulate", help="SIMULATE a window of pattern files for N GPU ranks with one fault")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=64)
     p.add_argument("--fault", choices=FAULTS, default="gpu_throttled")
     p.add_argument("--seed", type=int, default=0)
