@@ -344,10 +344,8 @@ class Monitor:
             self._open_window(self._pending)
 
     def _judge(self) -> None:
-        """The detector's turn: the steps since the last one, in order; the first that fires proposes
-        a window (when none is planned or open). Also before a window opens or closes, so that the
-        detector has seen every step before it (its series goes into the window; its cooldown
-        starts after them): a plan is then pending or open, and a firing proposes nothing."""
+        """The detector's turn: the steps since the last one, in order; the first that fires proposes a
+        window unless one is planned or open (as it is when a window opens or closes: it sees them first)."""
         steps, self._unjudged = self._unjudged, []
         fired = None
         for done, seconds, excluded in steps:
