@@ -36,7 +36,9 @@ def test_slow_localized_alerted_fixed_recovered(tmp_path: Path, lifted: bool) ->
     alerts.write_text(f"schema: eroica.alerts/v1\nroutes:\n  - {{name: owners, kind: alertmanager, url: {am.url}}}\n")
     try:
         with serve(tmp_path, "--alerts", str(alerts)) as url:
-            extra = ["--stop-after-windows", "100"] + (["--fault-until", "110"] if lifted else [])
+            # a stall of 4-6x the healthy step, so that "back" (90% of the way) stands clear of this host's drift
+            extra = ["--stop-after-windows", "100", "--stall-seconds", "0.24"]
+            extra += ["--fault-until", "110"] if lifted else []
             box: dict[str, object] = {}
             t = threading.Thread(target=lambda: box.update(res=launch(
                 tmp_path / "job-loop", fault="dataloader_stall", fault_rank=1, fault_step=25, steps=240,
@@ -60,11 +62,15 @@ def test_slow_localized_alerted_fixed_recovered(tmp_path: Path, lifted: bool) ->
                     break
                 time.sleep(0.5)
             rec = i["recovery"]
+            job = get(url + "/v1/jobs/" + i["job_id"])                  # the whole story, said on failure
+            why = json.dumps({"issue": {k: i[k] for k in ("state", "recovery", "history")},
+                              "windows": [(w["start_step"], w["end_step"], w["trigger"]) for w in job["windows"]],  # type: ignore[call-overload,index]
+                              "steps": [(s["first_step"], s["last_step"], s["median_seconds"]) for s in job["steps"]]})  # type: ignore[call-overload,index]
             assert am.got, "no alert reached the receiver"
             labels = {json.dumps(x[0]["labels"], sort_keys=True) for x in am.got}
             assert len(labels) == 1 and am.got[0][0]["labels"]["root_cause"] == "dataloader_stall"   # one alert
             if lifted:
-                assert i["state"] == "recovered", i
+                assert i["state"] == "recovered", why
                 assert rec["recovered"] and rec["accelerator_hours"] > 0
                 assert rec["slow_seconds"] > rec["healthy_seconds"]
                 # the stall began at step 25: the series' last healthy summary ends within the 20 steps
@@ -76,9 +82,9 @@ def test_slow_localized_alerted_fixed_recovered(tmp_path: Path, lifted: bool) ->
                 assert isinstance(week, dict) and (week["slowdowns"], week["fixed"]) == (1, 1), week
                 assert week["median_seconds_to_localize"] > 0 and week["accelerator_hours_recovered"] > 0
                 assert week["median_seconds_to_detect"] == rec["seconds_to_detect"]
-                print("the week's numbers:", json.dumps(week), "recovery:", json.dumps(rec))
+                print("the week's numbers:", json.dumps(week), "recovery:", json.dumps(rec), "story:", why)
             else:
-                assert i["state"] == "linked" and rec is not None and rec["recovered"] is False, i
+                assert i["state"] == "linked" and rec is not None and rec["recovered"] is False, why
                 assert am.got[-1][0]["annotations"]["state"] != "recovered"
                 # the job ended still slow: its rank 0 said so, and the alert resolved as ended, not fixed
                 assert am.got[-1][0]["annotations"]["job_ended"] == "by job", am.got[-1]
