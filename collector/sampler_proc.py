@@ -22,14 +22,8 @@ import time
 
 from eroica.collector.facts import CollectorGap
 from eroica.collector.netlinks import job_interfaces
-from eroica.collector.sampler import (
-    HardwareSampler,
-    NetDev,
-    SampleSeries,
-    SystemCpu,
-    close_cached_files,
-    default_sources,
-)
+from eroica.collector.proc_sources import NetDev, SystemCpu, close_cached_files
+from eroica.collector.sampler import HardwareSampler, SampleSeries, default_sources
 
 
 def _series_to_dict(s: SampleSeries) -> dict:

@@ -23,21 +23,21 @@ def _faults() -> set[str]:
 
 
 def _inject(faults: set[str]) -> None:
-    from eroica.collector import sampler, sync
+    from eroica.collector import proc_sources, sampler, sync
     from eroica.collector.control import ControlReader
     from eroica.collector.monitor import Monitor
     from eroica.collector.nvml import NvmlSource, ReplayNvml
 
     if "sampler_raise" in faults:             # one /proc source breaks mid-window (after its setup read)
-        plain_read = sampler.SchedStat.read
+        plain_parse = proc_sources.SchedStat.parse
         reads = [0]
 
-        def broken_read(self):  # type: ignore[no-untyped-def]
+        def broken_parse(self, text):  # type: ignore[no-untyped-def]
             reads[0] += 1
             if reads[0] > 5:
                 raise OSError(errno.EIO, "injected: schedstat read error")
-            return plain_read(self)
-        sampler.SchedStat.read = broken_read
+            return plain_parse(self, text)
+        proc_sources.SchedStat.parse = broken_parse
     if "sampler_hang" in faults:              # the helper never answers `stop`
         def hang(self, timeout=2.0):  # type: ignore[no-untyped-def]
             time.sleep(3600)
@@ -45,7 +45,7 @@ def _inject(faults: set[str]) -> None:
     if "proc_errors" in faults:               # every /proc and /sys read fails
         def denied(path: str) -> str:
             raise PermissionError(errno.EACCES, f"injected: {path}")
-        sampler._read = denied
+        proc_sources._read = denied
     if "nvml_error" in faults:                # an NVML device that errors after its setup
         class Failing(ReplayNvml):
             calls = 0

@@ -11,7 +11,8 @@ import pytest
 
 from eroica.collector import Monitor, TriggerPolicy
 from eroica.collector.facts import PatternsDoc
-from eroica.collector.sampler import HardwareSampler, SchedStat
+from eroica.collector.proc_sources import SchedStat
+from eroica.collector.sampler import HardwareSampler
 from eroica.collector.writer import PatternWriter
 
 torch = pytest.importorskip("torch")

@@ -7,7 +7,8 @@ import time
 import numpy as np
 
 from eroica.collector.facts import CollectorGap
-from eroica.collector.sampler import HardwareSampler, SchedStat, default_sources
+from eroica.collector.proc_sources import SchedStat
+from eroica.collector.sampler import HardwareSampler, default_sources
 from eroica.collector.sampler_proc import SamplerClient
 from eroica.collector.summarize import hardware_summary
 
@@ -77,3 +78,69 @@ def test_client_reports_a_dead_helper_as_a_gap() -> None:
     client.proc.wait()
     assert client.start(0.01, 100) is False
     client.close()
+
+
+class Counter:
+    """A one-file source over a file this test rewrites: every tick's value is known."""
+
+    def __init__(self, path: str, name: str = "counter") -> None:
+        self.path, self.name, self.columns, self.slow = path, name, (f"{name}_n", f"{name}_twice"), False
+
+    def read(self) -> tuple[float, ...]:
+        with open(self.path) as fh:
+            return self.parse(fh.read())
+
+    def parse(self, text: str) -> tuple[float, ...]:
+        n = float(text.split()[0])
+        if n < 0:
+            raise ValueError(f"negative count {n}")
+        return n, 2 * n
+
+
+def test_one_file_sources_read_raw_on_the_tick_and_parsed_in_batches_keep_every_value(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """More ticks than a batch: each tick's bytes are parsed later into that tick's row, and a source
+    whose text stops parsing becomes a gap from then on while the others keep their samples."""
+    from eroica.collector import sampler as sampler_mod
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    fa, fb = (os.open(p, os.O_RDWR | os.O_CREAT) for p in (a, b))
+    for fd in (fa, fb):                                   # fixed width, one pwrite: never seen half-written
+        os.pwrite(fd, b"%08d\n" % 0, 0)
+    good, bad = Counter(str(a), "good"), Counter(str(b), "bad")
+    s = HardwareSampler([good, bad], 0.001, capacity=4 * sampler_mod.BATCH)
+    s.start()
+    for n in range(1, 2 * sampler_mod.BATCH):              # the file's value moves while it is sampled
+        os.pwrite(fa, b"%08d\n" % n, 0)
+        os.pwrite(fb, b"%08d\n" % (n if n < sampler_mod.BATCH + 5 else -1), 0)
+        time.sleep(0.0015)
+    series = s.stop()
+    os.close(fa)
+    os.close(fb)
+    got, twice = series.columns["good_n"], series.columns["good_twice"]
+    assert len(got) > sampler_mod.BATCH + 5 and np.isfinite(got).all()
+    assert np.all(np.diff(got) >= 0) and got[-1] == 2 * sampler_mod.BATCH - 1 and np.array_equal(twice, 2 * got)
+    assert len(np.unique(got)) > 8                          # each tick its own bytes, not one batch's last
+    assert [(g.source, "negative count -1" in g.reason) for g in series.gaps] == [("bad", True)]
+    bad_n = series.columns["bad_n"]
+    assert np.isfinite(bad_n[:5]).all() and not np.isfinite(bad_n[-1])   # read until it broke, NaN after
+
+
+def test_a_proc_file_that_goes_away_mid_window_is_a_gap() -> None:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.15)"])
+    try:
+        gone = SchedStat(child.pid, child.pid)
+        mine = SchedStat(os.getpid(), threading.get_native_id())
+        mine.name = "mine"
+        mine.columns = ("mine_cpu_ns", "mine_wait_ns")
+        s = HardwareSampler([gone, mine], 0.002, capacity=500)
+        s.start()
+        child.wait()
+        time.sleep(0.1)
+        series = s.stop()
+    finally:
+        child.kill()
+    assert [g.source for g in series.gaps] == ["schedstat"] and "read failed" in series.gaps[0].reason
+    assert np.isfinite(series.columns["main_cpu_ns"][:3]).all() and np.isfinite(series.columns["mine_cpu_ns"]).all()
