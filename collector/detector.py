@@ -130,12 +130,12 @@ class StepTimeDetector:
     direct implementation on random series).
     """
 
-    __slots__ = ("policy", "history", "_ref_stats", "_consecutive", "_quiet_until_step", "_anchor",
+    __slots__ = ("_policy", "history", "_ref_stats", "_consecutive", "_quiet_until_step", "_anchor",
                  "_anchor_windows", "_under_anchor", "_fired_against", "_judged", "_ref", "_ref_fifo", "_recent",
-                 "_thr", "_sus", "_seen_policy", "_b", "_r", "_warmup", "_tmad", "_tmin", "_smad", "_smin", "_sqrt_n")
+                 "_thr", "_sus", "_b", "_r", "_warmup", "_tmad", "_tmin", "_smad", "_smin", "_sqrt_n")
 
     def __init__(self, policy: TriggerPolicy) -> None:
-        self.policy = policy
+        self._policy = policy
         self.history: deque[float] = deque(maxlen=HISTORY_STEPS)
         # (median, sigma, central mean) of the reference; recomputed only when a judged step arrives
         self._ref_stats: tuple[float, float, float] | None = None
@@ -149,11 +149,20 @@ class StepTimeDetector:
         self._judged: deque[float] = deque()     # judged steps only (periodic spikes; a policy change rebuilds from it)
         self._follow_policy()
 
+    @property
+    def policy(self) -> TriggerPolicy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: TriggerPolicy) -> None:
+        """Runtime control replaces the policy: the detector follows it at once."""
+        self._policy = policy
+        self._follow_policy()
+
     def _follow_policy(self) -> None:
         """A new policy (at start, or runtime control): copy its numbers and rebuild the buffers
         that depend on its sizes from the judged steps."""
-        pol, n = self.policy, len(self._judged)
-        self._seen_policy = pol
+        pol, n = self._policy, len(self._judged)
         r = self._r = pol.recent_steps
         self._b, self._warmup = pol.baseline_steps, pol.warmup_steps
         self._tmad, self._tmin = pol.threshold_mad, pol.threshold_min_ratio
@@ -178,13 +187,9 @@ class StepTimeDetector:
         return None if self._ref_stats is None else self._ref_stats[0]
 
     def threshold_seconds(self) -> float | None:
-        if self.policy is not self._seen_policy:
-            self._follow_policy()
         return self._thr
 
     def sustained_threshold_seconds(self) -> float | None:
-        if self.policy is not self._seen_policy:
-            self._follow_policy()
         return self._sus
 
     def _add_judged(self, seconds: float) -> None:
@@ -218,8 +223,6 @@ class StepTimeDetector:
 
     def observe(self, step: int, seconds: float, excluded: bool = False) -> Decision:
         self.history.append(seconds)
-        if self.policy is not self._seen_policy:
-            self._follow_policy()
         threshold, sustained_thr = self._thr, self._sus     # this step is judged by the previous reference
         if excluded or step < self._warmup:
             return Decision(False, False, threshold)

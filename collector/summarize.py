@@ -29,18 +29,21 @@ ALWAYS_KEEP = {Category.data, Category.gc, Category.communication, Category.regi
 MAX_FUNCTIONS = 40
 
 
-def percentile(values: np.ndarray, q: float) -> float:
-    """np.percentile(values, q) (its default linear method, to the bit: tested), without numpy's
-    percentile machinery, whose first call imports numpy.ma (~10-40 ms in every ingestion worker and
-    in `eroica diagnose`)."""
+def percentiles(values: np.ndarray, *qs: float) -> tuple[float, ...]:
+    """np.percentile(values, q) for each q (its default linear method, to the bit: tested), sorted
+    once, without numpy's percentile machinery, whose first call imports numpy.ma (~10-40 ms in every
+    ingestion worker and in `eroica diagnose`)."""
     s = np.sort(values)
     n = len(s)
-    virtual = (n - 1) * (q / 100)                      # numpy's virtual index for the linear method
-    lo = int(virtual)
-    hi = min(lo + 1, n - 1)
-    a, b, t = float(s[lo]), float(s[hi]), virtual - lo
-    diff = b - a
-    return float(b - diff * (1 - t)) if t >= 0.5 else float(a + diff * t)
+    out = []
+    for q in qs:
+        virtual = (n - 1) * (q / 100)                  # numpy's virtual index for the linear method
+        lo = int(virtual)
+        hi = min(lo + 1, n - 1)
+        a, b, t = float(s[lo]), float(s[hi]), virtual - lo
+        diff = b - a
+        out.append(float(b - diff * (1 - t)) if t >= 0.5 else float(a + diff * t))
+    return tuple(out)
 
 
 @dataclass
@@ -250,6 +253,7 @@ def summarize(rec: WindowRecord, summarize_started: float, now: float) -> Patter
             mu, sd, cnt = metric_stats[m]
             if cnt[i] > 0 and np.isfinite(mu[i]):
                 mean, std, n = round(float(mu[i]), 4), round(float(sd[i]), 4), int(cnt[i])
+        p50, p90 = percentiles(d, 50, 90) if len(d) else (0.0, 0.0)
         funcs.append(
             FunctionPattern(
                 category=cat,
@@ -259,8 +263,8 @@ def summarize(rec: WindowRecord, summarize_started: float, now: float) -> Patter
                 critical_seconds=round(float(crit[i]), 6),
                 beta_ratio=round(min(beta, 1.0), 5),
                 mean_seconds=round(float(d.mean()), 6) if len(d) else 0.0,
-                p50_seconds=round(percentile(d, 50), 6) if len(d) else 0.0,
-                p90_seconds=round(percentile(d, 90), 6) if len(d) else 0.0,
+                p50_seconds=round(p50, 6),
+                p90_seconds=round(p90, 6),
                 max_seconds=round(float(d.max()), 6) if len(d) else 0.0,
                 std_seconds=round(float(d.std()), 6) if len(d) else 0.0,
                 critical_per_step_seconds=[round(float(x), 6) for x in per_step[i]],

@@ -76,12 +76,12 @@ def test_hardware_signals_are_kept_per_step_too() -> None:
     assert summarize(record([Execution(0, 200 * MS, C.compute, "fwd")]), 0.0, 0.01).hardware.per_step == {}
 
 
-def test_percentile_is_numpys_linear_percentile_to_the_bit() -> None:
-    from eroica.collector.summarize import percentile
+def test_percentiles_are_numpys_linear_percentiles_to_the_bit() -> None:
+    from eroica.collector.summarize import percentiles
 
     rng = np.random.default_rng(0)
+    qs = (0, 10, 50, 90, 99, 100)
     for trial in range(3000):
         n = int(rng.integers(1, 60))
         x = (rng.lognormal(-6, 2, n), rng.integers(0, 5, n) * 1e-3, rng.random(n))[trial % 3]
-        for q in (0, 10, 50, 90, 99, 100):
-            assert percentile(x, q) == float(np.percentile(x, q)), (trial, q)
+        assert percentiles(x, *qs) == tuple(float(np.percentile(x, q)) for q in qs), trial
