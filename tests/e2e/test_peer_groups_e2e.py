@@ -3,6 +3,7 @@ the second must report the culprit with a lower confidence and say why (insuffic
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,19 @@ def finding(tmp: Path, extra: list[str]):  # type: ignore[no-untyped-def]
     return w, hit[0]
 
 
+def ranks_doing_more(why: str) -> tuple[set[int], set[int]]:
+    """Which ranks the reason says do less and more work: as two modes ("ranks 2, 3 do 3.2x the compute
+    work of ranks 0, 1"), or, when the upper mode is not tight (4 ranks on 2 cores measure CPU rates
+    that loosely: CI saw 2.27x and 2.86x), as the levels it lists from least to most work."""
+    two = re.search(r"ranks ([\d, ]+) do [\d.]+x the compute work \(CPU-seconds\) of ranks ([\d, ]+) \(two modes\)",
+                    why)
+    if two:
+        return {int(r) for r in two.group(2).split(",")}, {int(r) for r in two.group(1).split(",")}
+    levels = [int(r) for r in re.findall(r"(\d+): [\d.]+x", why.split("work vs the least", 1)[-1])]
+    assert len(levels) == 4, why
+    return set(levels[:2]), set(levels[2:])
+
+
 def test_a_job_of_unequal_ranks_lowers_the_confidence_and_says_why(tmp_path: Path) -> None:
     twice(compare, tmp_path)
 
@@ -39,7 +53,7 @@ def compare(tmp_path: Path) -> None:
     assert uneven.confidence_factors.peer_group_ratio < 1.0 and not uneven.confidence_factors.peer_group_valid
     why = uneven.evidence[0]
     assert why.startswith("insufficient peer evidence") and "different work by design" in why, why
-    assert "ranks 2, 3" in why and "ranks 0, 1" in why
+    assert ranks_doing_more(why) == ({0, 1}, {2, 3}), why
     assert not any(g.valid for g in w_un.peer_groups)
     # nothing is asserted confidently about ranks that only do more work by design
     assert not any(f.confidence >= 0.5 for f in w_un.findings if f.ranks != [3])
