@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -48,6 +48,7 @@ class Source(Protocol):
     def read(self) -> tuple[float, ...]: ...
 
 
+@runtime_checkable
 class FileSource(Source, Protocol):
     """A source that is one file: read() is parse(the file's text)."""
 
@@ -99,14 +100,14 @@ class HardwareSampler:
 
     def _open_raw(self) -> None:
         for src in self.sources:
-            if src.slow or not hasattr(src, "parse") or not isinstance(getattr(src, "path", None), str):
+            if src.slow or not isinstance(src, FileSource):
                 continue
             try:
-                self._fds.append(os.open(getattr(src, "path"), os.O_RDONLY | os.O_CLOEXEC))
+                self._fds.append(os.open(src.path, os.O_RDONLY | os.O_CLOEXEC))
             except OSError as exc:
                 self._fail(src, "read failed", exc)
                 continue
-            self._raw.append(src)  # type: ignore[arg-type]   # it has path and parse: a FileSource
+            self._raw.append(src)
         self._others = [s for s in self.sources if s not in self._raw and s.name not in self._dead]
 
     def _close_raw(self) -> None:
@@ -117,44 +118,42 @@ class HardwareSampler:
                 pass
         self._raw, self._fds = [], []
 
+    def _drop_dead(self) -> None:
+        """Stop reading the raw sources that failed (their descriptors closed)."""
+        keep = []
+        for src, fd in zip(self._raw, self._fds):
+            if src.name in self._dead:
+                os.close(fd)
+            else:
+                keep.append((src, fd))
+        self._raw, self._fds = [s for s, _ in keep], [fd for _, fd in keep]
+
     def _parse_pending(self) -> None:
         """Parse the held raw ticks, one source at a time (its code stays warm through the batch)."""
         pending, self._pending = self._pending, []
         for k, src in enumerate(self._raw):
             arrays = [self._data[c] for c in src.columns]
-            for idx, row in pending:
-                if src.name in self._dead:
-                    break
-                try:
-                    vals = src.parse(row[k].decode())
-                except Exception as exc:
-                    self._fail(src, "read failed", exc)
-                    break
-                for a, v in zip(arrays, vals):
-                    a[idx] = v
-        if any(s.name in self._dead for s in self._raw):
-            keep = [i for i, s in enumerate(self._raw) if s.name not in self._dead]
-            for i, fd in enumerate(self._fds):
-                if i not in keep:
-                    os.close(fd)
-            self._raw, self._fds = [self._raw[i] for i in keep], [self._fds[i] for i in keep]
+            try:
+                for idx, row in pending:
+                    for a, v in zip(arrays, src.parse(row[k].decode())):
+                        a[idx] = v
+            except Exception as exc:            # the ticks before it keep their values
+                self._fail(src, "read failed", exc)
+        self._drop_dead()
 
     def _read_raw(self, idx: int) -> None:
         pread = os.pread
         try:
             row = [pread(fd, 65536, 0) for fd in self._fds]
         except OSError:
-            self._parse_pending()      # the held ticks still have every source; then find the broken one
+            self._parse_pending()               # the held ticks still have every source
             row = []
             for src, fd in zip(self._raw, self._fds):
                 try:
                     row.append(pread(fd, 65536, 0))
                 except OSError as exc:
                     self._fail(src, "read failed", exc)
-                    row.append(b"")
-            self._pending.append((idx, row))
-            self._parse_pending()      # drops the broken source (its empty read is not parsed: it is dead)
-            return
+            self._drop_dead()                   # the row holds the sources that are left, in order
         self._pending.append((idx, row))
         if len(self._pending) >= BATCH:
             self._parse_pending()
