@@ -137,10 +137,10 @@ def assess(eng: sa.Engine, now: float | None = None) -> list[int]:
         with eng.begin() as c:
             c.execute(issues.update().where(issues.c.id == i["id"]).values(recovery=m))
         if m["recovered"]:
+            way = f"{m['given_back_ratio']:.0%} of the way; " if m["given_back_ratio"] is not None else ""
             transition(eng, i["id"], "recovered", "eroica", why=(
                 f"step time {m['current_seconds']:.3f} s back from the slow {m['slow_seconds']:.3f} s to the healthy "
-                f"{m['healthy_seconds']:.3f} s ({m['given_back_ratio']:.0%} of the way; back is within "
-                f"{RECOVERY_BAND:.0%} of healthy or {GIVEN_BACK:.0%} of the way) from step {m['recovered_from_step']}"),
-                now=now)
+                f"{m['healthy_seconds']:.3f} s ({way}back is within {RECOVERY_BAND:.0%} of healthy or "
+                f"{GIVEN_BACK:.0%} of the way) from step {m['recovered_from_step']}"), now=now)
             closed.append(int(i["id"]))
     return closed

@@ -42,6 +42,9 @@ def test_a_large_slowdown_is_recovered_when_nine_tenths_of_it_is_gone_a_small_on
     small = measure(before, [S(60, 0.15), S(80, 0.115), S(100, 0.115)], slow=0.15)
     assert small is not None and not small["recovered"] and small["given_back_ratio"] == 0.7
     assert measure(before, [S(60, 0.15), S(80, 0.109), S(100, 0.108)], slow=0.15)["recovered"]  # type: ignore[index]
+    # a diagnosis without a slow step (0): no share of the way to give, the band alone decides
+    unknown = measure(before, [S(60, 0.10), S(80, 0.10)], slow=0.0)
+    assert unknown is not None and unknown["recovered"] and unknown["given_back_ratio"] is None
 
 
 def test_the_onset_is_where_the_series_turned_slow_before_the_window() -> None:
