@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from eroica.cli.main import settle
 from eroica.engine import FORMATS
 
 NOT_DIAGNOSABLE = 3    # exit code: a window fell below the coverage floor (no verdict)
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
         if args.format != "json":
             template(args.format)              # compiled now, not after the workers
+        settle()
         for f, docs in job.results():
             if not isinstance(docs, list):
                 print(f"eroica diagnose: skipped {f}: {docs}", file=sys.stderr)
@@ -107,6 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     from eroica.engine.errors import EngineError, RuleError
     from eroica.engine.render import render
 
+    settle()
     if args.facts:
         try:
             return print_facts(args.run_dir, args.window)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from eroica.cli.main import settle
 from eroica.collector.kineto import IngestJob, write_doc
 
 SUFFIXES = (".json", ".json.gz")
@@ -42,6 +43,7 @@ def rank_overrides(items: list[str]) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    settle()
     try:
         ranks = rank_overrides(args.rank)
     except ValueError as exc:

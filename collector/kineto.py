@@ -279,6 +279,16 @@ def _ingest_one(job: tuple[Path, int | None, int | None]) -> list[PatternsDoc] |
         return exc
 
 
+def _worker_start() -> None:
+    """A forked worker: what it inherited lives as long as it does (frozen: never rescanned by a
+    collection, its pages stay shared), and collection runs for what it makes, even when the caller
+    holds collection off while it imports."""
+    import gc
+
+    gc.freeze()
+    gc.enable()
+
+
 class IngestJob:
     """Each file's documents (or the error that kept it out), in order. Files are summarized on
     every core (forked workers: nothing is imported again) when there are enough bytes to pay for
@@ -300,7 +310,8 @@ class IngestJob:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
-            self.pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"))
+            self.pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"),
+                                            initializer=_worker_start)
             self.futures = [self.pool.submit(_ingest_one, job) for job in self.jobs]
 
     def results(self) -> Iterator[tuple[Path, list[PatternsDoc] | TraceError | OSError]]:

@@ -205,6 +205,37 @@ def test_the_ingest_workers_report_a_bad_file_and_keep_the_others(tmp_path: Path
     assert all(isinstance(d, list) and d for i, (_, d) in enumerate(out) if i != 1)
 
 
+def _collection_in_a_worker() -> tuple[bool, bool]:
+    import gc
+
+    kineto._worker_start()
+    return gc.isenabled(), gc.get_freeze_count() > 0
+
+
+def test_a_batch_command_collects_again_after_its_imports_and_so_do_its_ingest_workers() -> None:
+    """`eroica diagnose` imports with cyclic collection held off; the command turns it back on for its
+    work (`settle`), and a worker forked meanwhile turns it on for its own work."""
+    import gc
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from eroica.cli.main import settle
+
+    gc.disable()
+    try:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+            assert pool.submit(_collection_in_a_worker).result() == (True, True)
+        assert not gc.isenabled()                    # the caller's own state is its own
+        settle()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        frozen = gc.get_freeze_count()
+        settle()                                     # already on: nothing more is frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
 @NEEDS
 def test_the_console_script_ends_fast_with_all_of_its_output(tmp_path: Path) -> None:
     import subprocess
