@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 
 import jinja2
 
@@ -12,6 +14,7 @@ from eroica.engine import FORMATS
 from eroica.engine.diagnosis import Diagnosis
 from eroica.engine.hang import render as render_hang
 from eroica.engine.render_html import window_pictures
+from eroica.engine.rule_cache import cache_dir
 
 
 def _ms(x: float | None) -> str:
@@ -31,9 +34,32 @@ def _gap_sources(gaps: list[str]) -> str:
 TEMPLATES = {"text": "report.txt.j2", "md": "report.md.j2", "html": "report.html.j2"}
 
 
+class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
+    """Compiled templates kept between processes (compiling the text report costs ~11 ms of a 0.3 s
+    `eroica diagnose`; loading it, ~1 ms). Jinja recompiles when a template's source changes (each entry
+    holds its source's checksum, and Jinja's and Python's bytecode versions). A cache that cannot be
+    read or written is not used; the report is rendered all the same."""
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        with contextlib.suppress(OSError):
+            super().load_bytecode(bucket)
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        with contextlib.suppress(OSError):
+            Path(self.directory).mkdir(parents=True, exist_ok=True)
+            super().dump_bytecode(bucket)
+
+
+def _compiled(autoescape: bool) -> jinja2.BytecodeCache | None:
+    d = cache_dir()
+    # an escaping environment compiles the same source differently: its own directory
+    return None if d is None else _CompiledTemplates(str(d / "templates" / ("escaped" if autoescape else "plain")))
+
+
 @lru_cache(maxsize=None)
 def _env(autoescape: bool = False) -> jinja2.Environment:
     env = jinja2.Environment(
+        bytecode_cache=_compiled(autoescape),
         loader=jinja2.FunctionLoader(
             lambda name: (resources.files("eroica.engine") / "templates" / name).read_text()
         ),

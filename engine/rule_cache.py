@@ -21,7 +21,9 @@ from eroica.engine.rules.compiler import RuleIR
 KEEP = 16         # newest entries kept: a site with a few knowledge directories
 
 
-def _dir() -> Path | None:
+def cache_dir() -> Path | None:
+    """Where eroica keeps what it compiled, between processes (the rule base here, the report
+    templates in engine/render.py); None: turned off."""
     env = os.environ.get("EROICA_CACHE_DIR")
     if env == "off":
         return None
@@ -44,7 +46,7 @@ def cache_key(inputs: list[Path], fitted_priors: bool) -> str:
 
 
 def get(key: str) -> list[RuleIR] | None:
-    d = _dir()
+    d = cache_dir()
     if d is None:
         return None
     try:
@@ -56,7 +58,7 @@ def get(key: str) -> list[RuleIR] | None:
 
 
 def put(key: str, rules: list[RuleIR]) -> None:
-    d = _dir()
+    d = cache_dir()
     if d is None:
         return
     with contextlib.suppress(Exception):
