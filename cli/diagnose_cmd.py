@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         n = 0
         job = IngestJob(files, ranks)          # workers start now; the engine is imported meanwhile
+        import numpy.ma  # noqa: F401          # np.median's first call imports it (~30 ms): not after the workers
 
         import eroica.engine.diagnose  # noqa: F401
         from eroica.engine.render import template

@@ -14,7 +14,6 @@ from eroica.engine.findings import build_findings, unhealthy
 from eroica.engine.hang import localize
 from eroica.engine.history import add_gaps, mark_history
 from eroica.engine.load import WindowData, load_run
-from eroica.engine.order_stats import median
 from eroica.engine.peer import PeerAnalysis, analyze
 from eroica.engine.priors import load_priors
 from eroica.engine.report_data import enrich, heatmap, step_series
@@ -43,16 +42,16 @@ def _coverage(w: WindowData) -> Coverage:
         calls = float(c.overhead["detector_calls_total"].sum()) or 1
         ov = {
             "detector_seconds_per_step": round(float(c.overhead["detector_seconds_total"].sum()) / calls, 7),
-            "sampler_cpu_seconds_median": round(float(median(c.overhead["sampler_cpu_seconds"])), 4),
-            "summarize_seconds_median": round(float(median(c.overhead["summarize_seconds"])), 4),
-            "raw_events_median": float(median(c.overhead["raw_events_total"])),
+            "sampler_cpu_seconds_median": round(float(np.median(c.overhead["sampler_cpu_seconds"])), 4),
+            "summarize_seconds_median": round(float(np.median(c.overhead["summarize_seconds"])), 4),
+            "raw_events_median": float(np.median(c.overhead["raw_events_total"])),
         }
     return Coverage(
         world_size=world, ranks_reported=reported, ranks_missing=missing,
         coverage_ratio=round(len(reported) / world, 4) if world else 0.0,
         file_problems=[str(p) for p in w.problems], collector_gaps=gaps,
         window_steps=int(c.n_steps.max()) if reported else 0,
-        pattern_bytes_per_rank_median=int(median(sizes)) if len(sizes) else 0, collector_overhead=ov,
+        pattern_bytes_per_rank_median=int(np.median(sizes)) if len(sizes) else 0, collector_overhead=ov,
         privacy_levels=sorted(set(c.privacy)),
     )
 
@@ -61,8 +60,8 @@ def _steps(w: WindowData, analysis: PeerAnalysis) -> StepSummary:
     c = w.columns
     before = c.baseline[~np.isnan(c.baseline)]
     during = c.step[np.arange(c.step.shape[1])[None, :] < c.n_steps[:, None]]
-    b = float(median(before)) if len(before) else None
-    d_ = float(median(during)) if len(during) else None
+    b = float(np.median(before)) if len(before) else None
+    d_ = float(np.median(during)) if len(during) else None
     return StepSummary(
         before_median_seconds=None if b is None else round(b, 6),
         during_median_seconds=None if d_ is None else round(d_, 6),

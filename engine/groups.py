@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from eroica.collector.facts import Category, PatternsDoc
-from eroica.engine.order_stats import median
 
 if TYPE_CHECKING:
     from eroica.engine.columns import WindowColumns
@@ -135,10 +134,10 @@ def bimodal_split(values: list[float] | np.ndarray, floor: float) -> tuple[list[
     ok &= v[m] - v[m - 1] > BIMODAL_GAP_MAD * floor           # necessary: the MAD term is at least `floor`
     for kk in k[ok]:
         lo, hi = v[: n - kk], v[n - kk:]
-        mlo_, mhi_ = float(median(lo)), float(median(hi))
+        mlo_, mhi_ = float(np.median(lo)), float(np.median(hi))
         if mlo_ <= 0 or mhi_ / mlo_ < BIMODAL_RATIO:
             continue
-        mad = max(float(median(np.abs(lo - mlo_))), float(median(np.abs(hi - mhi_))))
+        mad = max(float(np.median(np.abs(lo - mlo_))), float(np.median(np.abs(hi - mhi_))))
         if hi[0] - lo[-1] > BIMODAL_GAP_MAD * max(mad * 1.4826, floor):
             return sorted(order[: n - kk].tolist()), sorted(order[n - kk:].tolist())
     return None

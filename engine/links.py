@@ -19,7 +19,6 @@ import numpy as np
 
 from eroica.collector.facts import Category, MetricName, PatternsDoc
 from eroica.engine.facts import Fact, LinkSignature
-from eroica.engine.order_stats import median
 from eroica.engine.signals import LARGE_GROUP
 
 if TYPE_CHECKING:
@@ -68,24 +67,24 @@ def link_facts(cols: WindowColumns, ranks: list[int], comm_wait: dict[int, float
     order = [r for r, h in zip(ranks, have) if h]
     sig_rows = rows[have]
     means, cvs, shares = (cols.link[sig_rows, k] for k in range(3))
-    share = float(median(shares))
+    share = float(np.median(shares))
     if share < MIN_COMM_SHARE:
         return []
     waits = np.array([comm_wait.get(p, 0.0) for p in ranks])
     large = len(order) >= LARGE_GROUP        # one rank cannot move the others' median: the whole one
-    whole_cv, whole_wait = float(median(cvs)), float(median(waits))
-    med_mean = float(median(means))
+    whole_cv, whole_wait = float(np.median(cvs)), float(np.median(waits))
+    med_mean = float(np.median(means))
     peaks = means * (1.0 + 2.0 * cvs)          # the rate a link reaches in its bursts
     out: list[Fact] = []
     for k in np.flatnonzero(cvs <= MAX_CV_RATIO * (whole_cv if large else np.inf)):
         r, mean, cv = order[k], float(means[k]), float(cvs[k])
-        med_cv = whole_cv if large else float(median(np.delete(cvs, k)))
+        med_cv = whole_cv if large else float(np.median(np.delete(cvs, k)))
         ratio = cv / med_cv if med_cv > 0 else 1.0
         if ratio > MAX_CV_RATIO:
             continue
-        wait_med = whole_wait if large else float(median(waits[np.array(ranks) != r]))
+        wait_med = whole_wait if large else float(np.median(waits[np.array(ranks) != r]))
         wait = comm_wait.get(r, 0.0)
-        peer_peak = float(median(peaks)) if large else float(median(np.delete(peaks, k)))
+        peer_peak = float(np.median(peaks)) if large else float(np.median(np.delete(peaks, k)))
         out.append(
             LinkSignature(
                 rank=r, function=cols.link_top[int(sig_rows[k])], mean_bytes_per_second=round(mean, 1),

@@ -32,7 +32,6 @@ from eroica.engine.facts import (
 from eroica.engine.groups import peer_groups
 from eroica.engine.links import link_facts
 from eroica.engine.load import WindowData
-from eroica.engine.order_stats import median
 from eroica.engine.robust import (
     MIN_GROUP,
     SUSPECT_EXCESS_STEP_RATIO,
@@ -139,7 +138,7 @@ def group_view(cols: WindowColumns, ranks: list[int]) -> GroupView:
 
 def _median_or_none(x: np.ndarray) -> float | None:
     x = x[~np.isnan(x)]
-    return float(median(x)) if len(x) else None
+    return float(np.median(x)) if len(x) else None
 
 
 def analyze(window: WindowData) -> PeerAnalysis:
@@ -169,7 +168,7 @@ def analyze(window: WindowData) -> PeerAnalysis:
         busy = busy_steps.mean(axis=1)
         comm = comm_steps.mean(axis=1)
         step_mean = step.mean(axis=1)
-        med_step = float(median(step_mean))
+        med_step = float(np.median(step_mean))
         for i, r in enumerate(ranks):
             rows[r] = RankRow(r, float(step_mean[i]), float(busy[i]), float(comm[i]))
         floor = max(0.01 * med_step, 1e-4)
@@ -202,7 +201,7 @@ def analyze(window: WindowData) -> PeerAnalysis:
                                clean, ref_clean, floor, [m[keep] for m in scheduled])
             facts.extend(_suspect_facts(cands, g, stats, table))
         suspects = {f.rank for f in facts if isinstance(f, RankSlowness) and f.group == gname}
-        facts.extend(outlier_facts(table, ranks, keep, suspects, float(median(step))))
+        facts.extend(outlier_facts(table, ranks, keep, suspects, float(np.median(step))))
         facts.extend(link_facts(cols, ranks, {r: float(comm[i]) for i, r in enumerate(ranks)}))
     return PeerAnalysis(window.window_id, groups, facts, rows, cols, table)
 
@@ -249,8 +248,8 @@ def _suspect_facts(cands: list[int], g: GroupView, st: GroupStats, table: Signal
     n = len(g.ranks)
     out: list[Fact] = []
     min_comm = float(comm.min())
-    med_comm = float(median(comm[clean]))
-    med_busy_steps = median(busy_steps[clean] if clean.any() else busy_steps, axis=0)
+    med_comm = float(np.median(comm[clean]))
+    med_busy_steps = np.median(busy_steps[clean] if clean.any() else busy_steps, axis=0)
     fmed_all, fz_all = references(fmat, st.floor, st.ref_clean)
     cats = CategoryRefs.of(g.keys, fmat, st.floor, st.ref_clean)
     large = n >= LARGE_GROUP
@@ -286,7 +285,7 @@ def _suspect_facts(cands: list[int], g: GroupView, st: GroupStats, table: Signal
         others = np.arange(n) != i
         out.extend(_function_outliers(g, i, fmat[i], fmed_all[i], fz_all[i], ex, others))
         out.extend(_category_excess(g, i, fmat[i], fmed_all[i], ex, cats, others))
-        out.extend(_device_idle(g, i, fmat[i], fmed_all[i], ex, cats, float(median(g.step[i]))))
+        out.extend(_device_idle(g, i, fmat[i], fmed_all[i], ex, cats, float(np.median(g.step[i]))))
         peers = g.rows[clean & others]
         if not len(peers):
             peers = g.rows[others]
@@ -354,7 +353,7 @@ def _function_outliers(g: GroupView, i: int, row: np.ndarray, fmed: np.ndarray, 
                 peer_metric_median=None if pmed is None else round(pmed, 4),
                 metric_ratio_to_median=mratio,
                 occurrences_total=int(g.occurrences[i, j]),
-                peer_median_occurrences=float(median(peer_occ)) if len(peer_occ) else 0.0,
+                peer_median_occurrences=float(np.median(peer_occ)) if len(peer_occ) else 0.0,
             )
         )
     return out

@@ -19,7 +19,6 @@ from eroica.engine.diagnosis import (
     StepSeries,
 )
 from eroica.engine.load import WindowData
-from eroica.engine.order_stats import median, percentile
 from eroica.engine.peer import PeerAnalysis
 from eroica.engine.signals import GPU_SIGNALS, HW_SIGNALS, SignalTable
 from eroica.engine.spikes import kept_steps, scheduled_steps
@@ -33,7 +32,7 @@ MAX_SIGNALS = 8
 
 def _spread(values: list[float]) -> tuple[float, float, float]:
     """The peers' 10th percentile, median and 90th percentile."""
-    p10, med, p90 = (percentile(values, q) for q in (10, 50, 90))
+    p10, med, p90 = np.percentile(values, [10, 50, 90])
     return float(p10), float(med), float(p90)
 
 
@@ -61,13 +60,13 @@ def heatmap(w: WindowData, analysis: PeerAnalysis) -> Heatmap | None:
     keep = kept_steps(cols.step[:, :n], scheduled_steps(cols.per_step[:, :, :n], cols.keys)) if n \
         else np.ones(0, dtype=bool)
     keys, mat = _per_function(cols, keep)
-    med = median(mat, axis=0)
+    med = np.median(mat, axis=0)
     dev = mat - med
     # the functions that deviate most on some rank (communication too: that is where victims wait)
     top = sorted(range(len(keys)), key=lambda j: -float(np.max(np.abs(dev[:, j]))))[:MAX_FUNCTIONS]
     top.sort(key=lambda j: -float(np.max(dev[:, j])))
     busy = {r: analysis.rows[r].busy_seconds for r in ranks if r in analysis.rows}
-    bmed = float(median(list(busy.values()))) if busy else 0.0
+    bmed = float(np.median(list(busy.values()))) if busy else 0.0
     order = sorted(range(len(ranks)), key=lambda i: -(busy.get(ranks[i], bmed) - bmed))
     shown = order if len(ranks) <= AGGREGATE_FROM else order[:MAX_RANK_ROWS]
     rows = [HeatmapRow(label=f"rank {ranks[i]}", rank=ranks[i],
@@ -79,8 +78,8 @@ def heatmap(w: WindowData, analysis: PeerAnalysis) -> Heatmap | None:
         bx = np.array([busy.get(ranks[i], bmed) - bmed for i in rest])
         for q, name in ((50, "p50"), (90, "p90"), (100, "max")):
             rows.append(HeatmapRow(label=f"other {len(rest)} ranks: {name}", rank=None,
-                                   busy_excess_seconds=round(float(percentile(bx, q)), 6),
-                                   values_seconds=[round(float(x), 6) for x in percentile(sub, q, axis=0)]))
+                                   busy_excess_seconds=round(float(np.percentile(bx, q)), 6),
+                                   values_seconds=[round(float(x), 6) for x in np.percentile(sub, q, axis=0)]))
     return Heatmap(functions=[keys[j] for j in top], peer_median_seconds=[round(float(med[j]), 6) for j in top],
                    rows=rows, aggregated_ranks_total=len(rest))
 
@@ -100,7 +99,7 @@ def step_series(w: WindowData) -> StepSeries | None:
             tail = mat[:, mat.shape[1] - n:]
         else:
             tail = mat[np.arange(len(lens))[:, None], lens[:, None] - n + np.arange(n)]
-        return [round(float(x), 6) for x in median(tail, axis=0)]
+        return [round(float(x), 6) for x in np.median(tail, axis=0)]
 
     return StepSeries(
         before_seconds=med_series(cols.before, cols.before_len, True),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from eroica.collector.facts import Category
-from eroica.engine.order_stats import median
 from eroica.engine.signals import LARGE_GROUP
 
 MAD_TO_SIGMA = 1.4826
@@ -28,8 +27,8 @@ SPARSE_CATEGORIES = {Category.data.value, Category.gc.value, Category.region.val
 
 
 def _med_mad(x: np.ndarray, axis: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    med = median(x, axis=axis)
-    return med, median(np.abs(x - med), axis=axis) * MAD_TO_SIGMA
+    med = np.median(x, axis=axis)
+    return med, np.median(np.abs(x - med), axis=axis) * MAD_TO_SIGMA
 
 
 def references(x: np.ndarray, floor: float, clean: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -48,7 +47,7 @@ def references(x: np.ndarray, floor: float, clean: np.ndarray | None) -> tuple[n
         if len(others) == 0:
             refs[i] = x[i]
             continue
-        refs[i] = median(others, axis=0)
+        refs[i] = np.median(others, axis=0)
         z[i] = (x[i] - refs[i]) / floor
     return refs, z
 
@@ -72,8 +71,8 @@ def clean_members(busy: np.ndarray, med_step: float, floor: float) -> np.ndarray
     while n - m > max(n // 2, 1):
         rest = n - m
         low = v[: max((rest + 1) // 2, 2)]
-        med = float(median(low))
-        mad = float(median(np.abs(low - med))) * MAD_TO_SIGMA
+        med = float(np.median(low))
+        mad = float(np.median(np.abs(low - med))) * MAD_TO_SIGMA
         top = float(v[rest - 1])
         if (top - med) / med_step < SUSPECT_EXCESS_STEP_RATIO or (top - med) / max(mad, floor) < SUSPECT_Z:
             break
@@ -128,7 +127,7 @@ def paired_t(busy_steps: np.ndarray, members: np.ndarray, clean: np.ndarray, flo
     if n >= LARGE_GROUP:
         if not clean.any():
             return t
-        ref = median(busy_steps[clean], axis=0)
+        ref = np.median(busy_steps[clean], axis=0)
         d = busy_steps[members] - ref
         sd = np.maximum(np.std(d, axis=1, ddof=1), floor)
         out: np.ndarray = np.mean(d, axis=1) / (sd / np.sqrt(steps))
@@ -137,7 +136,7 @@ def paired_t(busy_steps: np.ndarray, members: np.ndarray, clean: np.ndarray, flo
         ref_rows = busy_steps[clean & (np.arange(n) != i)]
         if len(ref_rows) == 0:
             continue
-        d = busy_steps[i] - median(ref_rows, axis=0)
+        d = busy_steps[i] - np.median(ref_rows, axis=0)
         sd = max(float(np.std(d, ddof=1)), floor)
         t[k] = float(np.mean(d) / (sd / np.sqrt(len(d))))
     return t

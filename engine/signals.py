@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from eroica.engine.facts import Fact, HardwareSignal, HostCpuLoad, JobSlowdown
-from eroica.engine.order_stats import median
 
 if TYPE_CHECKING:
     from eroica.engine.columns import WindowColumns
@@ -104,7 +103,7 @@ class SignalTable:
 
 def _median(x: np.ndarray) -> float | None:
     x = x[~np.isnan(x)]
-    return float(median(x)) if len(x) else None
+    return float(np.median(x)) if len(x) else None
 
 
 def hw_signals(table: SignalTable, rank: int, peers: np.ndarray, keep: np.ndarray | None = None,
@@ -151,7 +150,7 @@ def host_cpu_facts(table: SignalTable, rank: int, keep: np.ndarray | None = None
     jobs = table.column("process_cpu_cores", keep)[on_host]
     if not cores or not len(utils) or np.isnan(jobs).any():
         return []
-    busy = float(median(utils)) * cores
+    busy = float(np.median(utils)) * cores
     job = float(jobs.sum())
     return [HostCpuLoad(rank=rank, host=host, cores_total=cores, busy_cores=round(busy, 4), job_cores=round(job, 4),
                         other_cores=round(max(busy - job, 0.0), 4), busy_ratio=round(busy / cores, 4),
@@ -174,7 +173,7 @@ def baseline_step(cols: WindowColumns, rows: np.ndarray) -> float | None:
     """The median of the ranks' step time before the window (the detector's baseline)."""
     base = cols.baseline[rows]
     base = base[~np.isnan(base) & (base != 0)]
-    return float(median(base)) if len(base) else None
+    return float(np.median(base)) if len(base) else None
 
 
 def low_states(table: SignalTable, rows: np.ndarray) -> dict[int, list[str]]:
@@ -185,10 +184,10 @@ def low_states(table: SignalTable, rows: np.ndarray) -> dict[int, list[str]]:
         have = ~np.isnan(col)
         vals, idx = col[have], rows[have]
         if len(vals) >= LARGE_GROUP:
-            low = np.flatnonzero(vals < float(median(vals)))
+            low = np.flatnonzero(vals < float(np.median(vals)))
         else:
             low = np.array([j for j in range(len(vals)) if len(vals) > 1
-                            and vals[j] < float(median(np.delete(vals, j)))], dtype=int)
+                            and vals[j] < float(np.median(np.delete(vals, j)))], dtype=int)
         for j in low:
             out.setdefault(table.ranks[int(idx[j])], []).append(sig)
     return out
@@ -206,7 +205,7 @@ def standout_rank(table: SignalTable, rows: np.ndarray, signal: str, min_delta: 
     if len(vals) < 3:
         return None
     j = int(np.argmax(vals))
-    delta = float(vals[j]) - float(median(np.delete(vals, j)))
+    delta = float(vals[j]) - float(np.median(np.delete(vals, j)))
     return table.ranks[int(idx[j])] if delta >= min_delta else None
 
 

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from eroica.engine.facts import StepSpike
-from eroica.engine.order_stats import median
 
 SPIKE_RATIO = 8.0          # a step this many times the window's median step time ...
 MAX_SPIKE_SHARE = 0.1      # ... in at most this share of the window's steps (at least one) ...
@@ -63,8 +62,8 @@ def kept_steps(step: np.ndarray, scheduled: list[np.ndarray] | None = None) -> n
     keep = np.ones(n, dtype=bool)
     if n < MIN_STEPS or step.shape[0] == 0:
         return keep
-    job = median(step, axis=0)
-    med = float(median(job))
+    job = np.median(step, axis=0)
+    med = float(np.median(job))
     if med <= 0:
         return keep
     spikes = job > SPIKE_RATIO * med
@@ -88,8 +87,8 @@ def spike_facts(
     out: list[StepSpike] = []
     if not (~keep).any():
         return out
-    job = median(step, axis=0)
-    med = float(median(job[keep]))
+    job = np.median(step, axis=0)
+    med = float(np.median(job[keep]))
     total = float(job.sum())
     for s in np.flatnonzero(~keep):
         i = int(np.argmax(busy_steps[:, s]))
@@ -106,7 +105,7 @@ def spike_facts(
                 rank=ranks[i], step_number=start_step + int(s), step_seconds=round(float(job[s]), 6),
                 median_step_seconds=round(med, 6), ratio_to_median=round(float(job[s]) / med, 3) if med > 0 else 0.0,
                 busy_seconds=round(float(busy_steps[i, s]), 6),
-                peer_median_busy_seconds=round(float(median(others)), 6) if len(others) else 0.0,
+                peer_median_busy_seconds=round(float(np.median(others)), 6) if len(others) else 0.0,
                 busy_share_ratio=round(float(min(busy_steps[i, s] / job[s], 1.0)), 4) if job[s] > 0 else 0.0,
                 category=cat, function=fn, function_seconds=round(sec, 6),
                 excess_step_ratio=round(float((job[s] - med) / total), 4) if total > 0 else 0.0,

@@ -15,7 +15,6 @@ import numpy as np
 from eroica.collector.facts import Category, MetricName
 from eroica.engine.columns import METRICS
 from eroica.engine.groups import bimodal_split
-from eroica.engine.order_stats import median
 from eroica.engine.robust import MAD_TO_SIGMA, MIN_GROUP
 
 if TYPE_CHECKING:
@@ -37,8 +36,8 @@ def validity(g: GroupView, gname: str, how: str, fmat: np.ndarray, busy: np.ndar
     disp = 0.0
     if n >= 3:
         cb = busy[clean]
-        tmed = float(median(cb))
-        disp = float(median(np.abs(cb - tmed)) * MAD_TO_SIGMA / tmed) if tmed > 0 else 0.0
+        tmed = float(np.median(cb))
+        disp = float(np.median(np.abs(cb - tmed)) * MAD_TO_SIGMA / tmed) if tmed > 0 else 0.0
     # the work each rank's compute does per step (CPU-seconds: contention stretches the wall time of
     # the same work, and by-design heterogeneity is more work); two tight modes = different work
     work = compute_work(g, fmat)
@@ -47,7 +46,7 @@ def validity(g: GroupView, gname: str, how: str, fmat: np.ndarray, busy: np.ndar
         return False, f"only {n} rank(s) in group {gname!r} ({how}): too few peers to compare", disp
     if modes is not None:
         lo, hi = modes
-        cl, ch = (float(median(work[idx])) for idx in (lo, hi))
+        cl, ch = (float(np.median(work[idx])) for idx in (lo, hi))
         his, los = (", ".join(str(g.ranks[j]) for j in idx) for idx in (hi, lo))
         return False, (
             f"peers in group {gname!r} ({how}) disagree: ranks {his} do {ch / cl:.1f}x the compute "
@@ -103,8 +102,8 @@ def work_dispersion(work: np.ndarray) -> float:
     spreads over several levels by design (1x, 1.3x, 1.6x, 2x: 0.31) does."""
     if len(work) < 3 or not work.any():
         return 0.0
-    med = float(median(work))
-    return float(median(np.abs(work - med)) * MAD_TO_SIGMA / med) if med > 0 else 0.0
+    med = float(np.median(work))
+    return float(np.median(np.abs(work - med)) * MAD_TO_SIGMA / med) if med > 0 else 0.0
 
 
 def compute_work(g: GroupView, fmat: np.ndarray) -> np.ndarray:
