@@ -96,8 +96,9 @@ def compile_knowledge(opts: DiagnoseOptions) -> list[RuleIR]:
         override_files.extend(sorted((Path(k) / "overrides").glob("*.yaml")))
     files = rule_files(paths)  # raises a clear error for missing paths
     k_dir = builtin_knowledge_dir()
-    inputs = [*files, *override_files, k_dir / "priors.yaml", k_dir / "taxonomy.yaml",
-              *[Path(k) / "taxonomy.yaml" for k in opts.knowledge_dirs or []]]
+    # the hypotheses are inputs too: rules are compiled against their fields
+    inputs = [*files, *override_files, k_dir / "priors.yaml", k_dir / "taxonomy.yaml", k_dir / "hypotheses.yaml",
+              *[Path(k) / name for k in opts.knowledge_dirs or [] for name in ("taxonomy.yaml", "hypotheses.yaml")]]
     key = rule_cache.cache_key(inputs, opts.fitted_priors)
     cached = rule_cache.get(key)
     if cached is not None:

@@ -43,3 +43,21 @@ def test_a_broken_cache_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert len(compile_knowledge(opts)) == n
     monkeypatch.setenv("EROICA_CACHE_DIR", "off")
     assert len(compile_knowledge(opts)) == n
+
+
+def test_a_changed_hypotheses_file_is_a_new_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rules are compiled against the hypotheses' fields: a site that adds one gets a fresh compile."""
+    monkeypatch.setenv("EROICA_CACHE_DIR", str(tmp_path / "cache"))
+    site = tmp_path / "site"
+    site.mkdir()
+    opts = DiagnoseOptions(knowledge_dirs=[site])
+    compile_knowledge(opts)
+    calls: list[int] = []
+    real_put = rule_cache.put
+    monkeypatch.setattr(rule_cache, "put", lambda *a: (calls.append(1), real_put(*a)))
+    compile_knowledge(opts)
+    assert not calls
+    (site / "hypotheses.yaml").write_text("schema: eroica.hypotheses/v1\nhypotheses:\n  site_thing:\n"
+                                          "    description: a site's own\n    evidence: x\n    fields: {}\n")
+    compile_knowledge(opts)
+    assert calls == [1]
