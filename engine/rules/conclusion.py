@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, SerializeAsAny
 
-from eroica.engine.facts import Fact
+from eroica.engine.facts import FACT_TYPES, Fact
 from eroica.engine.hypotheses import all_fact_types
 
 
@@ -53,7 +53,10 @@ def typed_fact(d: dict[str, Any], types: dict[str, type[Fact]]) -> Fact:
 
 def typed_results(raw: tuple[list[dict[str, Any]], list[dict[str, Any]]],
                   site_dirs: list[Path] | None = None) -> tuple[list[Conclusion], list[Derived]]:
-    types = all_fact_types(site_dirs)
+    kinds = {str(f["kind"]) for c in raw[0] for f in (*c["facts"], *c["hypotheses"])}
+    kinds.update(str(d["fact"]["kind"]) for d in raw[1])
+    # the hypothesis models are built from knowledge files (~9 ms): only when a rule derived one
+    types = FACT_TYPES if kinds <= FACT_TYPES.keys() else all_fact_types(site_dirs)
     conclusions = [
         Conclusion(**{**c, "facts": tuple(typed_fact(f, types) for f in c["facts"]),
                       "hypotheses": tuple(typed_fact(f, types) for f in c["hypotheses"])})
