@@ -84,6 +84,7 @@ def worker(args: argparse.Namespace) -> None:
 
     # one list of step times per block: each block is compared with the `none` block of its round
     times: dict[str, list[list[float]]] = {m: [] for m in (*MODES, "close", "attach_close")}
+    cpu: dict[str, list[list[float]]] = {m: [] for m in MODES}   # the training thread's CPU per step
     step_cpu: list[float] = []             # training-thread CPU inside mon.step(), idle blocks
     for _ in range(15):                    # warm-up
         train_step()
@@ -94,6 +95,7 @@ def worker(args: argparse.Namespace) -> None:
         rng.shuffle(order)
         for mode in order:
             times[mode].append([])
+            cpu[mode].append([])
             zero_code = mode.startswith("attach")
             attach.S.explicit, attach.S.monitor = (False, mon) if zero_code else (True, None)
             step = plain_step if zero_code else train_step
@@ -110,7 +112,7 @@ def worker(args: argparse.Namespace) -> None:
                         mon.step()
                 assert mon._win.plan is not None, "window did not open"
             for k in range(args.block):
-                t = time.perf_counter()
+                t, c0 = time.perf_counter(), time.thread_time()
                 step()
                 if mode in ("idle", "window"):
                     c = time.thread_time()
@@ -119,6 +121,8 @@ def worker(args: argparse.Namespace) -> None:
                         step_cpu.append(time.thread_time() - c)
                 dt = time.perf_counter() - t
                 last = k == args.block - 1
+                if not (last and mode in ("window", "attach_window")):     # the close step is timed apart
+                    cpu[mode][-1].append(time.thread_time() - c0)
                 times["close" if mode == "window" and last else "attach_close" if mode == "attach_window" and last
                       else mode][-1].append(dt)
             if prof is not None:
@@ -140,7 +144,7 @@ def worker(args: argparse.Namespace) -> None:
             sizes.append({"pattern": doc.stat().st_size, "trace": trace.stat().st_size if trace.is_file() else 0,
                           "samples": data["hardware"]["samples_total"],
                           "sampler_share": data["overhead"]["sampler_cpu_seconds"] / data["window"]["wall_seconds"]})
-    out = {"rank": rank, "times": times, "step_cpu": step_cpu, "sizes": sizes, "watchdog": watchdog}
+    out = {"rank": rank, "times": times, "cpu": cpu, "step_cpu": step_cpu, "sizes": sizes, "watchdog": watchdog}
     Path(args.out, f"bench-{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
 
@@ -208,6 +212,14 @@ def main() -> int:
           f"{step_cpu_median * 1e6:.0f} us); A/B {idle:+.2%}")
     print(f"window while open: {win:+.2%} (target <= +3%); closing a window: {close_s * 1000:.0f} ms once "
           f"(with a raw trace exported)")
+    # the same blocks in the training thread's CPU time: the work the window adds to the step, without
+    # the wall clock's noise from 4 ranks sharing 2 cores (the sampler helper's own CPU is printed below)
+    cpu_ratios = {m: [median(b) / median(nb) for r in rows for b, nb in zip(r["cpu"][m], r["cpu"]["none"])]
+                  for m in ("none2", "idle", "window", "attach_window", "profiler")}
+    cpu_noise = max(abs(q - 1) for q in quantiles(cpu_ratios["none2"], n=4)[::2])
+    print(f"the same in the training thread's CPU per step (A/A +-{cpu_noise:.2%}): window "
+          f"{_spread(cpu_ratios['window'])}, zero-code window {_spread(cpu_ratios['attach_window'])}, "
+          f"idle {_spread(cpu_ratios['idle'])}, torch.profiler {_spread(cpu_ratios['profiler'])}")
     za, zw = median(ratios["attach"]) - 1, median(ratios["attach_window"]) - 1
     print(f"zero-code attach (no eroica line in the loop), beside the explicit API in the same run: idle "
           f"{za:+.2%} vs {idle:+.2%}, window {zw:+.2%} vs {win:+.2%}; within the noise floor: "

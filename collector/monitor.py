@@ -37,13 +37,13 @@ from eroica.collector.window import WindowLifecycle, window_id
 
 log = logging.getLogger("eroica.collector")
 FORCE_ENV = "EROICA_FORCE_WINDOW_AT_STEP"
-SERIES_EVERY = 20       # steps per summary of the always-on step-time series (rank 0, with a sink)
-# The detector judges the steps in turns of this many: right after the user's step the caches and
-# the TLB hold the user's data, and the detector's first step of a turn costs ~10x the next ones
-# (55 us cold, 5 us warm, in a gloo job with bench/overhead.py's model). A firing is acted on up to
-# this many - 1 steps later; lead_steps and the window are unchanged.
-JUDGE_EVERY_STEPS = 4
+# The detector judges calm steps in turns of this many: right after the user's step the caches and the
+# TLB hold the user's data, and a turn's first step costs ~10x the next ones (68 against 6-9 us with
+# bench/overhead.py's model). A step above the detector's threshold is judged at once, so the fast test
+# fires at the step it would step by step; the sustained test, up to this many - 1 steps later.
+JUDGE_EVERY_STEPS = 8
 JOB_ID = re.compile(r"[^A-Za-z0-9._-]+")
+INF = float("inf")
 
 
 def make_sink(url: str | None, job: str, out_dir: Path, rank: int) -> PatternSink | None:
@@ -133,8 +133,6 @@ class Monitor:
         self._store: StoreWorker | None = None
         self._hang: HangWatch | None = None
         self._sink: PatternSink | None = None
-        self._series: list[float] = []              # rank 0 with a sink: step times since the last summary
-        self._series_first = 0
         try:
             self.policy = TriggerPolicy.from_env(policy)
             r, w, backend, job_store = dist_info()
@@ -310,9 +308,14 @@ class Monitor:
         self._step += 1
         if self._hang is not None:
             self._hang.stepped(self._step, seconds)
-        self._writer_errors()
-        self._store_answers()
-        self._runtime_control()
+        # only what has work is called (after the user's step all of it is cold: 5-10 us a call); a failed
+        # write and a stuck store are noticed within a poll's steps
+        if self._step % self.policy.poll_every_steps == 0:
+            self._writer_errors()
+        if self._store is not None and self._store.answered:
+            self._store_answers()
+        if self._control is not None and (self._control.pending or self._step % self.policy.control_poll_steps == 0):
+            self._runtime_control()
         plan = self._win.plan
         in_window = plan is not None
         if plan is not None:
@@ -328,12 +331,12 @@ class Monitor:
             else:
                 self._win.step_started(self._step)
         if seconds is not None and self._sink is not None and self.rank == 0:
-            self._step_series(done, seconds)
+            self._sink.step_seen(done, seconds, self.world_size)
         if seconds is not None and self.policy.enabled and not self._not_eligible:
             self._unjudged.append((done, seconds, in_window or self._exclude_next))
             if not in_window:
                 self._exclude_next = False
-            if len(self._unjudged) >= JUDGE_EVERY_STEPS:
+            if len(self._unjudged) >= JUDGE_EVERY_STEPS or seconds > (self._detector.threshold_seconds() or INF):
                 self._judge()
         if self._pending is None and self._win.plan is None and self._step % self.policy.poll_every_steps == 0:
             self._poll()
@@ -356,17 +359,6 @@ class Monitor:
                 self._win.may_open(self.policy.max_windows_per_hour):
             self._propose(steps=self.policy.window_length(fired.period_steps) if fired.period_steps else None)
 
-    def _step_series(self, done: int, seconds: float) -> None:
-        """The always-on series the service plots: every SERIES_EVERY steps, their median and p90."""
-        if not self._series:
-            self._series_first = done
-        self._series.append(seconds)
-        if len(self._series) >= SERIES_EVERY and self._sink is not None:
-            s = sorted(self._series)
-            self._sink.submit_steps(self._series_first, done, s[len(s) // 2], s[min(len(s) - 1, int(0.9 * len(s)))],
-                                    self.world_size)
-            self._series = []
-
     def _store_answers(self) -> None:
         """Pick up what the store worker answered since the last step."""
         if self._store is None:
@@ -378,18 +370,17 @@ class Monitor:
                 self._control.add(ans.value)
             elif ans.value is not None and self._win.plan is None and ans.value.index == self._windows_opened:
                 self._pending = ans.value          # a plan, polled or agreed on a proposal
-        if self._step % self.policy.poll_every_steps:
-            return
-        for kind in self._store.stuck():
-            if f"store.{kind}.stuck" not in self._warned:
-                self._warn(f"store.{kind}.stuck", TimeoutError("the store has not answered for 30 s"))
 
     def _writer_errors(self) -> None:
+        """What the writer threads could not do, and a store that stopped answering."""
         if self._out is not None:
             for path, exc in self._out.errors():
                 source = "sink" if path == "sink" else "write"
                 self._warn(source, exc)
                 self._gap(source, f"{path}: {exc!r}"[:200])
+        for kind in self._store.stuck() if self._store is not None else []:
+            if f"store.{kind}.stuck" not in self._warned:
+                self._warn(f"store.{kind}.stuck", TimeoutError("the store has not answered for 30 s"))
 
     def _runtime_control(self) -> None:
         """Read the published control changes every control_poll_steps; apply each at its step."""

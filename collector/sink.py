@@ -21,6 +21,7 @@ from pathlib import Path
 from eroica.collector.writer import QueueThread
 
 ENV = "EROICA_SINK"
+SERIES_EVERY = 20       # steps per summary of the always-on step-time series (rank 0)
 TOKEN_ENV = "EROICA_SINK_TOKEN"
 
 
@@ -56,7 +57,20 @@ class PatternSink(QueueThread):
         self.job_id, self.spool, self.token = job_id, Path(spool_dir), token
         self.attempts, self.timeout, self.spool_max = attempts, timeout_seconds, spool_max_files
         self.sent = 0
+        self._series: list[float] = []      # step times since the last summary
+        self._series_first = 0
         super().__init__("eroica-sink", max_pending)
+
+    def step_seen(self, done: int, seconds: float, world_size: int) -> None:
+        """Rank 0's step times: every SERIES_EVERY steps, their median and p90 (the series the service plots)."""
+        if not self._series:
+            self._series_first = done
+        self._series.append(seconds)
+        if len(self._series) >= SERIES_EVERY:
+            s = sorted(self._series)
+            self.submit_steps(self._series_first, done, s[len(s) // 2], s[min(len(s) - 1, int(0.9 * len(s)))],
+                              world_size)
+            self._series = []
 
     def submit(self, text: str) -> bool:
         """Queue a pattern document; False (nothing queued) when the queue is full."""

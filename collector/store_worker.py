@@ -31,7 +31,7 @@ class Answer:
 class StoreWorker:
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[tuple[str, Callable[[], Any]] | None] = queue.SimpleQueue()
-        self._answers: deque[Answer] = deque()
+        self.answered: deque[Answer] = deque()     # answers not yet picked up (the Monitor looks every step)
         self._busy: dict[str, float] = {}          # kind -> when it was handed over
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="eroica-store", daemon=True)
@@ -50,8 +50,8 @@ class StoreWorker:
 
     def answers(self) -> list[Answer]:
         out = []
-        while self._answers:
-            out.append(self._answers.popleft())
+        while self.answered:
+            out.append(self.answered.popleft())
         return out
 
     def stuck(self) -> list[str]:
@@ -81,4 +81,4 @@ class StoreWorker:
                 ans = Answer(kind, error=exc)
             with self._lock:
                 self._busy.pop(kind, None)
-            self._answers.append(ans)
+            self.answered.append(ans)

@@ -12,7 +12,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from eroica.collector.sink import PatternSink
+from eroica.collector.sink import SERIES_EVERY, PatternSink
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -111,3 +111,25 @@ def test_the_sinks_job_id_is_one_per_run_and_never_a_shared_placeholder(tmp_path
     assert len(sink_job_id("x" * 300, tmp_path / "r")) <= 128
     assert (sink_job_name("llm-7b"), sink_job_name("none"), sink_job_name(""), sink_job_name("a b")) == (
         "llm-7b", None, None, "a-b")
+
+
+def test_rank_0s_step_times_go_out_as_one_summary_per_series_every_steps(tmp_path: Path) -> None:
+    Recorder.got, Recorder.status = [], 201
+    port = _port()
+    srv = _server(port)
+    try:
+        sink = PatternSink(f"http://127.0.0.1:{port}", "job-7", tmp_path / "spool")
+        for step in range(3, 3 + 2 * SERIES_EVERY + 5):          # two whole summaries, five steps pending
+            sink.step_seen(step, 0.1 + (step % 10) / 100, 4)
+        assert sink.close(10)
+        bodies = [json.loads(b) for p, _, b in Recorder.got if p == "/v1/jobs/job-7/steps"]
+        want = []
+        for first in (3, 3 + SERIES_EVERY):
+            xs = sorted(0.1 + (s % 10) / 100 for s in range(first, first + SERIES_EVERY))
+            want.append({"first_step": first, "last_step": first + SERIES_EVERY - 1,
+                         "median_seconds": xs[SERIES_EVERY // 2], "p90_seconds": xs[int(0.9 * SERIES_EVERY)],
+                         "world_size": 4})
+        assert bodies == want
+    finally:
+        srv.shutdown()
+        srv.server_close()
