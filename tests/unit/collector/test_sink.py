@@ -4,11 +4,13 @@ is back, drops nothing a refusal would not drop, and never blocks or raises."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -36,17 +38,22 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _server(port: int) -> ThreadingHTTPServer:
+@contextlib.contextmanager
+def _listening(port: int) -> Iterator[ThreadingHTTPServer]:
+    """A real HTTP server on 127.0.0.1:port, recording what it gets, for the with block."""
     srv = ThreadingHTTPServer(("127.0.0.1", port), Recorder)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_documents_arrive_gzipped_with_the_job_and_the_token(tmp_path: Path) -> None:
     Recorder.got, Recorder.status = [], 201
     port = _port()
-    srv = _server(port)
-    try:
+    with _listening(port):
         sink = PatternSink(f"http://127.0.0.1:{port}", "job-7", tmp_path / "spool", token="tok", job_name="job")
         assert sink.submit('{"schema": "eroica.patterns/v1"}')
         assert sink.submit_steps(0, 19, 0.1, 0.12, 4)
@@ -60,9 +67,6 @@ def test_documents_arrive_gzipped_with_the_job_and_the_token(tmp_path: Path) -> 
         assert json.loads(b1)["schema"] == "eroica.patterns/v1"
         assert p2 == "/v1/jobs/job-7/steps" and json.loads(b2)["world_size"] == 4
         assert sink.messages() == [] and sink.sent == 3
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_a_dead_service_costs_nothing_and_the_spool_is_sent_when_it_is_back(tmp_path: Path) -> None:
@@ -75,30 +79,22 @@ def test_a_dead_service_costs_nothing_and_the_spool_is_sent_when_it_is_back(tmp_
     assert sink.flush(30)
     assert len(list((tmp_path / "spool").glob("*.json.gz"))) == 3
     assert all("spooled" in e for e in sink.messages())
-    srv = _server(port)
-    try:
+    with _listening(port):
         assert sink.submit('{"n": 3}') and sink.close(30)
         assert sorted(json.loads(b)["n"] for p, _, b in Recorder.got if p == "/v1/patterns") == [1, 2, 3]
         assert [p for p, _, _ in Recorder.got if p != "/v1/patterns"] == ["/v1/jobs/job/end"]   # each to its route
         assert list((tmp_path / "spool").glob("*.json.gz")) == []
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_a_refusal_is_not_retried_or_spooled_and_says_why(tmp_path: Path) -> None:
     Recorder.got, Recorder.status = [], 422
     port = _port()
-    srv = _server(port)
-    try:
+    with _listening(port):
         sink = PatternSink(f"http://127.0.0.1:{port}", "job", tmp_path / "spool")
         assert sink.submit('{"bad": true}') and sink.close(10)
         assert len(Recorder.got) == 1 and not (tmp_path / "spool").exists()
         (err,) = sink.messages()
         assert err.startswith("refused:") and "HTTP 422" in err
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_the_sinks_job_id_is_one_per_run_and_never_a_shared_placeholder(tmp_path: Path) -> None:
@@ -116,8 +112,7 @@ def test_the_sinks_job_id_is_one_per_run_and_never_a_shared_placeholder(tmp_path
 def test_rank_0s_step_times_go_out_as_one_summary_per_series_every_steps(tmp_path: Path) -> None:
     Recorder.got, Recorder.status = [], 201
     port = _port()
-    srv = _server(port)
-    try:
+    with _listening(port):
         sink = PatternSink(f"http://127.0.0.1:{port}", "job-7", tmp_path / "spool")
         for step in range(3, 3 + 2 * SERIES_EVERY + 5):          # two whole summaries, five steps pending
             sink.step_seen(step, 0.1 + (step % 10) / 100, 4)
@@ -130,6 +125,3 @@ def test_rank_0s_step_times_go_out_as_one_summary_per_series_every_steps(tmp_pat
                          "median_seconds": xs[SERIES_EVERY // 2], "p90_seconds": xs[int(0.9 * SERIES_EVERY)],
                          "world_size": 4})
         assert bodies == want
-    finally:
-        srv.shutdown()
-        srv.server_close()
