@@ -267,7 +267,7 @@ class Monitor:
                 self._sink.submit_end()
             if self._out is not None:
                 self._out.close(self.policy.close_timeout_seconds)
-            self._writer_errors()
+            self._background_problems()
 
     # ---------------------------------------------------------------- internals
     def _record_safely(self, t0: int, cat: Category, name: str) -> None:
@@ -310,8 +310,9 @@ class Monitor:
             self._hang.stepped(self._step, seconds)
         # only what has work is called (after the user's step all of it is cold: 5-10 us a call); a failed
         # write and a stuck store are noticed within a poll's steps
-        if self._step % self.policy.poll_every_steps == 0:
-            self._writer_errors()
+        poll_step = self._step % self.policy.poll_every_steps == 0
+        if poll_step:
+            self._background_problems()
         if self._store is not None and self._store.answered:
             self._store_answers()
         if self._control is not None and (self._control.pending or self._step % self.policy.control_poll_steps == 0):
@@ -338,7 +339,7 @@ class Monitor:
                 self._exclude_next = False
             if len(self._unjudged) >= JUDGE_EVERY_STEPS or seconds > (self._detector.threshold_seconds() or INF):
                 self._judge()
-        if self._pending is None and self._win.plan is None and self._step % self.policy.poll_every_steps == 0:
+        if self._pending is None and self._win.plan is None and poll_step:
             self._poll()
         if self._win.plan is None and self._pending is not None and self._step >= self._pending.start_step:
             if self._step > self._pending.start_step:
@@ -371,7 +372,7 @@ class Monitor:
             elif ans.value is not None and self._win.plan is None and ans.value.index == self._windows_opened:
                 self._pending = ans.value          # a plan, polled or agreed on a proposal
 
-    def _writer_errors(self) -> None:
+    def _background_problems(self) -> None:
         """What the writer threads could not do, and a store that stopped answering."""
         if self._out is not None:
             for path, exc in self._out.errors():
