@@ -7,6 +7,8 @@ blocks, shuffled anew each round, so machine noise and drift hit every mode alik
 - `idle`: plus `mon.step()` with no window (detector, store polls on a worker thread): always on;
 - `window`: steps inside a profiling window (requested on every rank at once); the step that
   closes it (summarize, write the patterns) is timed apart as `close`;
+- `window_framework`: the same window with `op_detail="framework"` (autograd nodes recorded one by
+  one by the profiler, the default before `light`), to compare the two in one run;
 - `attach`, `attach_window`: the same two without a line of eroica in the loop (zero-code attach,
   `eroica run`): no regions, and the step is counted by the attach's optimizer step hook;
 - `profiler`: `torch.profiler` recording every CPU op all the time (eroica's anchor).
@@ -34,7 +36,9 @@ import time
 from pathlib import Path
 from statistics import mean, median, quantiles
 
-MODES = ("none", "none2", "idle", "window", "attach", "attach_window", "profiler")
+MODES = ("none", "none2", "idle", "window", "window_framework", "attach", "attach_window", "profiler")
+WINDOWS = ("window", "window_framework", "attach_window")
+CLOSES = {"window": "close", "attach_window": "attach_close"}     # their close steps, timed apart
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -103,8 +107,11 @@ def worker(args: argparse.Namespace) -> None:
             if mode == "profiler":
                 prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                 prof.start()
-            if mode in ("window", "attach_window"):
-                times["close" if mode == "window" else "attach_close"].append([])
+            if mode == "window_framework":
+                mon.policy = policy.model_copy(update={"op_detail": "framework"})
+            if mode in WINDOWS:
+                if mode in CLOSES:
+                    times[CLOSES[mode]].append([])
                 mon.request_window()
                 for _ in range(policy.lead_steps):       # the window opens lead_steps later
                     step()
@@ -114,21 +121,24 @@ def worker(args: argparse.Namespace) -> None:
             for k in range(args.block):
                 t, c0 = time.perf_counter(), time.thread_time()
                 step()
-                if mode in ("idle", "window"):
+                if mode in ("idle", "window", "window_framework"):
                     c = time.thread_time()
                     mon.step()
                     if mode == "idle":
                         step_cpu.append(time.thread_time() - c)
                 dt = time.perf_counter() - t
                 last = k == args.block - 1
-                if not (last and mode in ("window", "attach_window")):     # the close step is timed apart
+                if not (last and mode in WINDOWS):     # the close step is timed apart
                     cpu[mode][-1].append(time.thread_time() - c0)
-                times["close" if mode == "window" and last else "attach_close" if mode == "attach_window" and last
-                      else mode][-1].append(dt)
+                if last and mode in CLOSES:
+                    times[CLOSES[mode]][-1].append(dt)
+                elif not (last and mode in WINDOWS):
+                    times[mode][-1].append(dt)
             if prof is not None:
                 prof.stop()
                 del prof
             attach.S.explicit, attach.S.monitor = True, None
+            mon.policy = policy
             mon._last_ns = None       # blocks without mon.step() went unseen: no step spans them
             for _ in range(2):        # settle: the close step's after-effects land here, untimed
                 train_step()
@@ -147,6 +157,12 @@ def worker(args: argparse.Namespace) -> None:
     out = {"rank": rank, "times": times, "cpu": cpu, "step_cpu": step_cpu, "sizes": sizes, "watchdog": watchdog}
     Path(args.out, f"bench-{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
+
+
+def policy_detail(policy_json: str) -> str:
+    from eroica.collector.policy import TriggerPolicy
+
+    return TriggerPolicy(**json.loads(policy_json)).op_detail
 
 
 def _spread(xs: list[float]) -> str:
@@ -210,15 +226,17 @@ def main() -> int:
     print(f"idle (always on): {step_cpu * 1e6:.0f} us of training-thread CPU per mon.step() on average = "
           f"{step_cpu / base:.3%} of a {base * 1000:.1f} ms step (target <= 0.2%; median call "
           f"{step_cpu_median * 1e6:.0f} us); A/B {idle:+.2%}")
-    print(f"window while open: {win:+.2%} (target <= +3%); closing a window: {close_s * 1000:.0f} ms once "
-          f"(with a raw trace exported)")
+    print(f"window while open: {win:+.2%} (target <= +3%; op_detail={policy_detail(args.policy)}), "
+          f"{median(ratios['window_framework']) - 1:+.2%} with op_detail=framework; closing a window: "
+          f"{close_s * 1000:.0f} ms once (with a raw trace exported)")
     # the same blocks in the training thread's CPU time: the work the window adds to the step, without
     # the wall clock's noise from 4 ranks sharing 2 cores (the sampler helper's own CPU is printed below)
     cpu_ratios = {m: [median(b) / median(nb) for r in rows for b, nb in zip(r["cpu"][m], r["cpu"]["none"])]
-                  for m in ("none2", "idle", "window", "attach_window", "profiler")}
+                  for m in ("none2", "idle", "window", "window_framework", "attach_window", "profiler")}
     cpu_noise = max(abs(q - 1) for q in quantiles(cpu_ratios["none2"], n=4)[::2])
     print(f"the same in the training thread's CPU per step (A/A +-{cpu_noise:.2%}): window "
-          f"{_spread(cpu_ratios['window'])}, zero-code window {_spread(cpu_ratios['attach_window'])}, "
+          f"{_spread(cpu_ratios['window'])}, zero-code window {_spread(cpu_ratios['attach_window'])}, window with "
+          f"op_detail=framework {_spread(cpu_ratios['window_framework'])}, "
           f"idle {_spread(cpu_ratios['idle'])}, torch.profiler {_spread(cpu_ratios['profiler'])}")
     za, zw = median(ratios["attach"]) - 1, median(ratios["attach_window"]) - 1
     print(f"zero-code attach (no eroica line in the loop), beside the explicit API in the same run: idle "

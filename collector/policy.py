@@ -76,9 +76,10 @@ class TriggerPolicy(BaseModel):
     close_timeout_seconds: float = Field(
         10.0, ge=0, description="at Monitor.close(): how long to wait for pattern writes still pending"
     )
-    op_detail: Literal["framework", "all"] = Field(
-        "framework", description="framework: module/optimizer/collective wrappers, autograd nodes, user regions "
-        "(a tenth of the events); all: every aten operator too, at the profiler's full cost"
+    op_detail: Literal["light", "framework", "all"] = Field(
+        "light", description="light: module/optimizer/loader wrappers, collectives, user regions, and the backward "
+        "pass as one function (a handful of events a step); framework: autograd nodes one by one as well (a "
+        "tenth of all events); all: every aten operator too, at the profiler's full cost"
     )
     keep_raw_trace: bool = Field(False, description="keep a bounded Chrome trace of the window")
     raw_trace_max_bytes: int = Field(8 * 1024 * 1024, ge=0)

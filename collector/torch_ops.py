@@ -1,7 +1,12 @@
 """Function executions from the PyTorch profiler during a window (CPU ops; CUDA activities when a GPU exists).
 
 The profiler runs with a choice of RecordFunction scopes (`TriggerPolicy.op_detail`):
-- `framework` (default): the framework's own functions and the user's: module and optimizer
+- `light` (default): on a rank without CUDA, no profiler session at all: `hooks.light` records the
+  framework's Python-level functions and the user's under the profiler's names
+  (`DistributedDataParallel.forward`, `Optimizer.step#SGD.step`, `record_function` regions), the
+  collectives called from Python, and the backward pass as one function with DDP's wait for its
+  gradient all-reduces after it; on a CUDA rank it is `framework`;
+- `framework`: the framework's own functions and the user's: module and optimizer
   wrappers (`DistributedDataParallel.forward`, `Optimizer.step#SGD.step`), autograd nodes
   (`AddmmBackward0`), collectives (`gloo:all_reduce`), `record_function` regions. About a tenth of
   the events of every operator, so the window costs a fraction of what `torch.profiler` does
@@ -13,12 +18,14 @@ CUDA activities (kernels, memcpy, memset) come from CUPTI either way.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from eroica.collector.classify import classify_op, kernel_name
 from eroica.collector.critical import Execution, device_first
 from eroica.collector.facts import Category, CollectorGap
+from eroica.collector.hooks.light import LightRecorder
 
 STEP_MARKER = "eroica.step"
 MAX_NAME = 200          # characters of an op or kernel name kept (kernel names can run to kilobytes)
@@ -118,7 +125,8 @@ class _Session:
         self._torch = torch
         acts = {ProfilerActivity.CPU} | ({ProfilerActivity.CUDA} if cuda else set())
         cfg = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
-        scopes = set() if detail == "all" else {RecordScope.USER_SCOPE, RecordScope.BACKWARD_FUNCTION}
+        scopes = (set() if detail == "all" else {RecordScope.USER_SCOPE} if detail == "light"
+                  else {RecordScope.USER_SCOPE, RecordScope.BACKWARD_FUNCTION})
         torch.autograd._prepare_profiler(cfg, acts)
         torch.autograd._enable_profiler(cfg, acts, scopes)
         self.result: Any = None
@@ -138,12 +146,13 @@ class TorchOpsRecorder:
 
     def __init__(self) -> None:
         self._prof: Any = None
+        self._light: LightRecorder | None = None
         self._marker: Any = None
         self._offset_ns = 0
         self.cuda = False
 
-    def start(self, detail: str = "framework") -> CollectorGap | None:
-        """`detail`: the policy's `op_detail` at the window's start ("framework" or "all")."""
+    def start(self, detail: str = "light") -> CollectorGap | None:
+        """`detail`: the policy's `op_detail` at the window's start ("light", "framework" or "all")."""
         try:
             import torch
         except Exception as exc:
@@ -151,8 +160,12 @@ class TorchOpsRecorder:
         self.cuda = bool(torch.cuda.is_available())
         # kineto stamps events with the wall clock (ns); we work on the monotonic clock
         self._offset_ns = time.time_ns() - time.monotonic_ns()
+        if detail == "light" and not self.cuda:
+            self._light = LightRecorder()
+            self._light.install()
+            return None
         try:
-            self._prof = _Session(self.cuda, detail)
+            self._prof = _Session(self.cuda, "framework" if detail == "light" else detail)
         except Exception as exc:   # another profiler already running, or an unsupported build
             self._prof = None
             return CollectorGap(source="torch_profiler", reason=f"profiler did not start: {exc!r}"[:200])
@@ -170,6 +183,10 @@ class TorchOpsRecorder:
         self._marker.__enter__()
 
     def stop(self, max_events: int, trace_path: str | None = None, trace_cap: int = 0) -> OpsResult:
+        if self._light is not None:
+            light, self._light = self._light, None
+            light.remove()
+            return _light_result(light, max_events, trace_path, trace_cap)
         if self._prof is None:
             return OpsResult([], 0)
         if self._marker is not None:
@@ -223,15 +240,52 @@ class TorchOpsRecorder:
         if main_tid is None:
             gaps.append(CollectorGap(source="torch_profiler", reason="training thread not identified"))
         if trace_path is not None:
-            try:
-                prof.export_chrome_trace(trace_path)
-                import os
-
-                raw_bytes = os.path.getsize(trace_path)
-                if raw_bytes > trace_cap:
-                    os.remove(trace_path)
-                    gaps.append(CollectorGap(source="raw_trace", reason=f"raw trace {raw_bytes} B over cap"))
-                    raw_bytes = 0
-            except Exception as exc:
-                gaps.append(CollectorGap(source="raw_trace", reason=f"export failed: {exc!r}"[:200]))
+            raw_bytes, gap = _export(lambda: prof.export_chrome_trace(trace_path), trace_path, trace_cap)
+            if gap is not None:
+                gaps.append(gap)
         return OpsResult(execs, dropped, gaps, raw_bytes)
+
+
+def _light_result(light: LightRecorder, max_events: int, trace_path: str | None, trace_cap: int) -> OpsResult:
+    """The light recorder's rows as executions, as the profiler's are made; its own small trace."""
+    rows = sorted(light.rows)
+    n = len(rows) + len(light.comm)
+    dropped = max(0, n - max_events)
+    keep = max_events - min(len(light.comm), max_events)
+    comm = light.comm[:max_events]
+    execs = [Execution(s, e, classify_op(name), name) for s, e, name in _outermost(_open_wrappers(rows[:keep]))]
+    execs = _yield_to_collectives(execs + comm)
+    gaps: list[CollectorGap] = []
+    raw = 0
+    if trace_path is not None:
+        raw, gap = _export(lambda: _write_trace(execs, trace_path), trace_path, trace_cap)
+        if gap is not None:
+            gaps.append(gap)
+    return OpsResult(execs, dropped, gaps, raw)
+
+
+def _write_trace(execs: list[Execution], path: str) -> None:
+    """A Chrome trace of the executions: complete events on the monotonic clock, in microseconds."""
+    import json
+    import os
+
+    events = [{"name": x.name, "cat": x.category.value, "ph": "X", "ts": x.start_ns / 1e3,
+               "dur": (x.end_ns - x.start_ns) / 1e3, "pid": os.getpid(),
+               "tid": "collectives" if x.category == Category.communication else "training"} for x in execs]
+    with open(path, "w") as fh:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)
+
+
+def _export(write: Callable[[], None], path: str, cap: int) -> tuple[int, CollectorGap | None]:
+    """Write a window's raw trace; one over `cap` bytes is removed and said, as is a failed write."""
+    import os
+
+    try:
+        write()
+        size = os.path.getsize(path)
+        if size > cap:
+            os.remove(path)
+            return 0, CollectorGap(source="raw_trace", reason=f"raw trace {size} B over cap")
+        return size, None
+    except Exception as exc:
+        return 0, CollectorGap(source="raw_trace", reason=f"export failed: {exc!r}"[:200])

@@ -1,0 +1,120 @@
+"""The light recorder (`op_detail="light"`): framework functions timed by Python-level wrappers, not a
+profiler session, on a real (one-rank, gloo) process group with a real DDP model."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.autograd.profiler import record_function
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from eroica.collector.facts import Category
+from eroica.collector.hooks.light import BACKWARD, LightRecorder
+from eroica.collector.torch_ops import TorchOpsRecorder
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[None]:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    x = torch.randn(8, 16)
+    with record_function("my_region"):
+        loss = model(x).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    metric = loss.detach().clone()
+    dist.all_reduce(metric)                       # a collective from Python, blocking
+    dist.all_reduce(metric, async_op=True).wait()  # not timed: its wait is elsewhere
+
+
+def test_a_ddp_step_is_recorded_under_the_profilers_names_without_a_profiler(group: None) -> None:
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ops = TorchOpsRecorder()
+    assert ops.start("light") is None
+    for _ in range(3):
+        _train_step(model, opt)
+    res = ops.stop(max_events=10_000)
+    assert not torch.autograd.profiler._is_profiler_enabled           # no profiler session was opened
+    names = {(x.category, x.name) for x in res.executions}
+    assert (Category.compute, "my_region") in names          # outermost: DDP's forward inside it is not apart
+    assert (Category.compute, BACKWARD) in names
+    assert (Category.compute, "Optimizer.step#SGD.step") in names
+    assert (Category.compute, "Optimizer.zero_grad#SGD.zero_grad") in names
+    assert (Category.communication, "gloo:all_reduce (gradient buckets)") in names
+    comm = [x for x in res.executions if x.name == "gloo:all_reduce"]
+    assert len(comm) == 3 and all(x.category == Category.communication for x in comm)   # the async ones: not
+    # each backward's compute ends where DDP's wait for its buckets begins
+    bwd = sorted(x for x in res.executions if x.name == BACKWARD)
+    tails = sorted(x for x in res.executions if x.name.endswith("(gradient buckets)"))
+    assert len(bwd) == len(tails) == 3
+    assert all(b.end_ns == t.start_ns and b.start_ns < b.end_ns < t.end_ns for b, t in zip(bwd, tails))
+    assert res.dropped == 0 and res.gaps == []
+
+
+def test_only_the_training_thread_is_recorded_and_removal_restores_every_original(group: None) -> None:
+    originals = (torch.autograd.backward, record_function.__dict__["__enter__"], dist.all_reduce)
+    rec = LightRecorder()
+    rec.install()
+    assert torch.autograd.backward is not originals[0] and dist.all_reduce is not originals[2]
+
+    def elsewhere() -> None:
+        w = torch.ones(3, requires_grad=True)
+        with record_function("other_thread"):
+            (w * 2).sum().backward()
+        dist.all_reduce(torch.ones(1))
+
+    t = threading.Thread(target=elsewhere)
+    t.start()
+    t.join()
+    assert rec.rows == [] and rec.comm == []
+    rec.remove()
+    assert (torch.autograd.backward, record_function.__dict__["__enter__"], dist.all_reduce) == originals
+
+
+def test_a_wrapper_someone_else_wrapped_stays_in_place_and_goes_inert() -> None:
+    import torch.autograd as ag
+
+    orig = ag.backward
+    rec = LightRecorder()
+    rec.install()
+    ours = ag.backward
+
+    def theirs(*a: object, **k: object) -> object:
+        return ours(*a, **k)
+
+    ag.backward = theirs
+    try:
+        rec.remove()
+        assert ag.backward is theirs                  # their patch is intact
+        w = torch.ones(2, requires_grad=True)
+        (w * 3).sum().backward()                      # through our inert wrapper to torch's
+        assert w.grad is not None and w.grad.tolist() == [3.0, 3.0] and rec.rows == []
+    finally:
+        ag.backward = orig
+
+
+def test_the_users_errors_pass_through_unchanged_and_nothing_of_ours_is_raised() -> None:
+    rec = LightRecorder()
+    rec.install()
+    try:
+        w = torch.ones(2)                              # no grad: torch's own error
+        with pytest.raises(RuntimeError, match="does not require grad"):
+            w.sum().backward()
+        with pytest.raises(ValueError, match="boom"), record_function("failing"):
+            raise ValueError("boom")
+    finally:
+        rec.remove()
+    assert [r[2] for r in rec.rows] == [BACKWARD, "failing"]
