@@ -15,7 +15,8 @@ training thread and removed at its end:
   up to the moment the autograd engine has run every node: a callback queued from a pre-hook on the
   root's node runs first among the pass's final callbacks. What follows is DDP's `finalize_backward`
   waiting for its gradient buckets' all-reduces, recorded as communication
-  (`<backend>:all_reduce (gradient buckets)`); without DDP it is a few microseconds.
+  (`<backend>:all_reduce (gradient buckets)`) once DDP's forward has been seen in the window; without
+  DDP the whole call is `autograd.backward`.
 Not seen in this mode: autograd nodes one by one and collectives issued from C++ other than DDP's
 (`op_detail="framework"` records both, at the profiler's cost). A wrapper someone else wrapped in
 turn is left in place, inert. Nothing here raises into the user's code.
@@ -33,6 +34,7 @@ from eroica.collector.critical import Execution
 from eroica.collector.facts import Category
 
 BACKWARD = "autograd.backward"
+DDP_FORWARD = "DistributedDataParallel.forward"
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
                "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "recv",
                "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "send")
@@ -45,13 +47,14 @@ class LightRecorder:
     def __init__(self) -> None:
         self.rows: list[tuple[int, int, str]] = []
         self.comm: list[Execution] = []
+        self.ddp = False              # DDP's forward ran on the training thread in this window
         self._active = False
         self._thread = 0
         self._backend = ""
         self._patches: list[tuple[Any, str, Any, Any]] = []     # (owner, attribute, original, wrapper)
 
     def install(self) -> None:
-        self.rows, self.comm = [], []
+        self.rows, self.comm, self.ddp = [], [], False
         self._thread = threading.get_ident()
         try:
             import torch.autograd as ag
@@ -120,7 +123,10 @@ class LightRecorder:
             finally:
                 t0 = self.__dict__.pop("_eroica_t0", 0)
                 if t0 and rec._active:
-                    rec.rows.append((t0, time.monotonic_ns(), str(self.name)))
+                    name = str(self.name)
+                    rec.rows.append((t0, time.monotonic_ns(), name))
+                    if name == DDP_FORWARD:
+                        rec.ddp = True
 
         return __exit__
 
@@ -157,7 +163,7 @@ class LightRecorder:
                 try:
                     if handle is not None:
                         handle.remove()
-                    end = done[0] if t0 < done[0] <= t1 else t1
+                    end = done[0] if rec.ddp and t0 < done[0] <= t1 else t1
                     rec.rows.append((t0, end, BACKWARD))
                     if end < t1:
                         rec.comm.append(Execution(end, t1, Category.communication, tail))

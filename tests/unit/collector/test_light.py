@@ -118,3 +118,23 @@ def test_the_users_errors_pass_through_unchanged_and_nothing_of_ours_is_raised()
     finally:
         rec.remove()
     assert [r[2] for r in rec.rows] == [BACKWARD, "failing"]
+
+
+def test_the_light_windows_raw_trace_is_its_own_chrome_trace_and_bounded(tmp_path: Path) -> None:
+    import json
+
+    w = torch.ones(4, requires_grad=True)
+    for cap, kept in ((1 << 20, True), (10, False)):
+        ops = TorchOpsRecorder()
+        assert ops.start("light") is None
+        with record_function("region"):
+            (w * 2).sum().backward()
+        path = tmp_path / f"trace-{cap}.json"
+        res = ops.stop(max_events=1000, trace_path=str(path), trace_cap=cap)
+        if kept:
+            events = json.loads(path.read_text())["traceEvents"]
+            assert res.raw_trace_bytes == path.stat().st_size and res.gaps == []
+            assert {e["name"] for e in events} == {"region"} and all(e["ph"] == "X" and e["dur"] > 0 for e in events)
+        else:
+            assert not path.exists() and res.raw_trace_bytes == 0
+            assert [g.source for g in res.gaps] == ["raw_trace"] and "over cap" in res.gaps[0].reason
