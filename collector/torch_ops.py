@@ -125,8 +125,7 @@ class _Session:
         self._torch = torch
         acts = {ProfilerActivity.CPU} | ({ProfilerActivity.CUDA} if cuda else set())
         cfg = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
-        scopes = (set() if detail == "all" else {RecordScope.USER_SCOPE} if detail == "light"
-                  else {RecordScope.USER_SCOPE, RecordScope.BACKWARD_FUNCTION})
+        scopes = set() if detail == "all" else {RecordScope.USER_SCOPE, RecordScope.BACKWARD_FUNCTION}
         torch.autograd._prepare_profiler(cfg, acts)
         torch.autograd._enable_profiler(cfg, acts, scopes)
         self.result: Any = None

@@ -1,10 +1,10 @@
 """Framework functions without a profiler session (`op_detail="light"`, the default on CPU ranks).
 
 A profiler session costs the training thread ~3.6% of a small model's step on the 4-rank benchmark
-even when it records only a handful of user-scope events a step (bench/overhead.py, `w_nosamp`
-against `w_bare`): the cost is the session, not the events. So on a rank without CUDA the window
-records the same functions with three Python-level wrappers, installed at the window's start on the
-training thread and removed at its end:
+even when it records only a handful of user-scope events a step (bench/overhead.py: a window without
+the sampler against one without the sampler or the profiler): the cost is the session, not the
+events. So on a rank without CUDA the window records the same functions with three Python-level
+wrappers, installed at the window's start on the training thread and removed at its end:
 - `record_function`: every Python `record_function` region, under the profiler's own names: the
   framework's (`DistributedDataParallel.forward`, `Optimizer.step#SGD.step`,
   `enumerate(DataLoader)#...__next__`) and the user's;
