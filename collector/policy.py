@@ -77,9 +77,10 @@ class TriggerPolicy(BaseModel):
         10.0, ge=0, description="at Monitor.close(): how long to wait for pattern writes still pending"
     )
     op_detail: Literal["light", "framework", "all"] = Field(
-        "light", description="light: module/optimizer/loader wrappers, collectives, user regions, and the backward "
-        "pass as one function (a handful of events a step); framework: autograd nodes one by one as well (a "
-        "tenth of all events); all: every aten operator too, at the profiler's full cost"
+        "framework", description="framework: module/optimizer/collective wrappers, autograd nodes, user regions "
+        "(a tenth of the events); light (CPU ranks): no profiler session, the backward pass as one function: "
+        "cheaper, but autograd nodes' counts no longer tell ranks of different depth apart; all: every aten "
+        "operator too, at the profiler's full cost"
     )
     keep_raw_trace: bool = Field(False, description="keep a bounded Chrome trace of the window")
     raw_trace_max_bytes: int = Field(8 * 1024 * 1024, ge=0)

@@ -138,3 +138,26 @@ def test_the_light_windows_raw_trace_is_its_own_chrome_trace_and_bounded(tmp_pat
         else:
             assert not path.exists() and res.raw_trace_bytes == 0
             assert [g.source for g in res.gaps] == ["raw_trace"] and "over cap" in res.gaps[0].reason
+
+
+def test_a_monitor_window_with_op_detail_light_writes_the_light_functions(group: None, tmp_path: Path) -> None:
+    import json
+
+    from eroica.collector import Monitor, TriggerPolicy
+
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = tmp_path / "run"
+    mon = Monitor(out_dir=out, policy=TriggerPolicy(op_detail="light", threshold_min_ratio=1000.0,
+                                                    sustained_min_ratio=1000.0))
+    for i in range(40):
+        if i == 12:
+            mon.request_window()
+        _train_step(model, opt)
+        mon.step()
+    mon.close()
+    docs = [json.loads(p.read_text()) for p in out.glob("w*/rank-0.json")]
+    assert len(docs) == 1
+    names = {f["name"] for f in docs[0]["functions"]}
+    assert {BACKWARD, "gloo:all_reduce (gradient buckets)"} <= names
+    assert not any("Backward0" in n for n in names)                # no autograd nodes: no profiler session
