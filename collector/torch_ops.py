@@ -164,7 +164,7 @@ class TorchOpsRecorder:
             self._light.install()
             return None
         try:
-            self._prof = _Session(self.cuda, "framework" if detail == "light" else detail)
+            self._prof = _Session(self.cuda, detail)       # a CUDA rank's light window is framework's
         except Exception as exc:   # another profiler already running, or an unsupported build
             self._prof = None
             return CollectorGap(source="torch_profiler", reason=f"profiler did not start: {exc!r}"[:200])
@@ -247,12 +247,10 @@ class TorchOpsRecorder:
 
 def _light_result(light: LightRecorder, max_events: int, trace_path: str | None, trace_cap: int) -> OpsResult:
     """The light recorder's rows as executions, as the profiler's are made; its own small trace."""
-    rows = sorted(light.rows)
-    n = len(rows) + len(light.comm)
-    dropped = max(0, n - max_events)
-    keep = max_events - min(len(light.comm), max_events)
-    comm = light.comm[:max_events]
-    execs = [Execution(s, e, classify_op(name), name) for s, e, name in _outermost(_open_wrappers(rows[:keep]))]
+    comm = light.comm[:max_events]                       # collectives first, then rows up to the cap
+    rows = sorted(light.rows)[:max_events - len(comm)]
+    dropped = len(light.comm) + len(light.rows) - len(comm) - len(rows)
+    execs = [Execution(s, e, classify_op(name), name) for s, e, name in _outermost(_open_wrappers(rows))]
     execs = _yield_to_collectives(execs + comm)
     gaps: list[CollectorGap] = []
     raw = 0
