@@ -192,6 +192,9 @@ class PatternsDoc(Frozen):
     config: list[ConfigFact] = Field(default_factory=list)
     gaps: list[CollectorGap] = Field(default_factory=list)
     overhead: CollectorOverhead
+    # a light window's structural evidence (the profiler's per-node functions carry it otherwise): the
+    # autograd nodes its steps' backward passes ran, by type; {} when not counted
+    autograd_nodes_total: dict[str, NonNegativeInt] = Field(default_factory=dict)
     privacy: Literal["keep", "hash", "drop"] = "keep"   # what was done to names before writing
 
     model_config = ConfigDict(populate_by_name=True)    # and Frozen's, which pydantic merges in

@@ -23,6 +23,7 @@ ENV = "EROICA_PRIVACY"
 SALT_KEY = "eroica/privacy-salt"
 USER_CATEGORIES = {Category.region, Category.python}
 PATH = re.compile(r"(/[\w.@+-]+){2,}|[\w.-]+\.py\b")
+BUILTIN_NODE = re.compile(r"\w+Backward\d+|torch::autograd::\w+")   # a user's autograd.Function's is its class
 
 
 def level_from(value: str | None) -> str:
@@ -59,5 +60,8 @@ class Privacy:
         host = "-" if self.level == "drop" else self.token(doc.job.hostname, "host")
         config = [] if self.level == "drop" else [ConfigFact(key=c.key, value=self._scrub(c.value)) for c in doc.config]
         gaps = [g.model_copy(update={"reason": self._scrub(g.reason)}) for g in doc.gaps]
+        nodes = {k if BUILTIN_NODE.fullmatch(k) else self.token(k, "fn"): v
+                 for k, v in doc.autograd_nodes_total.items()}
         return doc.model_copy(update={"functions": funcs, "job": doc.job.model_copy(update={"hostname": host}),
-                                      "config": config, "gaps": gaps, "privacy": self.level})
+                                      "config": config, "gaps": gaps, "privacy": self.level,
+                                      "autograd_nodes_total": nodes})

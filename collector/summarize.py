@@ -66,6 +66,7 @@ class WindowRecord:
     detector_seconds_total: float = 0.0
     detector_calls_total: int = 0
     raw_trace_bytes: int = 0
+    autograd_nodes: list[tuple[int, dict[str, int]]] = field(default_factory=list)   # light windows
 
 
 def _rate(series: SampleSeries, col: str) -> np.ndarray | None:
@@ -276,6 +277,11 @@ def summarize(rec: WindowRecord, summarize_started: float, now: float) -> Patter
         )
     funcs.sort(key=lambda f: -f.critical_seconds)
     funcs = funcs[:MAX_FUNCTIONS]
+    nodes: dict[str, int] = {}
+    for t, counts in rec.autograd_nodes:
+        if t0 <= t < t1:
+            for k, v in counts.items():
+                nodes[k] = nodes.get(k, 0) + v
     during = [round((b - a) / 1e9, 6) for a, b in zip(bounds[:-1], bounds[1:])]
     gaps = list(rec.gaps) + (list(series.gaps) if series is not None else [])
     return PatternsDoc(
@@ -307,4 +313,5 @@ def summarize(rec: WindowRecord, summarize_started: float, now: float) -> Patter
             raw_events_dropped_total=rec.events_dropped + (series.dropped_total if series is not None else 0),
             raw_trace_bytes=rec.raw_trace_bytes,
         ),
+        autograd_nodes_total=dict(sorted(nodes.items(), key=lambda kv: -kv[1])[:MAX_FUNCTIONS]),
     )

@@ -37,6 +37,8 @@ class OpsResult:
     dropped: int
     gaps: list[CollectorGap] = field(default_factory=list)
     raw_trace_bytes: int = 0
+    # a light window's backward calls: (start, autograd nodes by type); the profiler's rows have them
+    autograd_nodes: list[tuple[int, dict[str, int]]] = field(default_factory=list)
 
 
 # wrappers that hold other work and waits: Lightning and other frameworks run forward and backward in a
@@ -258,7 +260,7 @@ def _light_result(light: LightRecorder, max_events: int, trace_path: str | None,
         raw, gap = _export(lambda: _write_trace(execs, trace_path), trace_path, trace_cap)
         if gap is not None:
             gaps.append(gap)
-    return OpsResult(execs, dropped, gaps, raw)
+    return OpsResult(execs, dropped, gaps, raw, light.nodes)
 
 
 def _write_trace(execs: list[Execution], path: str) -> None:

@@ -88,6 +88,7 @@ class WindowColumns:
     gaps: list[tuple[tuple[str, str], ...]]
     overhead: dict[str, np.ndarray]           # [R] per OVERHEAD_FIELDS
     privacy: list[str]
+    autograd_nodes: list[tuple[tuple[str, int], ...]]   # [R] a light window's node counts by type (): none
 
     def hosts(self) -> dict[str, np.ndarray]:
         out: dict[str, list[int]] = {}
@@ -117,7 +118,7 @@ class ColumnsBuilder:
         self.scalars = {k: array("d") for k in ("baseline", "cores", "own", "lmean", "lcv", "lshare",
                                                  "world", "start", "end", *OVERHEAD_FIELDS)}
         self.text: dict[str, list[Any]] = {k: [] for k in ("host", "role", "part", "trigger", "top", "config", "gaps",
-                                                     "privacy")}
+                                                     "privacy", "nodes")}
         self.ops = array("q")
 
     def add(self, d: PatternsDoc) -> None:
@@ -182,6 +183,7 @@ class ColumnsBuilder:
         t["config"].append(tuple((c.key, c.value) for c in d.config))
         t["gaps"].append(tuple((g.source, g.reason) for g in d.gaps))
         t["privacy"].append(d.privacy)
+        t["nodes"].append(tuple(d.autograd_nodes_total.items()))
         self.ops.append(self.op_index.setdefault(op_set(d), len(self.op_index)))
 
     def seal(self) -> ColumnsBuilder:
@@ -285,7 +287,8 @@ class ColumnsBuilder:
             op_sets=list(self.op_index), world_size=sc["world"].astype(int), start_step=sc["start"].astype(int),
             end_step=sc["end"].astype(int), trigger=txt["trigger"], baseline=sc["baseline"], before=before,
             before_len=bl[order], config=txt["config"], gaps=txt["gaps"],
-            overhead={k: sc[k] for k in OVERHEAD_FIELDS}, privacy=txt["privacy"])
+            overhead={k: sc[k] for k in OVERHEAD_FIELDS}, privacy=txt["privacy"],
+            autograd_nodes=txt["nodes"])
 
     def _per_step_signals(self, nr: int, pos: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         meta = np.frombuffer(self.ps_meta, dtype=np.int64).reshape(-1, 4) if self.ps_meta else np.zeros((0, 4), int)

@@ -79,21 +79,32 @@ def different_programs(g: GroupView) -> tuple[str, list[tuple[int, float]]] | No
     member runs at least once per step, run a different whole number of times per step (e.g. 11,
     14, 18, 21 autograd nodes of a linear layer: models of different depth). A fault stretches the
     time of the same operations (more samples, a slower CPU, a stall); it does not change how many
-    there are. Returns (function, [(rank, count per step)]) for the largest difference, or None."""
+    there are. A light window times the backward pass as one function; its autograd node counts by type
+    are the same evidence. Returns (function, [(rank, count per step)]) for the largest difference, or None."""
     steps = g.step.shape[1]
     if steps < 2 or len(g.ranks) < 2:
         return None
     idx = [j for j, k in enumerate(g.keys) if k[0] in COMPUTE_KINDS and g.present[:, j].all()]
-    if not idx:
-        return None
-    per_step = g.occurrences[:, idx] / np.maximum(g.n_steps[:, None], 1)
+    found = _whole_count_spread([g.keys[j][1] for j in idx], g.occurrences[:, idx], g) if idx else None
+    if found is None and g.nodes and all(g.nodes):
+        # a light window's functions are whole passes; its node counts by type say the same
+        counted = [dict(n) for n in g.nodes]
+        names = sorted(set.intersection(*(set(c) for c in counted)))
+        if names:
+            found = _whole_count_spread(names, np.array([[c[k] for k in names] for c in counted], dtype=float), g)
+    return found
+
+
+def _whole_count_spread(names: list[str], occ: np.ndarray, g: GroupView) -> tuple[str, list[tuple[int, float]]] | None:
+    """The name whose whole count per step (at least one on every member) differs most, by >= 1."""
+    per_step = occ / np.maximum(g.n_steps[:, None], 1)
     whole = np.abs(per_step - np.round(per_step)) < 0.05           # complete steps: whole counts
     ok = (per_step >= 1.0).all(axis=0) & whole.all(axis=0)
     spread = np.where(ok, per_step.max(axis=0) - per_step.min(axis=0), 0.0)
     j = int(np.argmax(spread)) if len(spread) else 0
     if not len(spread) or spread[j] < 1.0:
         return None
-    return g.keys[idx[j]][1], [(r, round(float(c), 1)) for r, c in zip(g.ranks, per_step[:, j])]
+    return names[j], [(r, round(float(c), 1)) for r, c in zip(g.ranks, per_step[:, j])]
 
 
 def work_dispersion(work: np.ndarray) -> float:

@@ -62,6 +62,31 @@ def test_a_ddp_step_is_recorded_under_the_profilers_names_without_a_profiler(gro
     assert len(bwd) == len(tails) == 3
     assert all(b.end_ns == t.start_ns and b.start_ns < b.end_ns < t.end_ns for b, t in zip(bwd, tails))
     assert res.dropped == 0 and res.gaps == []
+    # each backward call's autograd nodes, by type: two Linear layers, a ReLU, the sum, 4 parameters
+    assert len(res.autograd_nodes) == 3
+    assert [t for t, _ in res.autograd_nodes] == [b.start_ns for b in bwd]
+    counts = res.autograd_nodes[0][1]
+    assert counts["AddmmBackward0"] == 2 and counts["ReluBackward0"] == 1 and counts["SumBackward0"] == 1
+    assert counts["torch::autograd::AccumulateGrad"] == 4
+
+
+def test_node_counts_follow_the_models_depth_and_a_shared_node_is_counted_once() -> None:
+    from eroica.collector.hooks.light import count_nodes
+
+    def depth(n: int) -> dict[str, int]:
+        lin = torch.nn.Linear(8, 8)
+        x = torch.randn(2, 8)
+        for _ in range(n):                    # the same layer n times: one AccumulateGrad per parameter
+            x = torch.relu(lin(x))
+        return count_nodes(x.sum())
+
+    assert depth(2)["AddmmBackward0"] == 2 and depth(5)["AddmmBackward0"] == 5
+    assert depth(5)["torch::autograd::AccumulateGrad"] == 2
+    a = torch.randn(3, requires_grad=True)
+    b = a * 2
+    assert count_nodes((b + b).sum()) == {"SumBackward0": 1, "AddBackward0": 1, "MulBackward0": 1,
+                                          "torch::autograd::AccumulateGrad": 1}
+    assert count_nodes(torch.randn(3)) == {}                        # no graph: nothing to count
 
 
 def test_only_the_training_thread_is_recorded_and_removal_restores_every_original(group: None) -> None:
@@ -161,3 +186,7 @@ def test_a_monitor_window_with_op_detail_light_writes_the_light_functions(group:
     names = {f["name"] for f in docs[0]["functions"]}
     assert {BACKWARD, "gloo:all_reduce (gradient buckets)"} <= names
     assert not any("Backward0" in n for n in names)                # no autograd nodes: no profiler session
+    # ... but their counts: the window's steps' backward passes, a whole number of each per step
+    steps = len(docs[0]["step_times"]["during_seconds"])
+    nodes = docs[0]["autograd_nodes_total"]
+    assert steps >= 2 and nodes["AddmmBackward0"] == 2 * steps and nodes["ReluBackward0"] == steps

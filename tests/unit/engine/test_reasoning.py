@@ -36,6 +36,24 @@ def test_models_of_different_depth_by_design_are_no_peers_and_get_no_confident_f
     assert all(f.confidence < 0.5 for f in d.findings), [(f.root_cause, f.confidence) for f in d.findings]
 
 
+def test_a_light_windows_node_counts_show_models_of_different_depth_and_a_culprits_do_not() -> None:
+    # a light window times the backward pass as one function; its node counts by type are the evidence
+    def light(r: int, layers: int, work: float, counted: bool = True):  # type: ignore[no-untyped-def]
+        doc = with_functions(make_doc(r, busy={"compute:forward": 0.02 * work}),
+                             [fn(Category.compute, "autograd.backward", 0.01 * work, n=STEPS)])
+        nodes = {"AddmmBackward0": layers * STEPS, "torch::autograd::AccumulateGrad": 8 * STEPS}
+        return doc.model_copy(update={"autograd_nodes_total": nodes if counted else {}})
+
+    deeper = analyze(window([light(r, 11 + 3 * r, 1 + r / 3) for r in range(4)]))
+    assert not deeper.groups[0].valid
+    assert "different programs" in deeper.groups[0].reason and "AddmmBackward0" in deeper.groups[0].reason
+    culprit = analyze(window([light(r, 11, 4.0 if r == 2 else 1.0) for r in range(4)]))
+    assert culprit.groups[0].valid, culprit.groups[0].reason       # the same nodes, slower: still peers
+    assert [f.rank for f in culprit.facts if isinstance(f, RankSlowness)] == [2]
+    partial = analyze(window([light(r, 11 + 3 * r, 1 + r / 3, counted=r != 1) for r in range(4)]))
+    assert "different programs" not in partial.groups[0].reason   # a member without counts: no such claim
+
+
 def test_a_culprit_with_more_samples_runs_the_same_operations_and_keeps_a_valid_group() -> None:
     docs = [with_functions(make_doc(r), [fn(Category.compute, "AddmmBackward0", 0.01, n=11 * STEPS)])
             for r in range(4)]
