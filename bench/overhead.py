@@ -7,9 +7,9 @@ blocks, shuffled anew each round, so machine noise and drift hit every mode alik
 - `idle`: plus `mon.step()` with no window (detector, store polls on a worker thread): always on;
 - `window`: steps inside a profiling window (requested on every rank at once); the step that
   closes it (summarize, write the patterns) is timed apart as `close`;
-- `window_light`: the same window with `op_detail="light"` (no profiler session: framework
-  functions timed by eroica's own wrappers, the backward pass as one function), to compare the two
-  in one run;
+- `window_framework`: the same window with `op_detail="framework"` (a profiler session: autograd
+  nodes one by one) beside the default `light` (no profiler session: framework functions timed by
+  eroica's own wrappers, the backward pass as one function), to compare the two in one run;
 - `attach`, `attach_window`: the same two without a line of eroica in the loop (zero-code attach,
   `eroica run`): no regions, and the step is counted by the attach's optimizer step hook;
 - `profiler`: `torch.profiler` recording every CPU op all the time (eroica's anchor).
@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 from statistics import mean, median, quantiles
 
-MODES = ("none", "none2", "idle", "window", "window_light", "attach", "attach_window", "profiler")
-WINDOWS = ("window", "window_light", "attach_window")
+MODES = ("none", "none2", "idle", "window", "window_framework", "attach", "attach_window", "profiler")
+WINDOWS = ("window", "window_framework", "attach_window")
 CLOSES = {"window": "close", "attach_window": "attach_close"}     # their close steps, timed apart
 
 
@@ -108,8 +108,8 @@ def worker(args: argparse.Namespace) -> None:
             if mode == "profiler":
                 prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                 prof.start()
-            if mode == "window_light":
-                mon.policy = policy.model_copy(update={"op_detail": "light"})
+            if mode == "window_framework":
+                mon.policy = policy.model_copy(update={"op_detail": "framework"})
             if mode in WINDOWS:
                 if mode in CLOSES:
                     times[CLOSES[mode]].append([])
@@ -122,7 +122,7 @@ def worker(args: argparse.Namespace) -> None:
             for k in range(args.block):
                 t, c0 = time.perf_counter(), time.thread_time()
                 step()
-                if mode in ("idle", "window", "window_light"):
+                if mode in ("idle", "window", "window_framework"):
                     c = time.thread_time()
                     mon.step()
                     if mode == "idle":
@@ -228,16 +228,16 @@ def main() -> int:
           f"{step_cpu / base:.3%} of a {base * 1000:.1f} ms step (target <= 0.2%; median call "
           f"{step_cpu_median * 1e6:.0f} us); A/B {idle:+.2%}")
     print(f"window while open: {win:+.2%} (target <= +3%; op_detail={policy_detail(args.policy)}), "
-          f"{median(ratios['window_light']) - 1:+.2%} with op_detail=light; closing a window: "
+          f"{median(ratios['window_framework']) - 1:+.2%} with op_detail=framework; closing a window: "
           f"{close_s * 1000:.0f} ms once (with a raw trace exported)")
     # the same blocks in the training thread's CPU time: the work the window adds to the step, without
     # the wall clock's noise from 4 ranks sharing 2 cores (the sampler helper's own CPU is printed below)
     cpu_ratios = {m: [median(b) / median(nb) for r in rows for b, nb in zip(r["cpu"][m], r["cpu"]["none"])]
-                  for m in ("none2", "idle", "window", "window_light", "attach_window", "profiler")}
+                  for m in ("none2", "idle", "window", "window_framework", "attach_window", "profiler")}
     cpu_noise = max(abs(q - 1) for q in quantiles(cpu_ratios["none2"], n=4)[::2])
     print(f"the same in the training thread's CPU per step (A/A +-{cpu_noise:.2%}): window "
           f"{_spread(cpu_ratios['window'])}, zero-code window {_spread(cpu_ratios['attach_window'])}, window with "
-          f"op_detail=light {_spread(cpu_ratios['window_light'])}, "
+          f"op_detail=framework {_spread(cpu_ratios['window_framework'])}, "
           f"idle {_spread(cpu_ratios['idle'])}, torch.profiler {_spread(cpu_ratios['profiler'])}")
     za, zw = median(ratios["attach"]) - 1, median(ratios["attach_window"]) - 1
     print(f"zero-code attach (no eroica line in the loop), beside the explicit API in the same run: idle "
@@ -255,7 +255,7 @@ def main() -> int:
     if sizes:
         pat, raw = median(s["pattern"] for s in sizes), median(s["trace"] for s in sizes)
         print(f"patterns per rank per window: {pat / 1024:.1f} KB (median of {len(sizes)}); the same window's "
-              f"profiler trace: {raw / 1024:.0f} KB, {raw / pat:.0f}x larger; the sampler helper used "
+              f"trace: {raw / 1024:.0f} KB, {raw / pat:.0f}x larger; the sampler helper used "
               f"{median(s['sampler_share'] for s in sizes):.1%} of a core per rank while the window was open")
     return 0
 

@@ -77,10 +77,11 @@ class TriggerPolicy(BaseModel):
         10.0, ge=0, description="at Monitor.close(): how long to wait for pattern writes still pending"
     )
     op_detail: Literal["light", "framework", "all"] = Field(
-        "framework", description="framework: module/optimizer/collective wrappers, autograd nodes, user regions "
-        "(a tenth of the events); light (CPU ranks): no profiler session, the backward pass as one function: "
-        "cheaper, but autograd nodes' counts no longer tell ranks of different depth apart; all: every aten "
-        "operator too, at the profiler's full cost"
+        "light", description="light: on a rank without CUDA, no profiler session: framework functions, user "
+        "regions and Python-called collectives timed by eroica's wrappers, the backward pass as one function "
+        "with its autograd nodes counted by type; a CUDA rank uses framework. framework: the profiler's "
+        "module/optimizer/collective wrappers, autograd nodes one by one, user regions (a tenth of the "
+        "events). all: every aten operator too, at the profiler's full cost"
     )
     keep_raw_trace: bool = Field(False, description="keep a bounded Chrome trace of the window")
     raw_trace_max_bytes: int = Field(8 * 1024 * 1024, ge=0)

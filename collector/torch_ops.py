@@ -1,12 +1,13 @@
 """Function executions from the PyTorch profiler during a window (CPU ops; CUDA activities when a GPU exists).
 
 The profiler runs with a choice of RecordFunction scopes (`TriggerPolicy.op_detail`):
-- `light`: on a rank without CUDA, no profiler session at all: `hooks.light` records the
+- `light` (default): on a rank without CUDA, no profiler session at all: `hooks.light` records the
   framework's Python-level functions and the user's under the profiler's names
   (`DistributedDataParallel.forward`, `Optimizer.step#SGD.step`, `record_function` regions), the
   collectives called from Python, and the backward pass as one function with DDP's wait for its
-  gradient all-reduces after it; on a CUDA rank it is `framework`;
-- `framework` (default): the framework's own functions and the user's: module and optimizer
+  gradient all-reduces after it, and counts its autograd nodes by type; on a CUDA rank it is
+  `framework`;
+- `framework`: the framework's own functions and the user's: module and optimizer
   wrappers (`DistributedDataParallel.forward`, `Optimizer.step#SGD.step`), autograd nodes
   (`AddmmBackward0`), collectives (`gloo:all_reduce`), `record_function` regions. About a tenth of
   the events of every operator, so the window costs a fraction of what `torch.profiler` does
