@@ -14,6 +14,7 @@ and data from the caches, and parsing on every tick paid those misses once per s
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -73,9 +74,13 @@ class SampleSeries:
 class HardwareSampler:
     """Samples every `interval` seconds between start() and stop(); at most `capacity` samples."""
 
-    def __init__(self, sources: list[Source], interval: float, capacity: int = 20_000) -> None:
+    def __init__(self, sources: list[Source], interval: float, capacity: int = 20_000, duty: float = 1.0,
+                 burst: float = 0.05) -> None:
         self.sources = sources
         self.interval = interval
+        # duty < 1: sample in bursts of `burst` seconds, a `duty` share of the time, the pauses between
+        # them drawn at random (a fixed period could keep meeting the same part of a periodic step)
+        self.duty, self.burst = duty, burst
         self.capacity = capacity
         self.gaps: list[CollectorGap] = []
         self._stop = threading.Event()
@@ -178,6 +183,8 @@ class HardwareSampler:
         self._open_raw()
         i = 0
         next_t = time.monotonic()
+        burst_end = next_t + self.burst
+        rng = random.Random(os.getpid())
         while not self._stop.is_set():
             if self._n >= self.capacity:
                 self._dropped += 1
@@ -186,13 +193,19 @@ class HardwareSampler:
                 self._n += 1
             i += 1
             next_t += self.interval
+            if self.duty < 1.0 and next_t >= burst_end:
+                next_t = burst_end + self.burst * (1.0 / self.duty - 1.0) * rng.uniform(0.5, 1.5)
+                burst_end = next_t + self.burst
             delay = next_t - time.monotonic()
             if delay < 0:
                 next_t = time.monotonic()
                 delay = 0
             # a plain sleep costs a third less CPU per wake-up than a timed Event.wait; stop() is
-            # seen within one interval
-            time.sleep(delay)
+            # seen within one interval, or at once in a pause between bursts
+            if delay > 2 * self.interval:
+                self._stop.wait(delay)
+            else:
+                time.sleep(delay)
         if self._n < self.capacity:
             self._sample_once(self._n, slow=True)  # a final full sample closes the window
             self._n += 1

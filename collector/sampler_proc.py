@@ -6,7 +6,8 @@ sample every ~40 ms. So the sampler runs in a small helper process (no torch imp
 /proc/<pid>/... of the training process on the same system-wide monotonic clock. It is started
 once per Monitor, sleeps on a pipe between windows (no CPU), and exits when the pipe closes.
 
-Protocol on the helper's stdin/stdout: `start <interval_s> <capacity>\\n` -> `ok\\n`;
+Protocol on the helper's stdin/stdout: `start <interval_s> <capacity> [<nic_interval_s> <nic_duty>]\\n`
+-> `ok\\n`;
 `stop\\n` -> 8-byte big-endian length + pickle of the series; `quit\\n` or EOF -> exit.
 """
 
@@ -74,8 +75,9 @@ def helper_main(pid: int, tid: int) -> None:
                     # use, on their own thread; a job that talks over loopback only has no link to sample
                     links = sorted(job_interfaces(pid) - {"lo"})
                     if links:
+                        duty = float(cmd[4]) if len(cmd) > 4 else 1.0
                         fast = HardwareSampler([NetDev(pid, interfaces=tuple(links))], nic_interval,
-                                               int(cmd[2]) * 10)
+                                               int(cmd[2]) * 10, duty=duty)
                         fast.start()
                     else:
                         setup_gaps.append(CollectorGap(source="nic_fast", reason="the job's connections all use "
@@ -93,6 +95,7 @@ def helper_main(pid: int, tid: int) -> None:
                 series.extras["nic_fast_t_ns"] = fs.t_ns
                 series.extras["nic_fast_bytes"] = sum(fs.columns[c] for c in cols) if cols else None
                 series.extras["nic_fast_interval_seconds"] = fs.interval_seconds
+                series.extras["nic_fast_duty_ratio"] = fast.duty
                 series.sampler_cpu_seconds += fs.sampler_cpu_seconds
                 fast = None
             series.extras["cgroup_cpu_quota_cores"] = quota
@@ -149,12 +152,12 @@ class SamplerClient:
         self.gaps.append(CollectorGap(source="sampler", reason=f"{what}: {exc!r}"[:200]))
         self.close()
 
-    def start(self, interval: float, capacity: int, nic_interval: float = 0.0) -> bool:
+    def start(self, interval: float, capacity: int, nic_interval: float = 0.0, nic_duty: float = 1.0) -> bool:
         if not self.alive:
             return False
         assert self.proc is not None and self.proc.stdin is not None
         try:
-            self.proc.stdin.write(f"start {interval} {capacity} {nic_interval}\n".encode())
+            self.proc.stdin.write(f"start {interval} {capacity} {nic_interval} {nic_duty}\n".encode())
             self.proc.stdin.flush()
             line = self._read_exact(3, time.monotonic() + self.timeout)
             if line != b"ok\n":

@@ -237,8 +237,11 @@ def summarize(rec: WindowRecord, summarize_started: float, now: float) -> Patter
     if isinstance(fast_t, np.ndarray) and isinstance(fast_b, np.ndarray) and len(fast_t) >= 3:
         # ~1 kHz link signature: a capped link is steady (low sigma), a waiting one bursty
         dt = np.diff(fast_t).astype(float) / 1e9
+        step = _float(series.extras.get("nic_fast_interval_seconds")) if series is not None else None
+        # the pause between two bursts is no sample: a rate over it would smooth the signature
+        gap = dt > 2.5 * step if step else np.zeros(len(dt), dtype=bool)
         with np.errstate(invalid="ignore", divide="ignore"):
-            fr = np.where(dt > 0, np.diff(fast_b) / dt, np.nan)
+            fr = np.where((dt > 0) & ~gap, np.diff(fast_b) / dt, np.nan)
         metric_stats[MetricName.nic_bytes_per_second] = metric_by_key(seg, fast_t, fr)
 
     funcs: list[FunctionPattern] = []

@@ -65,7 +65,8 @@ class WindowLifecycle:
         self.events, self.events_dropped, self.max_events = [], 0, policy.max_events
         self.gaps = []
         if self.sampler is not None and not self.sampler.start(
-            policy.sample_interval_seconds, capacity=20_000, nic_interval=policy.nic_sample_interval_seconds
+            policy.sample_interval_seconds, capacity=20_000, nic_interval=policy.nic_sample_interval_seconds,
+            nic_duty=policy.nic_sample_duty_ratio,
         ):
             self.gaps.append(CollectorGap(source="sampler", reason="hardware sampler unavailable"))
         gap = self.ops.start(policy.op_detail)

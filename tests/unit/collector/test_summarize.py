@@ -85,3 +85,26 @@ def test_percentiles_are_numpys_linear_percentiles_to_the_bit() -> None:
         n = int(rng.integers(1, 60))
         x = (rng.lognormal(-6, 2, n), rng.integers(0, 5, n) * 1e-3, rng.random(n))[trial % 3]
         assert percentiles(x, *qs) == tuple(float(np.percentile(x, q)) for q in qs), trial
+
+
+def test_the_pause_between_two_fast_nic_bursts_is_not_a_sample_of_the_link() -> None:
+    # bursts of 1 ms samples at a steady 1 GB/s (a capped link), 70 ms apart: a rate taken over a
+    # pause would be a smooth extra sample; it is left out, so the signature keeps its spread
+    t, b, now, tot = [], [], 0, 0.0
+    for burst in range(4):
+        for _ in range(20):
+            t.append(now)
+            b.append(tot)
+            now += MS
+            tot += 1e6 * (1.0 if burst % 2 else 3.0)   # 1 or 3 GB/s in alternate bursts
+        now += 30 * MS
+        tot += 0.0                                      # nothing sent in the pause
+    series = SampleSeries(t_ns=np.array([0, 200 * MS]), columns={}, gaps=[], interval_seconds=0.02,
+                          sampler_cpu_seconds=0.0, dropped_total=0,
+                          extras={"nic_fast_t_ns": np.array(t), "nic_fast_bytes": np.array(b),
+                                  "nic_fast_interval_seconds": 0.001})
+    doc = summarize(record([Execution(0, 200 * MS, C.communication, "gloo:all_reduce")], series), 0.0, 0.01)
+    (f,) = [x for x in doc.functions if x.name == "gloo:all_reduce"]
+    assert f.metric == MetricName.nic_bytes_per_second
+    assert f.metric_samples_total == 4 * 19                 # the three pauses are no samples
+    assert abs(f.metric_mean - 2e9) < 1e7 and abs(f.metric_std - 1e9) < 1e7
