@@ -239,6 +239,10 @@ def main() -> int:
           f"{_spread(cpu_ratios['window'])}, zero-code window {_spread(cpu_ratios['attach_window'])}, window with "
           f"op_detail=framework {_spread(cpu_ratios['window_framework'])}, "
           f"idle {_spread(cpu_ratios['idle'])}, torch.profiler {_spread(cpu_ratios['profiler'])}")
+    # the two windows against each other, block by block in the same rounds (the `none` block's noise
+    # cancels): what light saves over framework
+    paired = [median(a) / median(b) for r in rows for a, b in zip(r["cpu"]["window"], r["cpu"]["window_framework"])]
+    print(f"op_detail=light against framework, paired in the same rounds (training-thread CPU): {_spread(paired)}")
     za, zw = median(ratios["attach"]) - 1, median(ratios["attach_window"]) - 1
     print(f"zero-code attach (no eroica line in the loop), beside the explicit API in the same run: idle "
           f"{za:+.2%} vs {idle:+.2%}, window {zw:+.2%} vs {win:+.2%}; within the noise floor: "
