@@ -95,7 +95,6 @@ def helper_main(pid: int, tid: int) -> None:
                 series.extras["nic_fast_t_ns"] = fs.t_ns
                 series.extras["nic_fast_bytes"] = sum(fs.columns[c] for c in cols) if cols else None
                 series.extras["nic_fast_interval_seconds"] = fs.interval_seconds
-                series.extras["nic_fast_duty_ratio"] = fast.duty
                 series.sampler_cpu_seconds += fs.sampler_cpu_seconds
                 fast = None
             series.extras["cgroup_cpu_quota_cores"] = quota

@@ -162,7 +162,7 @@ class LightRecorder:
                 return orig(tensors, *args, **kwargs)
             done = [0]
             handle = _arm(tensors, done)
-            counts = count_nodes(tensors)
+            counts = count_nodes(tensors) if len(rec.nodes) < MAX_COUNTED_CALLS else {}
             t0 = time.monotonic_ns()
             if counts:
                 rec.nodes.append((t0, counts))
@@ -186,6 +186,7 @@ class LightRecorder:
 
 
 MAX_NODES = 50_000      # nodes walked per backward call; a larger graph is counted no further
+MAX_COUNTED_CALLS = 10_000   # backward calls counted per window (memory bound: micro-batches are many)
 
 
 def count_nodes(tensors: Any) -> dict[str, int]:
