@@ -195,7 +195,9 @@ def test_reports_show_each_rules_lifecycle_status_the_chain_and_every_factor(tmp
     assert main(["diagnose", str(ROOT / "incidents" / "INC-0032"), "--format", "md", "-o", str(out)]) == 0
     md = out.read_text()
     assert "Rules: cpu.contention (experimental), via straggler.detected → compute.bound → cpu.starved." in md
-    assert "explained away 0.5 (by transient_stall)" in md
+    # every factor: a generic explanation's confidence halved by the specific one on the same rank
+    assert main(["diagnose", str(ROOT / "incidents" / "INC-0026"), "--format", "md", "-o", str(out)]) == 0
+    assert "explained away 0.5 (by slow_storage)" in out.read_text()
     html = tmp_path / "r.html"
     assert main(["diagnose", str(ROOT / "incidents" / "INC-0032"), "--format", "html", "-o", str(html)]) == 0
     assert "cpu.contention (experimental)" in html.read_text()
