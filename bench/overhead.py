@@ -21,7 +21,11 @@ idle <= 0.2%, window <= +3% while open, closing a window <= 100 ms, amortized <=
 default policy. Last, the pattern bytes per
 rank per window beside the same window's raw profiler trace.
 
-    .venv/bin/python bench/overhead.py [--rounds 30] [--block 10] [--policy JSON]
+    .venv/bin/python bench/overhead.py [--rounds 30] [--block 10] [--policy JSON] [--links]
+
+`--links` (root) puts each rank in its own network namespace, joined by veth pairs: the ranks then
+talk over real links, and a window also samples each rank's link at ~1 kHz (in bursts: the policy's
+`nic_sample_duty_ratio`), as on a multi-host job; over loopback that sampling does not run.
 """
 
 from __future__ import annotations
@@ -179,6 +183,8 @@ def main() -> int:
     p.add_argument("--block", type=int, default=10, help="steps per block (and per window)")
     p.add_argument("--policy", default="{}", help="trigger-policy fields as JSON, e.g. to cost one part alone")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--links", action="store_true", help="each rank in its own network namespace, joined by "
+                   "veth pairs (root): real links, so the window's fast NIC sampling runs as on a multi-host job")
     args = p.parse_args()
     if args.worker:
         worker(args)
@@ -186,6 +192,15 @@ def main() -> int:
     from eroica.collector.policy import TriggerPolicy
     from eroica.lab.launch import CpuCgroups, free_port
 
+    nets = None
+    if args.links:
+        from eroica.lab import netns
+
+        ok, why = netns.available()
+        if not ok:
+            print(f"--links: {why}")
+            return 2
+        nets = netns.RankNetworks(4).create()
     cg = CpuCgroups.create(None, 4)       # the job's own cpu cgroup with high shares, when possible
     try:
         with tempfile.TemporaryDirectory() as out:
@@ -194,10 +209,13 @@ def main() -> int:
             for r in range(4):
                 env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
                            WORLD_SIZE="4", LOCAL_RANK=str(r), OMP_NUM_THREADS="1")
-                procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--out", out, "--rounds",
-                                               str(args.rounds), "--block", str(args.block), "--policy", args.policy,
-                                               "--seed", str(args.seed)], env=env,
-                                              stderr=None if os.environ.get("BENCH_DEBUG") else subprocess.DEVNULL))
+                if nets is not None:
+                    env.update(MASTER_ADDR=nets.ip(0), GLOO_SOCKET_IFNAME="eth0")
+                cmd = [*(nets.prefix(r) if nets else []), sys.executable, __file__, "--worker", "--out", out,
+                       "--rounds", str(args.rounds), "--block", str(args.block), "--policy", args.policy,
+                       "--seed", str(args.seed)]
+                procs.append(subprocess.Popen(cmd, env=env, stderr=None if os.environ.get("BENCH_DEBUG")
+                                              else subprocess.DEVNULL))
                 cg.add(procs[-1].pid, r)
             rc = [p.wait(timeout=1800) for p in procs]
             if any(rc):
@@ -206,6 +224,8 @@ def main() -> int:
             rows = [json.loads((Path(out) / f"bench-{r}.json").read_text()) for r in range(4)]
     finally:
         cg.cleanup()
+        if nets is not None:
+            nets.cleanup()
     ratios = {m: [median(b) / median(nb) for r in rows for b, nb in zip(r["times"][m], r["times"]["none"])]
               for m in (*MODES, "close", "attach_close")}
     base = median(t for r in rows for b in r["times"]["none"] for t in b)
