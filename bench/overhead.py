@@ -19,7 +19,7 @@ directly: the training thread's CPU time inside `mon.step()`, its mean per call 
 steps - a store poll, the detector's turn - counts in full) and its median call. Targets (issue 20):
 idle <= 0.2%, window <= +3% while open, closing a window <= 100 ms, amortized <= 1% under the
 default policy. Last, the pattern bytes per
-rank per window beside the same window's raw profiler trace.
+rank per window beside the same window's raw trace (the profiler's, or a light window's own).
 
     .venv/bin/python bench/overhead.py [--rounds 30] [--block 10] [--policy JSON] [--links]
 

@@ -153,7 +153,7 @@ class TorchOpsRecorder:
         self._offset_ns = 0
         self.cuda = False
 
-    def start(self, detail: str = "framework") -> CollectorGap | None:
+    def start(self, detail: str) -> CollectorGap | None:
         """`detail`: the policy's `op_detail` at the window's start ("light", "framework" or "all")."""
         try:
             import torch
