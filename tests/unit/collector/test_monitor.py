@@ -30,7 +30,7 @@ def loop(mon: Monitor, steps: int, sleep_in_loader: float = 0.0) -> None:
 def test_forced_window_writes_a_small_valid_pattern_file(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("EROICA_FORCE_WINDOW_AT_STEP", "5")
     mon = Monitor(out_dir=tmp_path, policy=TriggerPolicy(window_steps=4))
-    loop(mon, 12, sleep_in_loader=0.01)
+    loop(mon, 12, sleep_in_loader=0.02)   # 4 steps of >= 20 ms: several 20 ms samples
     mon.close()
     files = list(tmp_path.glob("w000-s5/rank-0.json"))
     assert len(files) == 1
