@@ -2,19 +2,17 @@
 
 The ~1 kHz byte-counter sampling that link signatures need is worth its CPU only on the links the
 job actually uses: a job whose collectives all go over loopback has no per-rank link to sample.
-Read from /proc/<pid>/fd (the process's sockets), /proc/<pid>/net/tcp{,6} (their local addresses)
-and the interfaces' addresses (SIOCGIFADDR for IPv4, /proc/net/if_inet6 for IPv6), all in the
-process's own network namespace (the sampler helper is its child).
+Read from /proc/<pid>/fd (the process's sockets), /proc/<pid>/net/tcp{,6} (their addresses), and
+/proc/<pid>/net/route and if_inet6: all in the process's own network namespace, which need not be
+the reader's (the host's one sampler helper reads every local rank's).
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 import struct
 
-SIOCGIFADDR = 0x8915
 ESTABLISHED = "01"
 
 
@@ -41,8 +39,8 @@ def _v6(hex_addr: str) -> str:
     return addr[7:] if addr.startswith("::ffff:") and "." in addr else addr   # v4-mapped
 
 
-def local_addresses(pid: int) -> set[str]:
-    """Local IP addresses of the process's established TCP connections."""
+def connections(pid: int) -> set[tuple[str, str]]:
+    """(local, remote) IP addresses of the process's established TCP connections."""
     inodes = _socket_inodes(pid)
     out = set()
     for table, conv in (("tcp", _v4), ("tcp6", _v6)):
@@ -54,22 +52,28 @@ def local_addresses(pid: int) -> set[str]:
         for row in rows:
             f = row.split()
             if len(f) > 9 and f[3] == ESTABLISHED and f[9] in inodes:
-                out.add(conv(f[1].split(":")[0]))
+                out.add((conv(f[1].split(":")[0]), conv(f[2].split(":")[0])))
     return out
 
 
-def interface_addresses() -> dict[str, str]:
-    """address -> interface name, for the interfaces of this network namespace."""
+def _raw_v4(addr: str) -> int:
+    """An IPv4 address as /proc/net/route prints one (network-order bytes read as a host integer)."""
+    return int(struct.unpack("<I", socket.inet_aton(addr))[0])
+
+
+def routes_v4(pid: int) -> list[tuple[int, int, str]]:
+    """(destination, mask, interface) of the IPv4 routes in the process's network namespace, most
+    specific first."""
+    with open(f"/proc/{pid}/net/route") as fh:
+        rows = [r.split() for r in fh.read().splitlines()[1:]]
+    out = [(int(f[1], 16), int(f[7], 16), f[0]) for f in rows if len(f) > 7]
+    return sorted(out, key=lambda r: -bin(r[1]).count("1"))
+
+
+def interfaces_v6(pid: int) -> dict[str, str]:
     out: dict[str, str] = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                req = struct.pack("256s", name.encode()[:15])
-                out[socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFADDR, req)[20:24])] = name
-            except OSError:        # no IPv4 address on this interface
-                continue
     try:
-        with open("/proc/net/if_inet6") as fh:
+        with open(f"/proc/{pid}/net/if_inet6") as fh:
             for line in fh:
                 f = line.split()
                 if len(f) >= 6:
@@ -84,13 +88,29 @@ def _v6_plain(hex32: str) -> str:
 
 
 def job_interfaces(pid: int) -> set[str]:
-    """The interfaces the process's connections use ("lo" for loopback addresses)."""
-    addrs = local_addresses(pid)
-    by_addr = interface_addresses()
+    """The interfaces the process's connections use ("lo" for loopback addresses), as the process's
+    own network namespace routes them: the host helper that reads this may live in another one (a
+    container's, a rank's), so nothing here depends on the reader's namespace. IPv4: the route to
+    the peer's address (longest prefix); IPv6: the interface holding the local address."""
     out = set()
-    for a in addrs:
-        if a.startswith("127.") or a == "::1":
+    routes: list[tuple[int, int, str]] | None = None
+    v6: dict[str, str] | None = None
+    for local, remote in connections(pid):
+        if local.startswith("127.") or local == "::1":
             out.add("lo")
-        elif a in by_addr:
-            out.add(by_addr[a])
+        elif ":" not in local:
+            if routes is None:
+                try:
+                    routes = routes_v4(pid)
+                except OSError:
+                    routes = []
+            peer = _raw_v4(remote)
+            name = next((iface for dest, mask, iface in routes if peer & mask == dest), None)
+            if name is not None:
+                out.add(name)
+        else:
+            if v6 is None:
+                v6 = interfaces_v6(pid)
+            if local in v6:
+                out.add(v6[local])
     return out
