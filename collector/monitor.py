@@ -21,12 +21,12 @@ from eroica.collector.facts import Category, CollectorGap, JobInfo
 from eroica.collector.gather import PatternGather, wanted
 from eroica.collector.hang import HangWatch
 from eroica.collector.hooks.loader import TimedLoader
+from eroica.collector.host_sampler import open_sampler
 from eroica.collector.jobinfo import dist_info, framework_config, job_name
 from eroica.collector.layout import process_group_layout
 from eroica.collector.output import PatternOutput
 from eroica.collector.policy import TriggerPolicy
 from eroica.collector.privacy import Privacy, agree_salt, level_from
-from eroica.collector.sampler_proc import SamplerClient
 from eroica.collector.sink import ENV as SINK_ENV
 from eroica.collector.sink import TOKEN_ENV as SINK_TOKEN_ENV
 from eroica.collector.sink import PatternSink
@@ -187,7 +187,7 @@ class Monitor:
                                        self._sink.submit_hang if self._sink is not None else None,
                                        native=self.policy.hang_native_dump)
                 self._hang.start()
-            self._win.sampler = SamplerClient(os.getpid(), threading.get_native_id())
+            self._win.sampler = open_sampler(os.getpid(), threading.get_native_id(), self.policy.sampler_scope)
             self.gaps.extend(self._win.sampler.gaps)
         except Exception as exc:
             self._disable("init", exc)

@@ -52,8 +52,9 @@ class TriggerPolicy(BaseModel):
     )
     max_windows_per_hour: int = Field(6, ge=0)
     sample_interval_seconds: float = Field(
-        0.02, gt=0, le=1.0, description="hardware sampler period (each sample costs the helper ~0.2 ms of CPU "
-        "with cold caches: 20 ms is ~1% of a core per rank while a window is open)")
+        0.02, gt=0, le=1.0, description="hardware sampler period (each sample costs a helper of the rank's own "
+        "~0.2 ms of CPU with cold caches: 20 ms is ~0.9% of a core per rank while a window is open, ~0.6% on "
+        "the host's one helper with 4 ranks)")
     nic_sample_interval_seconds: float = Field(
         0.001, ge=0, le=1.0, description="fast NIC byte-counter sampling during the window (0 = off), on the "
         "links the job's connections use (not loopback)"
@@ -62,6 +63,11 @@ class TriggerPolicy(BaseModel):
         0.25, gt=0, le=1.0, description="share of the window the fast NIC sampling runs, in 50 ms bursts at "
         "random pauses (every 1 ms wake-up costs the helper ~35 us: 3.5% of a core per rank at 1.0, ~0.9% at "
         "0.25); a burst's samples are as fine as ever, so a link's signature keeps its shape")
+    sampler_scope: Literal["host", "rank"] = Field(
+        "host", description="host: one sampler helper per host and user ticks every local rank's sampler "
+        "(one wake-up per tick for the host, not one per rank: half the helper CPU per rank on 4 ranks); "
+        "rank: a helper per rank (a fault in one helper touches one rank). A rank that cannot reach the "
+        "host helper samples on its own")
     max_events: int = Field(200_000, ge=1000, description="cap on function executions kept per window")
     poll_every_steps: int = Field(
         4, ge=1, description="how often ranks check the store for a planned window (one store round trip)"

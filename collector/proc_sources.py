@@ -197,7 +197,8 @@ class CgroupOthers:
 
     def read(self) -> tuple[float, ...]:
         pids = [int(x) for x in self.procs_path.read_text().split()]
-        others = [p for p in pids if p != self.pid][:MAX_CGROUP_NEIGHBOURS]
+        # the helper reading this is eroica's, not a neighbour (the host helper may share the cgroup)
+        others = [p for p in pids if p != self.pid and p != os.getpid()][:MAX_CGROUP_NEIGHBOURS]
         for p in others:
             try:
                 raw = Path(f"/proc/{p}/stat").read_text()

@@ -71,28 +71,112 @@ class SampleSeries:
     extras: dict[str, object] = field(default_factory=dict)
 
 
+class Ticker:
+    """One thread that ticks every sampler added to it each `interval` seconds (with `duty` < 1: in
+    bursts of `burst` seconds, a `duty` share of the time, the pauses drawn at random so that a fixed
+    period cannot keep meeting the same part of a periodic step). The host helper ticks every local
+    rank's sampler on one ticker: one wake-up per tick for the host instead of one per rank. Its CPU
+    (the wake-up and the reads) is split evenly between the samplers it ticked."""
+
+    def __init__(self, interval: float, duty: float = 1.0, burst: float = 0.05, name: str = "eroica-sampler") -> None:
+        self.interval, self.duty, self.burst, self.name = interval, duty, burst, name
+        self._lock = threading.Lock()
+        self._samplers: list[HardwareSampler] = []
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __len__(self) -> int:
+        return len(self._samplers)
+
+    def add(self, s: HardwareSampler) -> None:
+        with self._lock:
+            self._samplers.append(s)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def remove(self, s: HardwareSampler, timeout: float = 2.0) -> bool:
+        """Take `s` off the ticker after its final sample; False when a tick did not end in time."""
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        try:
+            if s in self._samplers:
+                self._samplers.remove(s)
+                s._finish()
+        finally:
+            self._lock.release()
+        return True
+
+    def close(self, timeout: float = 2.0) -> bool:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def _run(self) -> None:
+        rng = random.Random(os.getpid() ^ threading.get_native_id())
+        cpu = time.thread_time()
+        next_t = time.monotonic()
+        burst_end = next_t + self.burst
+        while not self._stop.is_set():
+            with self._lock:
+                ticked = list(self._samplers)
+                for s in ticked:
+                    s._tick()
+                now_cpu = time.thread_time()
+                for s in ticked:                  # the wake-up since the last tick and the reads, shared
+                    s._cpu += (now_cpu - cpu) / len(ticked)
+                cpu = now_cpu
+            if not ticked:
+                self._wake.wait()
+                self._wake.clear()
+                cpu = time.thread_time()
+                next_t = time.monotonic()
+                burst_end = next_t + self.burst
+                continue
+            next_t += self.interval
+            if self.duty < 1.0 and next_t >= burst_end:
+                next_t = burst_end + self.burst * (1.0 / self.duty - 1.0) * rng.uniform(0.5, 1.5)
+                burst_end = next_t + self.burst
+            delay = next_t - time.monotonic()
+            if delay < 0:
+                next_t = time.monotonic()
+                delay = 0
+            # a plain sleep costs a third less CPU per wake-up than a timed Event.wait; a stop is
+            # seen within one interval, or at once in a pause between bursts
+            if delay > 2 * self.interval:
+                self._stop.wait(delay)
+            else:
+                time.sleep(delay)
+
+
 class HardwareSampler:
-    """Samples every `interval` seconds between start() and stop(); at most `capacity` samples."""
+    """Samples every `interval` seconds between start() and stop(); at most `capacity` samples.
+    On its own thread, or on a shared `ticker` (the host helper's, one per interval)."""
 
     def __init__(self, sources: list[Source], interval: float, capacity: int = 20_000, duty: float = 1.0,
-                 burst: float = 0.05) -> None:
+                 burst: float = 0.05, ticker: Ticker | None = None) -> None:
         self.sources = sources
         self.interval = interval
-        # duty < 1: sample in bursts of `burst` seconds, a `duty` share of the time, the pauses between
-        # them drawn at random (a fixed period could keep meeting the same part of a periodic step)
         self.duty, self.burst = duty, burst
         self.capacity = capacity
         self.gaps: list[CollectorGap] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._shared = ticker is not None
+        self._ticker = ticker
         self._n = 0
+        self._i = 0
         self._dropped = 0
         self._cpu = 0.0
+        self._opened = False
         cols = [c for s in sources for c in s.columns]
         self._t = np.zeros(capacity, dtype=np.int64)
         self._data = {c: np.full(capacity, np.nan) for c in cols}
         self._dead: set[str] = set()
-        # fast one-file sources, read raw through their own descriptors (opened in the thread)
+        # fast one-file sources, read raw through their own descriptors (opened on the ticking thread)
         self._raw: list[FileSource] = []
         self._fds: list[int] = []
         self._pending: list[tuple[int, list[bytes]]] = []
@@ -178,50 +262,44 @@ class HardwareSampler:
             for col, v in zip(src.columns, vals):
                 self._data[col][idx] = v
 
-    def _run(self) -> None:
-        t_cpu0 = time.thread_time()
-        self._open_raw()
-        i = 0
-        next_t = time.monotonic()
-        burst_end = next_t + self.burst
-        rng = random.Random(os.getpid())
-        while not self._stop.is_set():
-            if self._n >= self.capacity:
-                self._dropped += 1
-            else:
-                self._sample_once(self._n, slow=(i % SLOW_EVERY == 0))
-                self._n += 1
-            i += 1
-            next_t += self.interval
-            if self.duty < 1.0 and next_t >= burst_end:
-                next_t = burst_end + self.burst * (1.0 / self.duty - 1.0) * rng.uniform(0.5, 1.5)
-                burst_end = next_t + self.burst
-            delay = next_t - time.monotonic()
-            if delay < 0:
-                next_t = time.monotonic()
-                delay = 0
-            # a plain sleep costs a third less CPU per wake-up than a timed Event.wait; stop() is
-            # seen within one interval, or at once in a pause between bursts
-            if delay > 2 * self.interval:
-                self._stop.wait(delay)
-            else:
-                time.sleep(delay)
+    def _tick(self) -> None:
+        """One sample (every SLOW_EVERY-th one with the slow sources), on the ticking thread."""
+        if not self._opened:
+            self._opened = True
+            self._open_raw()
+        if self._n >= self.capacity:
+            self._dropped += 1
+        else:
+            self._sample_once(self._n, slow=(self._i % SLOW_EVERY == 0))
+            self._n += 1
+        self._i += 1
+
+    def _finish(self) -> None:
+        """A final full sample closes the window; the held raw ticks are parsed, the descriptors closed."""
+        c0 = time.thread_time()
+        if not self._opened:
+            self._opened = True
+            self._open_raw()
         if self._n < self.capacity:
-            self._sample_once(self._n, slow=True)  # a final full sample closes the window
+            self._sample_once(self._n, slow=True)
             self._n += 1
         self._parse_pending()
         self._close_raw()
-        self._cpu = time.thread_time() - t_cpu0
+        self._cpu += time.thread_time() - c0
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="eroica-sampler", daemon=True)
-        self._thread.start()
+        if self._ticker is None:
+            self._ticker = Ticker(self.interval, self.duty, self.burst)
+        self._ticker.add(self)
 
     def stop(self, timeout: float = 2.0) -> SampleSeries:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
+        ticker = self._ticker
+        if ticker is not None:
+            done = ticker.remove(self, timeout)
+            if not self._shared:
+                done = ticker.close(timeout) and done
+                self._ticker = None
+            if not done:
                 self.gaps.append(CollectorGap(source="sampler", reason="sampler thread did not stop in time"))
         n = self._n
         return SampleSeries(
@@ -234,27 +312,27 @@ class HardwareSampler:
         )
 
 
-def _nvml() -> Source:
+def _nvml(index: int | None = None) -> Source:
     from eroica.collector.nvml import open_nvml_source
 
-    return open_nvml_source()
+    return open_nvml_source(index)
 
 
-def _nvlink() -> Source:
+def _nvlink(index: int | None = None) -> Source:
     from eroica.collector.nvml import open_nvlink_source
 
-    return open_nvlink_source()
+    return open_nvlink_source(index)
 
 
-def _xid() -> Source:
+def _xid(index: int | None = None) -> Source:
     from eroica.collector.nvml import open_xid_source
 
-    return open_xid_source()
+    return open_xid_source(index)
 
 
-def default_sources(pid: int, main_tid: int) -> tuple[list[Source], list[CollectorGap]]:
-    """Every source this machine offers for process `pid` (training thread `main_tid`);
-    the ones that cannot even be set up become gaps."""
+def default_sources(pid: int, main_tid: int, gpu_index: int | None = None) -> tuple[list[Source], list[CollectorGap]]:
+    """Every source this machine offers for process `pid` (training thread `main_tid`, GPU `gpu_index`:
+    by default the one this process's LOCAL_RANK maps to); the ones that cannot even be set up become gaps."""
     sources: list[Source] = []
     gaps: list[CollectorGap] = []
     factories = [
@@ -269,9 +347,9 @@ def default_sources(pid: int, main_tid: int) -> tuple[list[Source], list[Collect
         ("disk_io", lambda: ProcIO(pid)),
         ("system_cpu", SystemCpu),
         ("nic", lambda: NetDev(pid)),
-        ("nvml", _nvml),
-        ("nvlink", _nvlink),
-        ("xid", _xid),
+        ("nvml", lambda: _nvml(gpu_index)),
+        ("nvlink", lambda: _nvlink(gpu_index)),
+        ("xid", lambda: _xid(gpu_index)),
     ]
     for name, make in factories:
         try:

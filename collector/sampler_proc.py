@@ -20,11 +20,12 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from eroica.collector.facts import CollectorGap
 from eroica.collector.netlinks import job_interfaces
 from eroica.collector.proc_sources import NetDev, SystemCpu, close_cached_files
-from eroica.collector.sampler import HardwareSampler, SampleSeries, default_sources
+from eroica.collector.sampler import HardwareSampler, SampleSeries, Ticker, default_sources
 
 
 def _series_to_dict(s: SampleSeries) -> dict:
@@ -41,6 +42,88 @@ def _series_to_dict(s: SampleSeries) -> dict:
 
 HELPER_NICE = 10     # the helper yields to the training process when they compete for a CPU
 
+TickerFor = Callable[[float, float], Ticker]    # (interval, duty) -> the shared ticker for them
+
+
+class RankSampling:
+    """One rank's sampling inside a helper: its sources, its sampler and its fast NIC sampler. In the
+    rank's own helper each runs on its own thread; in the host helper on tickers shared by the
+    host's ranks (`tickers`)."""
+
+    def __init__(self, pid: int, tid: int, gpu_index: int | None = None) -> None:
+        self.pid, self.tid, self.gpu_index = pid, tid, gpu_index
+        self.sampler: HardwareSampler | None = None
+        self.fast: HardwareSampler | None = None
+        self.setup_gaps: list[CollectorGap] = []
+        self.quota: float | None = None
+
+    def start(self, interval: float, capacity: int, nic_interval: float, nic_duty: float,
+              tickers: TickerFor | None = None) -> None:
+        sources, self.setup_gaps = default_sources(self.pid, self.tid, self.gpu_index)
+        self.quota = None
+        for src in sources:
+            if src.name == "cgroup_cpu":
+                try:
+                    self.quota = getattr(src, "quota_cores")()   # only the cgroup_cpu source has it
+                except Exception as exc:
+                    self.setup_gaps.append(CollectorGap(source="cgroup_quota", reason=repr(exc)[:200]))
+        self.sampler = HardwareSampler(sources, interval, capacity,
+                                       ticker=tickers(interval, 1.0) if tickers else None)
+        self.sampler.start()
+        self.fast = None
+        if nic_interval > 0:
+            try:
+                # link signatures need ~1 kHz: the byte counters of the links the job's connections
+                # use, on their own thread; a job that talks over loopback only has no link to sample
+                links = sorted(job_interfaces(self.pid) - {"lo"})
+                if links:
+                    self.fast = HardwareSampler([NetDev(self.pid, interfaces=tuple(links))], nic_interval,
+                                                capacity * 10, duty=nic_duty,
+                                                ticker=tickers(nic_interval, nic_duty) if tickers else None)
+                    self.fast.start()
+                else:
+                    self.setup_gaps.append(CollectorGap(source="nic_fast", reason="the job's connections all use "
+                                                        "loopback: no per-rank link to sample fast"))
+            except Exception as exc:
+                self.setup_gaps.append(CollectorGap(source="nic_fast", reason=repr(exc)[:200]))
+
+    @property
+    def running(self) -> bool:
+        return self.sampler is not None
+
+    def stop(self) -> bytes:
+        """The window's series, pickled for the rank (8-byte big-endian length first)."""
+        assert self.sampler is not None
+        sampler, self.sampler = self.sampler, None
+        series = sampler.stop()
+        series.gaps = self.setup_gaps + series.gaps
+        if self.fast is not None:
+            fs = self.fast.stop()
+            cols = [c for c in fs.columns if c.startswith("nic:")]
+            series.extras["nic_fast_t_ns"] = fs.t_ns
+            series.extras["nic_fast_bytes"] = sum(fs.columns[c] for c in cols) if cols else None
+            series.extras["nic_fast_interval_seconds"] = fs.interval_seconds
+            series.sampler_cpu_seconds += fs.sampler_cpu_seconds
+            self.fast = None
+        series.extras["cgroup_cpu_quota_cores"] = self.quota
+        for src in sampler.sources:
+            if isinstance(src, SystemCpu):
+                series.extras["per_core_util_ratio"] = src.per_core_util()
+        blob = pickle.dumps(_series_to_dict(series), protocol=pickle.HIGHEST_PROTOCOL)
+        return struct.pack(">Q", len(blob)) + blob
+
+
+def series_from_dict(d: dict) -> SampleSeries:
+    return SampleSeries(
+        t_ns=d["t_ns"],
+        columns=d["columns"],
+        gaps=[CollectorGap(**g) for g in d["gaps"]],
+        interval_seconds=d["interval_seconds"],
+        sampler_cpu_seconds=d["sampler_cpu_seconds"],
+        dropped_total=d["dropped_total"],
+        extras=d["extras"],
+    )
+
 
 def helper_main(pid: int, tid: int) -> None:
     out = sys.stdout.buffer
@@ -48,63 +131,19 @@ def helper_main(pid: int, tid: int) -> None:
         os.nice(HELPER_NICE)
     except OSError:
         pass
-    sampler: HardwareSampler | None = None
-    fast: HardwareSampler | None = None
-    setup_gaps: list[CollectorGap] = []
-    quota: float | None = None
+    rank = RankSampling(pid, tid)
     for line in sys.stdin:
         cmd = line.split()
         if not cmd:
             continue
         if cmd[0] == "start":
-            sources, setup_gaps = default_sources(pid, tid)
-            quota = None
-            for src in sources:
-                if src.name == "cgroup_cpu":
-                    try:
-                        quota = getattr(src, "quota_cores")()   # only the cgroup_cpu source has it
-                    except Exception as exc:
-                        setup_gaps.append(CollectorGap(source="cgroup_quota", reason=repr(exc)[:200]))
-            sampler = HardwareSampler(sources, float(cmd[1]), int(cmd[2]))
-            sampler.start()
-            fast = None
-            nic_interval = float(cmd[3]) if len(cmd) > 3 else 0.0
-            if nic_interval > 0:
-                try:
-                    # link signatures need ~1 kHz: the byte counters of the links the job's connections
-                    # use, on their own thread; a job that talks over loopback only has no link to sample
-                    links = sorted(job_interfaces(pid) - {"lo"})
-                    if links:
-                        duty = float(cmd[4]) if len(cmd) > 4 else 1.0
-                        fast = HardwareSampler([NetDev(pid, interfaces=tuple(links))], nic_interval,
-                                               int(cmd[2]) * 10, duty=duty)
-                        fast.start()
-                    else:
-                        setup_gaps.append(CollectorGap(source="nic_fast", reason="the job's connections all use "
-                                                       "loopback: no per-rank link to sample fast"))
-                except Exception as exc:
-                    setup_gaps.append(CollectorGap(source="nic_fast", reason=repr(exc)[:200]))
+            rank.start(float(cmd[1]), int(cmd[2]), float(cmd[3]) if len(cmd) > 3 else 0.0,
+                       float(cmd[4]) if len(cmd) > 4 else 1.0)
             out.write(b"ok\n")
             out.flush()
-        elif cmd[0] == "stop" and sampler is not None:
-            series = sampler.stop()
-            series.gaps = setup_gaps + series.gaps
-            if fast is not None:
-                fs = fast.stop()
-                cols = [c for c in fs.columns if c.startswith("nic:")]
-                series.extras["nic_fast_t_ns"] = fs.t_ns
-                series.extras["nic_fast_bytes"] = sum(fs.columns[c] for c in cols) if cols else None
-                series.extras["nic_fast_interval_seconds"] = fs.interval_seconds
-                series.sampler_cpu_seconds += fs.sampler_cpu_seconds
-                fast = None
-            series.extras["cgroup_cpu_quota_cores"] = quota
-            for src in sampler.sources:
-                if isinstance(src, SystemCpu):
-                    series.extras["per_core_util_ratio"] = src.per_core_util()
-            blob = pickle.dumps(_series_to_dict(series), protocol=pickle.HIGHEST_PROTOCOL)
-            out.write(struct.pack(">Q", len(blob)) + blob)
+        elif cmd[0] == "stop" and rank.running:
+            out.write(rank.stop())
             out.flush()
-            sampler = None
             close_cached_files()
         elif cmd[0] == "quit":
             break
@@ -181,15 +220,7 @@ class SamplerClient:
         except Exception as exc:
             self._fail("stop failed", exc)
             return None
-        return SampleSeries(
-            t_ns=d["t_ns"],
-            columns=d["columns"],
-            gaps=[CollectorGap(**g) for g in d["gaps"]],
-            interval_seconds=d["interval_seconds"],
-            sampler_cpu_seconds=d["sampler_cpu_seconds"],
-            dropped_total=d["dropped_total"],
-            extras=d["extras"],
-        )
+        return series_from_dict(d)
 
     def close(self) -> None:
         proc, self.proc = self.proc, None

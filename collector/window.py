@@ -10,6 +10,7 @@ from collections import deque
 from eroica.collector.critical import Execution
 from eroica.collector.facts import CollectorGap, JobInfo
 from eroica.collector.hooks.gc_hook import GcHook
+from eroica.collector.host_sampler import HostSamplerClient
 from eroica.collector.policy import TriggerPolicy
 from eroica.collector.sampler_proc import SamplerClient
 from eroica.collector.summarize import WindowRecord
@@ -26,7 +27,7 @@ def window_id(plan: WindowPlan) -> str:
 class WindowLifecycle:
     """Open -> record -> close of one window at a time, with the hourly budget of windows."""
 
-    def __init__(self, sampler: SamplerClient | None) -> None:
+    def __init__(self, sampler: SamplerClient | HostSamplerClient | None) -> None:
         self.plan: WindowPlan | None = None
         self.recording = False
         self.sampler = sampler

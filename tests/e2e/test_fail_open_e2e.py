@@ -13,13 +13,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from eroica.collector.facts import PatternsDoc
+from eroica.collector.host_sampler import LINGER_SECONDS
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.lab.launch import launch
 
@@ -81,8 +85,9 @@ def one_warning(log: str, what: str) -> None:
 
 
 def test_broken_sampler_sources_and_a_hung_helper_are_gaps(tmp_path: Path) -> None:
+    """Each rank with a helper of its own (`sampler_scope=rank`), so that each rank's fault is its own."""
     chaos = "0:sampler_raise,1:sampler_hang,2:proc_errors,3:nvml_error"
-    seen = run(tmp_path, chaos, faults=4)
+    seen = run(tmp_path, chaos, env={"EROICA_POLICY_SAMPLER_SCOPE": "rank"}, faults=4)
     no_leaks(seen)
     assert "schedstat: read failed" in gaps(tmp_path, 0) and "injected: schedstat" in gaps(tmp_path, 0)
     assert "sampler: stop failed: TimeoutError" in gaps(tmp_path, 1)
@@ -92,6 +97,27 @@ def test_broken_sampler_sources_and_a_hung_helper_are_gaps(tmp_path: Path) -> No
     assert "nvml: read failed" in gaps(tmp_path, 3) and "GPU_IS_LOST" in gaps(tmp_path, 3)
     hw = doc(tmp_path, 0).hardware                     # the other sources were sampled all window long
     assert hw.samples_total > 10 and hw.process_cpu_cores is not None and hw.system_cpu_util_ratio is not None
+
+
+def test_a_hung_host_sampler_is_a_gap_on_every_rank_and_leaves_with_the_job(tmp_path: Path) -> None:
+    """The host's one helper (the default) hangs at the window's end: every rank waits its timeout,
+    records the gap and trains on; the helper, stuck, still exits once the job's ranks are gone."""
+    tmp = Path(tempfile.mkdtemp(prefix="eh", dir="/tmp"))            # the job's own helper socket
+    try:
+        seen = run(tmp_path, "0:sampler_hang,1:sampler_hang,2:sampler_hang,3:sampler_hang",
+                   env={"TMPDIR": str(tmp)}, faults=1)
+        no_leaks(seen)
+        for r in range(4):
+            assert "host sampler stop failed" in gaps(tmp_path, r), gaps(tmp_path, r)
+        def helper_left() -> bool:
+            return subprocess.run(["pgrep", "-f", f"host_sampler {tmp}"], capture_output=True).returncode == 0
+
+        deadline = time.monotonic() + LINGER_SECONDS + 10
+        while time.monotonic() < deadline and helper_left():
+            time.sleep(0.5)
+        assert not helper_left(), "the hung helper outlived its job"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_a_broken_recorder_an_unreachable_or_hung_store_and_a_slow_disk_do_not_stop_training(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ def _inject(faults: set[str]) -> None:
         sample = {"gpu_sm_clock_mhz": 1980, "gpu_mem_clock_mhz": 2619, "gpu_util_ratio": 0.9, "gpu_power_w": 500,
                   "gpu_power_limit_w": 700, "gpu_temp_c": 60, "gpu_throttle_mask": 0, "gpu_pcie_gen": 5,
                   "gpu_pcie_width": 16, "gpu_mem_used_bytes": 1e10}
-        sampler._nvml = lambda: NvmlSource(Failing([sample]), 0)
+        sampler._nvml = lambda index=None: NvmlSource(Failing([sample]), 0)
     if "record_raise" in faults:              # recording a region or a batch fails
         def bad_record(self, ex):  # type: ignore[no-untyped-def]
             if self._win.recording:
