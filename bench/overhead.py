@@ -10,6 +10,8 @@ blocks, shuffled anew each round, so machine noise and drift hit every mode alik
 - `window_framework`: the same window with `op_detail="framework"` (a profiler session: autograd
   nodes one by one) beside the default `light` (no profiler session: framework functions timed by
   eroica's own wrappers, the backward pass as one function), to compare the two in one run;
+- `window_rank`: the same window sampled by a helper of the rank's own (`sampler_scope="rank"`)
+  beside the default, the host's one helper ticking every rank's sampler;
 - `attach`, `attach_window`: the same two without a line of eroica in the loop (zero-code attach,
   `eroica run`): no regions, and the step is counted by the attach's optimizer step hook;
 - `profiler`: `torch.profiler` recording every CPU op all the time (eroica's anchor).
@@ -37,12 +39,14 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from statistics import mean, median, quantiles
 
-MODES = ("none", "none2", "idle", "window", "window_framework", "attach", "attach_window", "profiler")
-WINDOWS = ("window", "window_framework", "attach_window")
+MODES = ("none", "none2", "idle", "window", "window_framework", "window_rank", "attach", "attach_window",
+         "profiler")
+WINDOWS = ("window", "window_framework", "window_rank", "attach_window")
 CLOSES = {"window": "close", "attach_window": "attach_close"}     # their close steps, timed apart
 
 
@@ -68,6 +72,13 @@ def worker(args: argparse.Namespace) -> None:
                            cooldown_steps=0, max_windows_per_hour=1000, keep_raw_trace=True,
                            raw_trace_max_bytes=1 << 30, **json.loads(args.policy))
     mon = Monitor(out_dir=args.out, policy=policy)
+    host_sampler = mon._win.sampler
+    if getattr(host_sampler, "scope", "rank") != "host":
+        print(f"[rank {rank}] the Monitor's sampler is not the host's: window and window_rank are the same", flush=True)
+    from eroica.collector.sampler_proc import SamplerClient
+
+    own_sampler = SamplerClient(os.getpid(), threading.get_native_id())
+    window_modes: list[str] = []           # which mode each window (in order) was
     x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 
     # the zero-code blocks count steps through the attach's hook, on this same Monitor; elsewhere the
@@ -114,7 +125,10 @@ def worker(args: argparse.Namespace) -> None:
                 prof.start()
             if mode == "window_framework":
                 mon.policy = policy.model_copy(update={"op_detail": "framework"})
+            if mode == "window_rank":
+                mon._win.sampler = own_sampler
             if mode in WINDOWS:
+                window_modes.append(mode)
                 if mode in CLOSES:
                     times[CLOSES[mode]].append([])
                 mon.request_window()
@@ -126,7 +140,7 @@ def worker(args: argparse.Namespace) -> None:
             for k in range(args.block):
                 t, c0 = time.perf_counter(), time.thread_time()
                 step()
-                if mode in ("idle", "window", "window_framework"):
+                if mode in ("idle", "window", "window_framework", "window_rank"):
                     c = time.thread_time()
                     mon.step()
                     if mode == "idle":
@@ -144,6 +158,7 @@ def worker(args: argparse.Namespace) -> None:
                 del prof
             attach.S.explicit, attach.S.monitor = True, None
             mon.policy = policy
+            mon._win.sampler = host_sampler
             mon._last_ns = None       # blocks without mon.step() went unseen: no step spans them
             for _ in range(2):        # settle: the close step's after-effects land here, untimed
                 train_step()
@@ -151,14 +166,17 @@ def worker(args: argparse.Namespace) -> None:
     hang = mon._hang
     watchdog = {"cpu_seconds": hang.cpu_seconds, "wall_seconds": time.monotonic() - hang.started} if hang else None
     mon.close()
+    own_sampler.close()
     sizes = []
-    for d in sorted(d for d in Path(args.out).iterdir() if d.is_dir() and d.name.startswith("w")):
+    dirs = sorted(d for d in Path(args.out).iterdir() if d.is_dir() and d.name.startswith("w"))
+    for d, wmode in zip(dirs, window_modes):
         doc, trace = d / f"rank-{rank}.json", d / f"rank-{rank}.trace.json"
         if doc.is_file():
             data = json.loads(doc.read_text())
             sizes.append({"pattern": doc.stat().st_size, "trace": trace.stat().st_size if trace.is_file() else 0,
                           "samples": data["hardware"]["samples_total"],
-                          "sampler_share": data["overhead"]["sampler_cpu_seconds"] / data["window"]["wall_seconds"]})
+                          "sampler_share": data["overhead"]["sampler_cpu_seconds"] / data["window"]["wall_seconds"],
+                          "mode": wmode})
     out = {"rank": rank, "times": times, "cpu": cpu, "step_cpu": step_cpu, "sizes": sizes, "watchdog": watchdog}
     Path(args.out, f"bench-{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
@@ -253,7 +271,7 @@ def main() -> int:
     # the same blocks in the training thread's CPU time: the work the window adds to the step, without
     # the wall clock's noise from 4 ranks sharing 2 cores (the sampler helper's own CPU is printed below)
     cpu_ratios = {m: [median(b) / median(nb) for r in rows for b, nb in zip(r["cpu"][m], r["cpu"]["none"])]
-                  for m in ("none2", "idle", "window", "window_framework", "attach_window", "profiler")}
+                  for m in ("none2", "idle", "window", "window_framework", "window_rank", "attach_window", "profiler")}
     cpu_noise = max(abs(q - 1) for q in quantiles(cpu_ratios["none2"], n=4)[::2])
     print(f"the same in the training thread's CPU per step (A/A +-{cpu_noise:.2%}): window "
           f"{_spread(cpu_ratios['window'])}, zero-code window {_spread(cpu_ratios['attach_window'])}, window with "
@@ -263,6 +281,12 @@ def main() -> int:
     # cancels): what light saves over framework
     paired = [median(a) / median(b) for r in rows for a, b in zip(r["cpu"]["window"], r["cpu"]["window_framework"])]
     print(f"op_detail=light against framework, paired in the same rounds (training-thread CPU): {_spread(paired)}")
+    host = [median(a) / median(b) for r in rows for a, b in zip(r["cpu"]["window"], r["cpu"]["window_rank"])]
+    host_wall = [median(a) / median(b) for r in rows for a, b in zip(r["times"]["window"], r["times"]["window_rank"])]
+    print(f"the host's one sampler helper against a helper per rank (sampler_scope=rank): window "
+          f"{median(ratios['window']) - 1:+.2%} vs {median(ratios['window_rank']) - 1:+.2%} by the wall clock, "
+          f"{median(cpu_ratios['window']) - 1:+.2%} vs {median(cpu_ratios['window_rank']) - 1:+.2%} in "
+          f"training-thread CPU; paired in the same rounds: CPU {_spread(host)}, wall {_spread(host_wall)}")
     za, zw = median(ratios["attach"]) - 1, median(ratios["attach_window"]) - 1
     print(f"zero-code attach (no eroica line in the loop), beside the explicit API in the same run: idle "
           f"{za:+.2%} vs {idle:+.2%}, window {zw:+.2%} vs {win:+.2%}; within the noise floor: "
@@ -278,9 +302,12 @@ def main() -> int:
     sizes = [s for r in rows for s in r["sizes"]]
     if sizes:
         pat, raw = median(s["pattern"] for s in sizes), median(s["trace"] for s in sizes)
+        share = {m: median([s["sampler_share"] for s in sizes if s["mode"] == m] or [float("nan")])
+                 for m in ("window", "window_rank")}
         print(f"patterns per rank per window: {pat / 1024:.1f} KB (median of {len(sizes)}); the same window's "
-              f"trace: {raw / 1024:.0f} KB, {raw / pat:.0f}x larger; the sampler helper used "
-              f"{median(s['sampler_share'] for s in sizes):.1%} of a core per rank while the window was open")
+              f"trace: {raw / 1024:.0f} KB, {raw / pat:.0f}x larger; sampler CPU while the window was open, per "
+              f"rank: {share['window']:.2%} of a core on the host's helper (its share), "
+              f"{share['window_rank']:.2%} on a helper of its own")
     return 0
 
 
