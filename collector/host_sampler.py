@@ -180,11 +180,12 @@ class HostHelper:
                     rank.stop()
             with contextlib.suppress(OSError):
                 conn.close()
+            # the /proc descriptors cached for reads (proc_sources) stay open while the helper lives:
+            # ranks share them (/proc/stat), and closing them under another rank's read is worse than
+            # a few stale ones of ranks gone (bounded by the job's ranks; the helper leaves with them)
             with self.lock:
                 self.attached.pop(id(conn), None)
                 self.left_at = time.monotonic()
-                if not self.attached and not any(len(t) for t in self.tickers.values()):
-                    close_cached_files()   # no rank is sampled: the cached /proc descriptors go
 
 
 def _peer(conn: socket.socket) -> tuple[int, int]:
