@@ -61,6 +61,19 @@ def wait_gone(path: Path, seconds: float) -> bool:
     return False
 
 
+def samples_on_its_own() -> None:
+    """This rank, refused the host helper, samples with a helper of its own, and nothing is lost."""
+    c = HostSamplerClient(os.getpid(), threading.get_native_id())
+    try:
+        assert c.scope == "rank" and c.gaps == []
+        assert c.start(0.01, 100)
+        time.sleep(0.1)
+        series = c.stop()
+        assert series is not None and len(series.t_ns) > 3
+    finally:
+        c.close()
+
+
 def test_two_ranks_share_one_helper_and_each_gets_its_own_process_sampled(own_tmp) -> None:  # type: ignore[no-untyped-def]
     other = subprocess.Popen([sys.executable, "-c", RANK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert other.stdout is not None and other.stdin is not None
@@ -110,15 +123,7 @@ def test_a_socket_directory_others_can_enter_is_not_used(own_tmp) -> None:  # ty
     d = socket_path().parent
     d.mkdir(mode=0o700)
     d.chmod(0o777)
-    c = HostSamplerClient(os.getpid(), threading.get_native_id())
-    try:
-        assert c.scope == "rank" and c.gaps == []                             # nothing lost: a helper of its own
-        assert c.start(0.01, 100)
-        time.sleep(0.1)
-        series = c.stop()
-        assert series is not None and len(series.t_ns) > 3
-    finally:
-        c.close()
+    samples_on_its_own()
     assert not socket_path().exists()
 
 
@@ -191,15 +196,9 @@ def test_a_helper_in_another_cgroup_with_a_cpu_quota_is_not_shared(own_tmp) -> N
         assert other.stdout is not None and other.stdin is not None
         scope, helper = other.stdout.readline().split()
         assert scope == "host" and str(int(helper)) in (cg / "cgroup.procs").read_text().split()
-        mine = HostSamplerClient(os.getpid(), threading.get_native_id())
         try:
-            assert mine.scope == "rank" and mine.gaps == []        # its own helper: nothing lost
-            assert mine.start(0.01, 100)
-            time.sleep(0.1)
-            series = mine.stop()
-            assert series is not None and len(series.t_ns) > 3
+            samples_on_its_own()
         finally:
-            mine.close()
             other.stdin.close()
             other.wait(timeout=10)
             other.stdout.close()
