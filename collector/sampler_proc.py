@@ -3,8 +3,10 @@
 A sampler thread inside the training process competes for the GIL: under a busy training loop
 each /proc read waits for the interpreter's switch interval, and a 5 ms sampler delivers a
 sample every ~40 ms. So the sampler runs in a small helper process (no torch import) that reads
-/proc/<pid>/... of the training process on the same system-wide monotonic clock. It is started
-once per Monitor, sleeps on a pipe between windows (no CPU), and exits when the pipe closes.
+/proc/<pid>/... of the training process on the same system-wide monotonic clock. This module is
+a rank's own helper (`sampler_scope="rank"`, or a rank's fallback from the host's one helper,
+`host_sampler`, which runs the same `RankSampling` for every local rank): started once per
+Monitor, it sleeps on a pipe between windows (no CPU), and exits when the pipe closes.
 
 Protocol on the helper's stdin/stdout: `start <interval_s> <capacity> [<nic_interval_s> <nic_duty>]\\n`
 -> `ok\\n`;
