@@ -30,7 +30,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import pickle
 import select
 import socket
 import stat
@@ -47,11 +46,12 @@ from eroica.collector.facts import CollectorGap
 from eroica.collector.nvml import gpu_index_for_rank
 from eroica.collector.proc_sources import CgroupCpu, close_cached_files
 from eroica.collector.sampler import SampleSeries, Ticker
-from eroica.collector.sampler_proc import HELPER_NICE, RankSampling, SamplerClient, series_from_dict
+from eroica.collector.sampler_proc import HELPER_NICE, RankSampling, SamplerClient, read_exact, read_series
 
 log = logging.getLogger("eroica.collector")
 
 PROTOCOL = 1
+WHO = "host sampler"
 LINGER_SECONDS = 5.0          # the helper outlives its last rank this long (a Monitor restarting)
 FIRST_RANK_SECONDS = 30.0     # a helper no rank ever reached exits after this long
 SPAWN_SECONDS = 10.0          # how long a rank waits for the helper it spawned to listen
@@ -117,10 +117,15 @@ class HostHelper:
                 continue
             except OSError:
                 return
+            try:
+                pid, uid = _peer(conn)
+            except OSError:
+                conn.close()
+                continue
             with self.lock:
                 self.ever = True
-                self.attached[id(conn)] = _peer(conn)[0]
-            threading.Thread(target=self._rank, args=(conn,), name="eroica-rank", daemon=True).start()
+                self.attached[id(conn)] = pid
+            threading.Thread(target=self._rank, args=(conn, pid, uid), name="eroica-rank", daemon=True).start()
 
     def _idle(self) -> bool:
         """No rank left whose process lives: ranks that disconnected, or died while a read in this
@@ -146,10 +151,10 @@ class HostHelper:
             t.close()
         return True
 
-    def _rank(self, conn: socket.socket) -> None:
+    def _rank(self, conn: socket.socket, pid: int, uid: int) -> None:
+        """One rank's connection, `pid` and `uid` from its peer credentials."""
         rank: RankSampling | None = None
         try:
-            pid, uid = _peer(conn)
             f = conn.makefile("rb")
             out = conn.makefile("wb")
             cmd = f.readline().split()
@@ -280,23 +285,14 @@ class HostSamplerClient:
         if self.own is None:
             self.own = SamplerClient(self.pid, self.tid, self.timeout)
 
-    def _read(self, n: int, deadline: float) -> bytes:
+    def _fd(self) -> int:
         assert self.sock is not None
-        buf = bytearray()
-        while len(buf) < n:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
-                raise TimeoutError("host sampler did not answer in time")
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise EOFError("host sampler closed the connection")
-            buf += chunk
-        return bytes(buf)
+        return self.sock.fileno()
 
     def _line(self, deadline: float) -> str:
         buf = b""
         while not buf.endswith(b"\n"):
-            buf += self._read(1, deadline)
+            buf += read_exact(self._fd(), 1, deadline, WHO)
             if len(buf) > 64:
                 raise RuntimeError(f"unexpected answer {buf!r}")
         return buf.decode()
@@ -307,7 +303,7 @@ class HostSamplerClient:
         try:
             assert self.sock is not None
             self.sock.sendall(f"start {interval} {capacity} {nic_interval} {nic_duty}\n".encode())
-            if self._line(time.monotonic() + self.timeout) != "ok\n":
+            if read_exact(self._fd(), 3, time.monotonic() + self.timeout, WHO) != b"ok\n":
                 raise RuntimeError("unexpected answer to start")
             self._running = True
             return True
@@ -325,9 +321,7 @@ class HostSamplerClient:
         try:
             assert self.sock is not None
             self.sock.sendall(b"stop\n")
-            deadline = time.monotonic() + self.timeout
-            (n,) = struct.unpack(">Q", self._read(8, deadline))
-            return series_from_dict(pickle.loads(self._read(n, deadline)))
+            return read_series(self._fd(), time.monotonic() + self.timeout, WHO)
         except Exception as exc:
             self._fall_back("stop failed; this rank samples on its own from the next window", exc)
             return None

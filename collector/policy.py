@@ -65,7 +65,8 @@ class TriggerPolicy(BaseModel):
         "0.25); a burst's samples are as fine as ever, so a link's signature keeps its shape")
     sampler_scope: Literal["host", "rank"] = Field(
         "host", description="host: one sampler helper per host and user ticks every local rank's sampler "
-        "(one wake-up per tick for the host, not one per rank: half the helper CPU per rank on 4 ranks); "
+        "(one wake-up per tick for the host, not one per rank: on 4 ranks a third less helper CPU per rank "
+        "over loopback, half over real links, where each rank's link is also sampled at ~1 kHz); "
         "rank: a helper per rank (a fault in one helper touches one rank). A rank that cannot reach the "
         "host helper samples on its own")
     max_events: int = Field(200_000, ge=1000, description="cap on function executions kept per window")

@@ -162,11 +162,11 @@ class HardwareSampler:
                  burst: float = 0.05, ticker: Ticker | None = None) -> None:
         self.sources = sources
         self.interval = interval
-        self.duty, self.burst = duty, burst
         self.capacity = capacity
         self.gaps: list[CollectorGap] = []
-        self._shared = ticker is not None
-        self._ticker = ticker
+        # a sampler alone has a ticker of its own (its thread starts at start(), ends at stop())
+        self._owns_ticker = ticker is None
+        self._ticker = Ticker(interval, duty, burst) if ticker is None else ticker
         self._n = 0
         self._i = 0
         self._dropped = 0
@@ -262,11 +262,14 @@ class HardwareSampler:
             for col, v in zip(src.columns, vals):
                 self._data[col][idx] = v
 
-    def _tick(self) -> None:
-        """One sample (every SLOW_EVERY-th one with the slow sources), on the ticking thread."""
+    def _ensure_open(self) -> None:
         if not self._opened:
             self._opened = True
             self._open_raw()
+
+    def _tick(self) -> None:
+        """One sample (every SLOW_EVERY-th one with the slow sources), on the ticking thread."""
+        self._ensure_open()
         if self._n >= self.capacity:
             self._dropped += 1
         else:
@@ -277,9 +280,7 @@ class HardwareSampler:
     def _finish(self) -> None:
         """A final full sample closes the window; the held raw ticks are parsed, the descriptors closed."""
         c0 = time.thread_time()
-        if not self._opened:
-            self._opened = True
-            self._open_raw()
+        self._ensure_open()
         if self._n < self.capacity:
             self._sample_once(self._n, slow=True)
             self._n += 1
@@ -288,19 +289,14 @@ class HardwareSampler:
         self._cpu += time.thread_time() - c0
 
     def start(self) -> None:
-        if self._ticker is None:
-            self._ticker = Ticker(self.interval, self.duty, self.burst)
         self._ticker.add(self)
 
     def stop(self, timeout: float = 2.0) -> SampleSeries:
-        ticker = self._ticker
-        if ticker is not None:
-            done = ticker.remove(self, timeout)
-            if not self._shared:
-                done = ticker.close(timeout) and done
-                self._ticker = None
-            if not done:
-                self.gaps.append(CollectorGap(source="sampler", reason="sampler thread did not stop in time"))
+        done = self._ticker.remove(self, timeout)
+        if self._owns_ticker:
+            done = self._ticker.close(timeout) and done
+        if not done:
+            self.gaps.append(CollectorGap(source="sampler", reason="sampler thread did not stop in time"))
         n = self._n
         return SampleSeries(
             t_ns=self._t[:n].copy(),

@@ -115,7 +115,24 @@ class RankSampling:
         return struct.pack(">Q", len(blob)) + blob
 
 
-def series_from_dict(d: dict) -> SampleSeries:
+def read_exact(fd: int, n: int, deadline: float, who: str) -> bytes:
+    """n bytes from a helper's pipe or socket by `deadline`: a TimeoutError or EOFError naming `who`."""
+    buf = bytearray()
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError(f"{who} did not answer in time")
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            raise EOFError(f"{who} exited")
+        buf += chunk
+    return bytes(buf)
+
+
+def read_series(fd: int, deadline: float, who: str) -> SampleSeries:
+    """What `RankSampling.stop` wrote: 8-byte big-endian length, then the pickled series."""
+    (n,) = struct.unpack(">Q", read_exact(fd, 8, deadline, who))
+    d = pickle.loads(read_exact(fd, n, deadline, who))
     return SampleSeries(
         t_ns=d["t_ns"],
         columns=d["columns"],
@@ -151,6 +168,9 @@ def helper_main(pid: int, tid: int) -> None:
             break
 
 
+WHO = "sampler helper"
+
+
 class SamplerClient:
     """The training process's handle on the helper. Every failure is a gap, never an exception."""
 
@@ -174,19 +194,9 @@ class SamplerClient:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _read_exact(self, n: int, deadline: float) -> bytes:
+    def _out(self) -> int:
         assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        buf = bytearray()
-        while len(buf) < n:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TimeoutError("sampler helper did not answer in time")
-            chunk = os.read(fd, n - len(buf))
-            if not chunk:
-                raise EOFError("sampler helper exited")
-            buf += chunk
-        return bytes(buf)
+        return self.proc.stdout.fileno()
 
     def _fail(self, what: str, exc: BaseException) -> None:
         self.gaps.append(CollectorGap(source="sampler", reason=f"{what}: {exc!r}"[:200]))
@@ -199,7 +209,7 @@ class SamplerClient:
         try:
             self.proc.stdin.write(f"start {interval} {capacity} {nic_interval} {nic_duty}\n".encode())
             self.proc.stdin.flush()
-            line = self._read_exact(3, time.monotonic() + self.timeout)
+            line = read_exact(self._out(), 3, time.monotonic() + self.timeout, WHO)
             if line != b"ok\n":
                 raise RuntimeError(f"unexpected answer {line!r}")
             self._running = True
@@ -216,13 +226,10 @@ class SamplerClient:
         try:
             self.proc.stdin.write(b"stop\n")
             self.proc.stdin.flush()
-            deadline = time.monotonic() + self.timeout
-            (n,) = struct.unpack(">Q", self._read_exact(8, deadline))
-            d = pickle.loads(self._read_exact(n, deadline))
+            return read_series(self._out(), time.monotonic() + self.timeout, WHO)
         except Exception as exc:
             self._fail("stop failed", exc)
             return None
-        return series_from_dict(d)
 
     def close(self) -> None:
         proc, self.proc = self.proc, None
