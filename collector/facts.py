@@ -195,6 +195,9 @@ class PatternsDoc(Frozen):
     # a light window's structural evidence (the profiler's per-node functions carry it otherwise): the
     # autograd nodes its steps' backward passes ran, by type; {} when not counted
     autograd_nodes_total: dict[str, NonNegativeInt] = Field(default_factory=dict)
+    # the window steps those counts cover: a light window stops counting once SAME_STEPS steps in a row
+    # ran the same nodes (a static graph); None: every step of the window
+    autograd_nodes_steps: NonNegativeInt | None = None
     privacy: Literal["keep", "hash", "drop"] = "keep"   # what was done to names before writing
 
     model_config = ConfigDict(populate_by_name=True)    # and Frozen's, which pydantic merges in

@@ -67,6 +67,7 @@ class WindowRecord:
     detector_calls_total: int = 0
     raw_trace_bytes: int = 0
     autograd_nodes: list[tuple[int, dict[str, int]]] = field(default_factory=list)   # light windows
+    autograd_nodes_until_ns: int = 0        # nodes were counted until here (0: on every step)
 
 
 def _rate(series: SampleSeries, col: str) -> np.ndarray | None:
@@ -281,8 +282,12 @@ def summarize(rec: WindowRecord, summarize_started: float, now: float) -> Patter
     funcs.sort(key=lambda f: -f.critical_seconds)
     funcs = funcs[:MAX_FUNCTIONS]
     nodes: dict[str, int] = {}
+    # the steps whose backward calls were all counted: every step, or those before counting stopped
+    until = rec.autograd_nodes_until_ns
+    node_steps = sum(1 for b in bounds[1:] if b <= until) if until else len(bounds) - 1
+    t_nodes = bounds[node_steps]
     for t, counts in rec.autograd_nodes:
-        if t0 <= t < t1:
+        if t0 <= t < t_nodes:
             for k, v in counts.items():
                 nodes[k] = nodes.get(k, 0) + v
     during = [round((b - a) / 1e9, 6) for a, b in zip(bounds[:-1], bounds[1:])]
@@ -317,4 +322,5 @@ def summarize(rec: WindowRecord, summarize_started: float, now: float) -> Patter
             raw_trace_bytes=rec.raw_trace_bytes,
         ),
         autograd_nodes_total=dict(sorted(nodes.items(), key=lambda kv: -kv[1])[:MAX_FUNCTIONS]),
+        autograd_nodes_steps=node_steps if nodes and node_steps < len(bounds) - 1 else None,
     )

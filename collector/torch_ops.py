@@ -40,6 +40,7 @@ class OpsResult:
     raw_trace_bytes: int = 0
     # a light window's backward calls: (start, autograd nodes by type); the profiler's rows have them
     autograd_nodes: list[tuple[int, dict[str, int]]] = field(default_factory=list)
+    autograd_nodes_until_ns: int = 0        # counting stopped here, the graph static (0: never stopped)
 
 
 # wrappers that hold other work and waits: Lightning and other frameworks run forward and backward in a
@@ -174,7 +175,10 @@ class TorchOpsRecorder:
         return None
 
     def mark_step(self, step: int) -> None:
-        """Wrap each window step in a marker: it tells us which profiler thread is the training thread."""
+        """Wrap each window step in a marker: it tells us which profiler thread is the training thread.
+        A light window is told the step began (it counts autograd nodes until the graph is static)."""
+        if self._light is not None:
+            self._light.step_started()
         if self._prof is None:
             return
         from torch.profiler import record_function
@@ -261,7 +265,7 @@ def _light_result(light: LightRecorder, max_events: int, trace_path: str | None,
         raw, gap = _export(lambda: _write_trace(execs, trace_path), trace_path, trace_cap)
         if gap is not None:
             gaps.append(gap)
-    return OpsResult(execs, dropped, gaps, raw, light.nodes)
+    return OpsResult(execs, dropped, gaps, raw, light.nodes, light.nodes_until_ns)
 
 
 def _write_trace(execs: list[Execution], path: str) -> None:

@@ -103,7 +103,7 @@ class WindowLifecycle:
             gaps=gaps + new + self.gaps + ops.gaps, config=dict(config),
             events_dropped=ops.dropped + self.events_dropped, detector_seconds_total=detector[0],
             detector_calls_total=detector[1], raw_trace_bytes=ops.raw_trace_bytes,
-            autograd_nodes=ops.autograd_nodes,
+            autograd_nodes=ops.autograd_nodes, autograd_nodes_until_ns=ops.autograd_nodes_until_ns,
         )
         self.events = []
         return rec, new

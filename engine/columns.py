@@ -89,6 +89,7 @@ class WindowColumns:
     overhead: dict[str, np.ndarray]           # [R] per OVERHEAD_FIELDS
     privacy: list[str]
     autograd_nodes: list[tuple[tuple[str, int], ...]]   # [R] a light window's node counts by type (): none
+    autograd_node_steps: np.ndarray           # [R] the window steps those counts cover
 
     def hosts(self) -> dict[str, np.ndarray]:
         out: dict[str, list[int]] = {}
@@ -116,7 +117,8 @@ class ColumnsBuilder:
         self.ps_vals = array("d")
         self.ps_meta = array("q")              # (row, signal, length, offset) per kept per-step list
         self.scalars = {k: array("d") for k in ("baseline", "cores", "own", "lmean", "lcv", "lshare",
-                                                 "world", "start", "end", *OVERHEAD_FIELDS)}
+                                                 "world", "start", "end", "node_steps",
+                                                 *OVERHEAD_FIELDS)}
         self.text: dict[str, list[Any]] = {k: [] for k in ("host", "role", "part", "trigger", "top", "config", "gaps",
                                                      "privacy", "nodes")}
         self.ops = array("q")
@@ -172,6 +174,7 @@ class ColumnsBuilder:
         sc["world"].append(d.job.world_size)
         sc["start"].append(d.window.start_step)
         sc["end"].append(d.window.end_step)
+        sc["node_steps"].append(n if d.autograd_nodes_steps is None else d.autograd_nodes_steps)
         for field in OVERHEAD_FIELDS:
             sc[field].append(getattr(d.overhead, field))
         t = self.text
@@ -288,7 +291,7 @@ class ColumnsBuilder:
             end_step=sc["end"].astype(int), trigger=txt["trigger"], baseline=sc["baseline"], before=before,
             before_len=bl[order], config=txt["config"], gaps=txt["gaps"],
             overhead={k: sc[k] for k in OVERHEAD_FIELDS}, privacy=txt["privacy"],
-            autograd_nodes=txt["nodes"])
+            autograd_nodes=txt["nodes"], autograd_node_steps=sc["node_steps"])
 
     def _per_step_signals(self, nr: int, pos: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         meta = np.frombuffer(self.ps_meta, dtype=np.int64).reshape(-1, 4) if self.ps_meta else np.zeros((0, 4), int)

@@ -96,6 +96,7 @@ class GroupView:
     n_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))   # [n] steps each member's counts cover
     cat_metric: dict[str, np.ndarray] = field(default_factory=dict)   # [n] per category, NaN without
     nodes: list[tuple[tuple[str, int], ...]] = field(default_factory=list)   # [n] light windows' node counts
+    node_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))   # [n] steps those counts cover
 
 
 def group_view(cols: WindowColumns, ranks: list[int]) -> GroupView:
@@ -125,7 +126,8 @@ def group_view(cols: WindowColumns, ranks: list[int]) -> GroupView:
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(w > 0, wsum / np.where(w > 0, w, 1.0), np.nan)
     view = GroupView(ranks, rows, keys, present, per_step, cols.step[rows, :n_steps], code, mean, occ,
-                     n_steps=cols.n_steps[rows].astype(float), nodes=[cols.autograd_nodes[r] for r in rows])
+                     n_steps=cols.n_steps[rows].astype(float), nodes=[cols.autograd_nodes[r] for r in rows],
+                     node_steps=cols.autograd_node_steps[rows])
     # the category's metric over its functions that held the critical path (critical-time-weighted)
     crit = cols.critical[rows]
     for cat in {k[0] for k in keys}:

@@ -91,13 +91,16 @@ def different_programs(g: GroupView) -> tuple[str, list[tuple[int, float]]] | No
         counted = [dict(n) for n in g.nodes]
         names = sorted(set.intersection(*(set(c) for c in counted)))
         if names:
-            found = _whole_count_spread(names, np.array([[c[k] for k in names] for c in counted], dtype=float), g)
+            occ = np.array([[c[k] for k in names] for c in counted], dtype=float)
+            found = _whole_count_spread(names, occ, g, g.node_steps)
     return found
 
 
-def _whole_count_spread(names: list[str], occ: np.ndarray, g: GroupView) -> tuple[str, list[tuple[int, float]]] | None:
-    """The name whose whole count per step (at least one on every member) differs most, by >= 1."""
-    per_step = occ / np.maximum(g.n_steps[:, None], 1)
+def _whole_count_spread(names: list[str], occ: np.ndarray, g: GroupView,
+                        steps: np.ndarray | None = None) -> tuple[str, list[tuple[int, float]]] | None:
+    """The name whose whole count per step (at least one on every member) differs most, by >= 1.
+    `steps`: the steps each member's counts cover (default: its window steps)."""
+    per_step = occ / np.maximum((g.n_steps if steps is None else steps)[:, None], 1)
     whole = np.abs(per_step - np.round(per_step)) < 0.05           # complete steps: whole counts
     ok = (per_step >= 1.0).all(axis=0) & whole.all(axis=0)
     spread = np.where(ok, per_step.max(axis=0) - per_step.min(axis=0), 0.0)

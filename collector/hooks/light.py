@@ -54,6 +54,10 @@ class LightRecorder:
         self.rows: list[tuple[int, int, str]] = []
         self.comm: list[Execution] = []
         self.nodes: list[tuple[int, dict[str, int]]] = []   # (backward's start, autograd nodes by type)
+        self.nodes_until_ns = 0       # counting stopped here, the graph being static (0: every step counted)
+        self._counting = True
+        self._steps: list[dict[str, int]] = []    # node counts of each finished window step, while counting
+        self._this_step: dict[str, int] | None = None
         self.ddp = False              # DDP's forward ran on the training thread in this window
         self._active = False
         self._thread = 0
@@ -62,6 +66,7 @@ class LightRecorder:
 
     def install(self) -> None:
         self.rows, self.comm, self.nodes, self.ddp = [], [], [], False
+        self.nodes_until_ns, self._counting, self._steps, self._this_step = 0, True, [], None
         self._thread = threading.get_ident()
         try:
             import torch.autograd as ag
@@ -95,6 +100,21 @@ class LightRecorder:
             except Exception:
                 pass
         self._patches = []
+
+    def step_started(self) -> None:
+        """A window step begins (the first one right after `install`). Once SAME_STEPS finished steps in a
+        row ran the same nodes, the graph is static: counting stops here (`nodes_until_ns`), and the
+        counts of the steps before it are the window's. A graph that changes from step to step (dynamic
+        depth, varying micro-batches) is counted on every step."""
+        if not self._counting:
+            return
+        if self._this_step is not None:
+            self._steps = [*self._steps[-(SAME_STEPS - 1):], self._this_step]
+        self._this_step = {}
+        last = self._steps
+        if len(last) == SAME_STEPS and last[0] and all(c == last[0] for c in last):
+            self._counting = False
+            self.nodes_until_ns = time.monotonic_ns()
 
     # -- the wrappers ------------------------------------------------------------------------------
 
@@ -162,10 +182,13 @@ class LightRecorder:
                 return orig(tensors, *args, **kwargs)
             done = [0]
             handle = _arm(tensors, done)
-            counts = count_nodes(tensors) if len(rec.nodes) < MAX_COUNTED_CALLS else {}
+            counts = count_nodes(tensors) if rec._counting and len(rec.nodes) < MAX_COUNTED_CALLS else {}
             t0 = time.monotonic_ns()
             if counts:
                 rec.nodes.append((t0, counts))
+                if rec._this_step is not None:
+                    for k, v in counts.items():
+                        rec._this_step[k] = rec._this_step.get(k, 0) + v
             try:
                 return orig(tensors, *args, **kwargs)
             finally:
@@ -185,6 +208,7 @@ class LightRecorder:
         return backward
 
 
+SAME_STEPS = 3          # finished steps with the same node counts after which a window stops counting
 MAX_NODES = 50_000      # nodes walked per backward call; a larger graph is counted no further
 MAX_COUNTED_CALLS = 10_000   # backward calls counted per window (memory bound: micro-batches are many)
 

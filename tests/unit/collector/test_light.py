@@ -4,8 +4,10 @@ profiler session, on a real (one-rank, gloo) process group with a real DDP model
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,8 +15,9 @@ import torch.distributed as dist
 from torch.autograd.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from eroica.collector.facts import Category
-from eroica.collector.hooks.light import BACKWARD, LightRecorder
+from eroica.collector.facts import Category, JobInfo, PatternsDoc
+from eroica.collector.hooks.light import BACKWARD, SAME_STEPS, LightRecorder
+from eroica.collector.summarize import WindowRecord, summarize
 from eroica.collector.torch_ops import TorchOpsRecorder
 
 
@@ -186,7 +189,66 @@ def test_a_monitor_window_with_op_detail_light_writes_the_light_functions(group:
     names = {f["name"] for f in docs[0]["functions"]}
     assert {BACKWARD, "gloo:all_reduce (gradient buckets)"} <= names
     assert not any("Backward0" in n for n in names)                # no autograd nodes: no profiler session
-    # ... but their counts: the window's steps' backward passes, a whole number of each per step
-    steps = len(docs[0]["step_times"]["during_seconds"])
+    # ... but their counts: the first steps' backward passes (the graph is static), a whole number of
+    # each per counted step
+    steps = docs[0]["autograd_nodes_steps"]
     nodes = docs[0]["autograd_nodes_total"]
-    assert steps >= 2 and nodes["AddmmBackward0"] == 2 * steps and nodes["ReluBackward0"] == steps
+    assert steps == SAME_STEPS < len(docs[0]["step_times"]["during_seconds"])
+    assert nodes["AddmmBackward0"] == 2 * steps and nodes["ReluBackward0"] == steps
+
+
+def _window(ops: TorchOpsRecorder, steps: int, step: Callable[[int], None]) -> tuple[Any, list[int]]:
+    """`steps` window steps as the Monitor runs them: a step marker at the start of each, its end a bound."""
+    ops.mark_step(0)
+    bounds = [time.monotonic_ns()]
+    for i in range(steps):
+        step(i)
+        bounds.append(time.monotonic_ns())
+        if i + 1 < steps:
+            ops.mark_step(i + 1)
+    return ops.stop(max_events=10_000), bounds
+
+
+def _summary(res: Any, bounds: list[int]) -> PatternsDoc:
+    rec = WindowRecord(job=JobInfo(rank=0, world_size=1, hostname="h", pid=1), window_id="w000-s0",
+                       start_step=0, trigger="requested", triggered_by_rank=0, step_bounds_ns=bounds,
+                       before_seconds=[], baseline_median_seconds=None, executions=res.executions, samples=None,
+                       autograd_nodes=res.autograd_nodes, autograd_nodes_until_ns=res.autograd_nodes_until_ns)
+    return summarize(rec, 0.0, 0.0)
+
+
+def test_a_static_graph_is_counted_on_the_first_steps_alone_and_said_so(group: None) -> None:
+    # counting is the light window's largest cost (~0.8 us a node, every backward call): once SAME_STEPS
+    # steps in a row ran the same nodes, the graph is static and the rest of the window is not walked
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ops = TorchOpsRecorder()
+    assert ops.start("light") is None
+    res, bounds = _window(ops, 8, lambda i: _train_step(model, opt))
+    assert len(res.autograd_nodes) == SAME_STEPS and res.autograd_nodes_until_ns > bounds[SAME_STEPS]
+    doc = _summary(res, bounds)
+    assert doc.autograd_nodes_steps == SAME_STEPS and len(doc.step_times.during_seconds) == 8
+    assert doc.autograd_nodes_total["AddmmBackward0"] == 2 * SAME_STEPS       # per counted step: 2, whole
+    # every backward call is still timed
+    assert len([x for x in res.executions if x.name == BACKWARD]) == 8
+
+
+def test_a_graph_that_changes_between_steps_is_counted_on_every_step(group: None) -> None:
+    lin = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+
+    def step(i: int) -> None:                     # dynamic depth: 1, 2, 1, 2, ... layers
+        x = torch.randn(2, 8)
+        for _ in range(1 + i % 2):
+            x = torch.relu(lin(x))
+        opt.zero_grad()
+        x.sum().backward()
+        opt.step()
+
+    ops = TorchOpsRecorder()
+    assert ops.start("light") is None
+    res, bounds = _window(ops, 8, step)
+    assert len(res.autograd_nodes) == 8 and res.autograd_nodes_until_ns == 0
+    doc = _summary(res, bounds)
+    assert doc.autograd_nodes_steps is None                       # every step of the window
+    assert doc.autograd_nodes_total["AddmmBackward0"] == 12       # 4 x 1 + 4 x 2

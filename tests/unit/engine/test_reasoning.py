@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from patterns_factory import STEPS, fn, make_doc
 
-from eroica.collector.facts import Category
+from eroica.collector.facts import Category, PatternsDoc
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.facts import ConfigDeviation, RankSlowness, StepSpike
 from eroica.engine.history import mark_history
@@ -52,6 +52,24 @@ def test_a_light_windows_node_counts_show_models_of_different_depth_and_a_culpri
     assert [f.rank for f in culprit.facts if isinstance(f, RankSlowness)] == [2]
     partial = analyze(window([light(r, 11 + 3 * r, 1 + r / 3, counted=r != 1) for r in range(4)]))
     assert "different programs" not in partial.groups[0].reason   # a member without counts: no such claim
+
+
+def test_node_counts_over_the_first_steps_of_a_window_are_per_step_counts_of_those_steps() -> None:
+    # a light window stops counting once its graph is static: 3 steps' counts in a longer window
+    assert STEPS > 3
+
+    def light(r: int, layers: int, counted_steps: int | None) -> PatternsDoc:
+        doc = with_functions(make_doc(r, busy={"compute:forward": 0.02}), [fn(Category.compute, "autograd.backward",
+                                                                               0.01, n=STEPS)])
+        k = STEPS if counted_steps is None else counted_steps
+        nodes = {"AddmmBackward0": layers * k, "torch::autograd::AccumulateGrad": 8 * k}
+        return doc.model_copy(update={"autograd_nodes_total": nodes, "autograd_nodes_steps": counted_steps})
+
+    deeper = analyze(window([light(r, 11 + 3 * r, 3) for r in range(4)]))
+    assert not deeper.groups[0].valid and "0: 11, 1: 14, 2: 17, 3: 20" in deeper.groups[0].reason
+    # the same model on every rank, one counted on all its steps and the others on their first three
+    same = analyze(window([light(r, 11, None if r == 0 else 3) for r in range(4)]))
+    assert "different programs" not in same.groups[0].reason
 
 
 def test_a_culprit_with_more_samples_runs_the_same_operations_and_keeps_a_valid_group() -> None:
