@@ -20,11 +20,14 @@ wrappers, installed at the window's start on the training thread and removed at 
 Not seen in this mode: the time of each autograd node and collectives issued from C++ other than
 DDP's (`op_detail="framework"` records both, at the profiler's cost). The nodes' *counts* are kept:
 before the pass, the graph is walked from the roots and its nodes counted by type (`count_nodes`,
-~0.8 us a node). They are the engine's structural evidence that ranks run models of different depth
-(how many times a node runs per step): without them, the held-out job's graded run, re-recorded with
-the same seed, had a light window blame the deepest rank for `workload_imbalance` (0.59) where the
-framework window found the group invalid; with them the light window finds it invalid too
-(`ViewBackward0` 55/68/81/94 per step, as the profiler counted). A wrapper someone else wrapped in
+~0.8 us a node), until SAME_STEPS window steps in a row have run the same nodes: the graph is then
+static, and walking it on every step was half the wrappers' cost (a graph that changes between steps
+is counted on every one). The counts are the engine's structural evidence that ranks run models of
+different depth (how many times a node runs per step): without them, the held-out job's graded run,
+re-recorded with the same seed, had a light window blame the deepest rank for `workload_imbalance`
+(0.59) where the framework window found the group invalid; with them the light window finds it
+invalid too (`ViewBackward0` 55/68/81/94 per step, as the profiler counted; the same from the
+first three steps' counts). A wrapper someone else wrapped in
 turn is left in place, inert. Nothing here raises into the user's code.
 """
 
