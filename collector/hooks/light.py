@@ -114,8 +114,8 @@ class LightRecorder:
         if self._this_step is not None:
             self._steps = [*self._steps[-(SAME_STEPS - 1):], self._this_step]
         self._this_step = {}
-        last = self._steps
-        if len(last) == SAME_STEPS and last[0] and all(c == last[0] for c in last):
+        first = self._steps[0] if self._steps else {}
+        if len(self._steps) == SAME_STEPS and first and all(c == first for c in self._steps):
             self._counting = False
             self.nodes_until_ns = time.monotonic_ns()
 
