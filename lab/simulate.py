@@ -234,7 +234,7 @@ def rank_doc(rank: int, lay: Layout, fault: str, culprit: bool, slowest: np.ndar
         "overhead": {"detector_seconds_total": 0.01, "detector_calls_total": 200, "sampler_cpu_seconds": 0.02,
                      "summarize_seconds": 0.05, "raw_events_total": 5000, "raw_events_dropped_total": 0,
                      "raw_trace_bytes": 0, "pattern_bytes": 0},
-        "autograd_nodes_total": {}, "privacy": "keep"}
+        "autograd_nodes_total": {}, "autograd_nodes_steps": None, "privacy": "keep"}
 
 
 def _encode(doc: dict[str, Any]) -> bytes:
