@@ -86,9 +86,6 @@ class Ticker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __len__(self) -> int:
-        return len(self._samplers)
-
     def add(self, s: HardwareSampler) -> None:
         with self._lock:
             self._samplers.append(s)

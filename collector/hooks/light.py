@@ -58,7 +58,6 @@ class LightRecorder:
         self.comm: list[Execution] = []
         self.nodes: list[tuple[int, dict[str, int]]] = []   # (backward's start, autograd nodes by type)
         self.nodes_until_ns = 0       # counting stopped here, the graph being static (0: every step counted)
-        self._counting = True
         self._steps: list[dict[str, int]] = []    # node counts of each finished window step, while counting
         self._this_step: dict[str, int] | None = None
         self.ddp = False              # DDP's forward ran on the training thread in this window
@@ -69,7 +68,7 @@ class LightRecorder:
 
     def install(self) -> None:
         self.rows, self.comm, self.nodes, self.ddp = [], [], [], False
-        self.nodes_until_ns, self._counting, self._steps, self._this_step = 0, True, [], None
+        self.nodes_until_ns, self._steps, self._this_step = 0, [], None
         self._thread = threading.get_ident()
         try:
             import torch.autograd as ag
@@ -109,14 +108,13 @@ class LightRecorder:
         row ran the same nodes, the graph is static: counting stops here (`nodes_until_ns`), and the
         counts of the steps before it are the window's. A graph that changes from step to step (dynamic
         depth, varying micro-batches) is counted on every step."""
-        if not self._counting:
+        if self.nodes_until_ns:
             return
         if self._this_step is not None:
             self._steps = [*self._steps[-(SAME_STEPS - 1):], self._this_step]
         self._this_step = {}
         first = self._steps[0] if self._steps else {}
         if len(self._steps) == SAME_STEPS and first and all(c == first for c in self._steps):
-            self._counting = False
             self.nodes_until_ns = time.monotonic_ns()
 
     # -- the wrappers ------------------------------------------------------------------------------
@@ -185,7 +183,7 @@ class LightRecorder:
                 return orig(tensors, *args, **kwargs)
             done = [0]
             handle = _arm(tensors, done) if rec.ddp else None     # a Python hook in the graph: ~20 us a call
-            counts = count_nodes(tensors) if rec._counting and len(rec.nodes) < MAX_COUNTED_CALLS else {}
+            counts = count_nodes(tensors) if not rec.nodes_until_ns and len(rec.nodes) < MAX_COUNTED_CALLS else {}
             t0 = time.monotonic_ns()
             if counts:
                 rec.nodes.append((t0, counts))

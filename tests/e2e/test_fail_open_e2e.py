@@ -16,11 +16,11 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from host_helper_support import wait_gone
 
 from eroica.collector.facts import PatternsDoc
 from eroica.collector.host_sampler import LINGER_SECONDS
@@ -109,13 +109,7 @@ def test_a_hung_host_sampler_is_a_gap_on_every_rank_and_leaves_with_the_job(tmp_
         no_leaks(seen)
         for r in range(4):
             assert "host sampler stop failed" in gaps(tmp_path, r), gaps(tmp_path, r)
-        def helper_left() -> bool:
-            return subprocess.run(["pgrep", "-f", f"host_sampler {tmp}"], capture_output=True).returncode == 0
-
-        deadline = time.monotonic() + LINGER_SECONDS + 10
-        while time.monotonic() < deadline and helper_left():
-            time.sleep(0.5)
-        assert not helper_left(), "the hung helper outlived its job"
+        assert wait_gone(tmp, LINGER_SECONDS + 10), "the hung helper outlived its job"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

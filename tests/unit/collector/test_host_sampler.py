@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from host_helper_support import helper_pids, wait_gone
 
 from eroica.collector import host_sampler
 from eroica.collector.host_sampler import HostSamplerClient, socket_path
@@ -45,20 +46,6 @@ def own_tmp(monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(tempfile, "tempdir", None)
     yield Path(d)
     shutil.rmtree(d, ignore_errors=True)
-
-
-def helper_pids(path: Path) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"host_sampler {path}"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def wait_gone(path: Path, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not helper_pids(path):
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def samples_on_its_own() -> None:
