@@ -5,6 +5,12 @@ randomly initialized causal LM built from a config: nothing is downloaded. No er
 
 `--fault dataloader_stall --fault-rank 1` makes rank 1's samples slow to read from `--fault-step`
 on (a callback tells the dataset the step; the Trainer builds the DataLoader itself).
+
+The script ends with `Trainer.end()` (accelerate's end of training: `destroy_process_group()`, as
+torch asks of every job): `train()` leaves the gloo group alive, and a process that exits with it
+alive can abort in the interpreter's shutdown ("terminate called without an active exception",
+SIGABRT, after training finished: one of the six runs of this job in three CI runs, with eroica
+attached, which does no collective at exit; pytorch/pytorch#190489).
 """
 
 from __future__ import annotations
@@ -63,7 +69,9 @@ def main() -> None:
         output_dir=args.out, per_device_train_batch_size=batch, max_steps=args.steps, learning_rate=1e-4,
         use_cpu=True, ddp_backend="gloo", report_to=[], save_strategy="no", logging_steps=10_000,
         dataloader_num_workers=0, disable_tqdm=True, seed=rank)
-    Trainer(model=model, args=targs, train_dataset=data, callbacks=callbacks).train()
+    trainer = Trainer(model=model, args=targs, train_dataset=data, callbacks=callbacks)
+    trainer.train()
+    trainer.end()
 
 
 if __name__ == "__main__":
