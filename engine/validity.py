@@ -85,7 +85,7 @@ def different_programs(g: GroupView) -> tuple[str, list[tuple[int, float]]] | No
     if steps < 2 or len(g.ranks) < 2:
         return None
     idx = [j for j, k in enumerate(g.keys) if k[0] in COMPUTE_KINDS and g.present[:, j].all()]
-    found = _whole_count_spread([g.keys[j][1] for j in idx], g.occurrences[:, idx], g) if idx else None
+    found = _whole_count_spread([g.keys[j][1] for j in idx], g.occurrences[:, idx], g, g.n_steps) if idx else None
     if found is None and g.nodes and all(g.nodes):
         # a light window's functions are whole passes; its node counts by type say the same
         counted = [dict(n) for n in g.nodes]
@@ -97,10 +97,10 @@ def different_programs(g: GroupView) -> tuple[str, list[tuple[int, float]]] | No
 
 
 def _whole_count_spread(names: list[str], occ: np.ndarray, g: GroupView,
-                        steps: np.ndarray | None = None) -> tuple[str, list[tuple[int, float]]] | None:
+                        steps: np.ndarray) -> tuple[str, list[tuple[int, float]]] | None:
     """The name whose whole count per step (at least one on every member) differs most, by >= 1.
-    `steps`: the steps each member's counts cover (default: its window steps)."""
-    per_step = occ / np.maximum((g.n_steps if steps is None else steps)[:, None], 1)
+    `steps`: the steps each member's counts cover."""
+    per_step = occ / np.maximum(steps[:, None], 1)
     whole = np.abs(per_step - np.round(per_step)) < 0.05           # complete steps: whole counts
     ok = (per_step >= 1.0).all(axis=0) & whole.all(axis=0)
     spread = np.where(ok, per_step.max(axis=0) - per_step.min(axis=0), 0.0)

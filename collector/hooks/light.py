@@ -58,8 +58,9 @@ class LightRecorder:
         self.comm: list[Execution] = []
         self.nodes: list[tuple[int, dict[str, int]]] = []   # (backward's start, autograd nodes by type)
         self.nodes_until_ns = 0       # counting stopped here, the graph being static (0: every step counted)
-        self._steps: list[dict[str, int]] = []    # node counts of each finished window step, while counting
-        self._this_step: dict[str, int] | None = None
+        self._step_first = -1         # index in nodes of the current step's first call (-1: no step yet)
+        self._last_step: dict[str, int] = {}      # the last finished step's node counts
+        self._same_steps = 0          # finished steps in a row, up to the last, that ran those same nodes
         self.ddp = False              # DDP's forward ran on the training thread in this window
         self._active = False
         self._thread = 0
@@ -68,7 +69,7 @@ class LightRecorder:
 
     def install(self) -> None:
         self.rows, self.comm, self.nodes, self.ddp = [], [], [], False
-        self.nodes_until_ns, self._steps, self._this_step = 0, [], None
+        self.nodes_until_ns, self._step_first, self._last_step, self._same_steps = 0, -1, {}, 0
         self._thread = threading.get_ident()
         try:
             import torch.autograd as ag
@@ -110,12 +111,17 @@ class LightRecorder:
         depth, varying micro-batches) is counted on every step."""
         if self.nodes_until_ns:
             return
-        if self._this_step is not None:
-            self._steps = [*self._steps[-(SAME_STEPS - 1):], self._this_step]
-        self._this_step = {}
-        first = self._steps[0] if self._steps else {}
-        if len(self._steps) == SAME_STEPS and first and all(c == first for c in self._steps):
-            self.nodes_until_ns = time.monotonic_ns()
+        if self._step_first >= 0:
+            step: dict[str, int] = {}
+            for _t, counts in self.nodes[self._step_first:]:
+                for k, v in counts.items():
+                    step[k] = step.get(k, 0) + v
+            self._same_steps = self._same_steps + 1 if step and step == self._last_step else int(bool(step))
+            self._last_step = step
+            if self._same_steps >= SAME_STEPS:
+                self.nodes_until_ns = time.monotonic_ns()
+                return
+        self._step_first = len(self.nodes)
 
     # -- the wrappers ------------------------------------------------------------------------------
 
@@ -187,9 +193,6 @@ class LightRecorder:
             t0 = time.monotonic_ns()
             if counts:
                 rec.nodes.append((t0, counts))
-                if rec._this_step is not None:
-                    for k, v in counts.items():
-                        rec._this_step[k] = rec._this_step.get(k, 0) + v
             try:
                 return orig(tensors, *args, **kwargs)
             finally:
