@@ -15,9 +15,8 @@ from eroica.engine.hang import localize
 from eroica.engine.history import add_gaps, mark_history
 from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
-from eroica.engine.priors import load_priors
 from eroica.engine.report_data import enrich, heatmap, step_series
-from eroica.engine.rules.compiler import RuleIR, compile_rules
+from eroica.engine.rules.ir import RuleIR
 from eroica.engine.rules.loader import builtin_knowledge_dir, load_overrides, load_rules, rule_files
 from eroica.engine.rules.runner import evaluate
 from eroica.engine.taxonomy import (  # noqa: F401  (re-exported: the CLI and the service read them here)
@@ -103,6 +102,10 @@ def compile_knowledge(opts: DiagnoseOptions) -> list[RuleIR]:
     cached = rule_cache.get(key)
     if cached is not None:
         return cached
+    # not cached: the compiler, the rule schema and the priors are imported for this one compilation
+    from eroica.engine.priors import load_priors
+    from eroica.engine.rules.compiler import compile_rules
+
     overrides = load_overrides(override_files)
     priors = load_priors(builtin_knowledge_dir()) if opts.fitted_priors else {}
     rules = compile_rules(load_rules(paths, overrides, priors), opts.knowledge_dirs)

@@ -27,9 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
 from eroica.collector.hang import NATIVE_HEADER
 from eroica.engine.facts import HangState
-from eroica.engine.rules.compiler import RuleIR, compile_rules
 from eroica.engine.rules.conclusion import Conclusion
-from eroica.engine.rules.loader import builtin_rules_dir, load_rules
+from eroica.engine.rules.ir import RuleIR
 from eroica.engine.rules.runner import evaluate
 
 LIBRARY = ("/torch/", "/eroica/", "/threading.py", "/queue.py", "/selectors.py", "/socket.py", "/contextlib.py",
@@ -322,6 +321,9 @@ def _conclusions(st: list[HangRankState]) -> dict[str, list[Conclusion]]:
 
 @functools.lru_cache(maxsize=1)
 def _rules() -> tuple[RuleIR, ...]:
+    from eroica.engine.rules.compiler import compile_rules  # a hang is rare: compiled when one is seen
+    from eroica.engine.rules.loader import builtin_rules_dir, load_rules
+
     return tuple(compile_rules(load_rules([builtin_rules_dir()])))
 
 

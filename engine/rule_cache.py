@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from eroica.engine import VERSION
-from eroica.engine.rules.compiler import RuleIR
+from eroica.engine.rules.ir import RuleIR
 
 KEEP = 16         # newest entries kept: a site with a few knowledge directories
 

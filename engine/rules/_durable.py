@@ -19,7 +19,7 @@ from durable import engine
 
 from eroica.engine.errors import RuleRuntimeError
 from eroica.engine.facts import FACT_TYPES
-from eroica.engine.rules.compiler import REF, RuleIR
+from eroica.engine.rules.ir import REF, RuleIR
 
 PREFIX = "f_"
 _OPS = {"gt": "$gt", "gte": "$gte", "lt": "$lt", "lte": "$lte", "ne": "$neq"}

@@ -9,60 +9,15 @@ durable-rules), operators are a closed set, every field must exist on its fact k
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eroica.engine.errors import RuleCompileError
 from eroica.engine.facts import FACT_TYPES
 from eroica.engine.hypotheses import all_fact_types
+from eroica.engine.rules.ir import REF, VAR, JoinIR, PatternIR, RuleIR, TestIR
 from eroica.engine.rules.loader import LoadedRule, line_of
 from eroica.engine.rules.schema import OPERATORS, THRESHOLD_OPS
-
-VAR = re.compile(r"^\$([a-z_][a-z0-9_]*)$")
-REF = re.compile(r"^\$([a-z_][a-z0-9_]*)\.([a-z_][a-z0-9_]*)$")
-
-
-@dataclass(frozen=True)
-class TestIR:
-    field: str
-    op: str          # one of OPERATORS
-    value: Any
-
-
-@dataclass(frozen=True)
-class JoinIR:
-    field: str
-    alias: str
-    other_field: str
-
-
-@dataclass(frozen=True)
-class PatternIR:
-    alias: str
-    kind: str
-    tests: tuple[TestIR, ...]
-    joins: tuple[JoinIR, ...]
-
-
-@dataclass(frozen=True)
-class RuleIR:
-    id: str
-    taxonomy: str
-    patterns: tuple[PatternIR, ...]
-    confidence: float
-    summary: str
-    function_ref: str | None
-    fix_template: str | None
-    derive: tuple[tuple[str, Any], ...] | None   # ((field, value-or-ref), ...) incl. kind
-    basis: str = "peers"
-    needs: tuple[str, ...] = ()
-    missing_evidence_factor: float = 0.5
-    status: str = "experimental"
-
-    @property
-    def derived_kind(self) -> str | None:
-        return None if self.derive is None else dict(self.derive)["kind"]
 
 
 def fact_fields(site_dirs: list[Path] | None = None) -> dict[str, set[str]]:

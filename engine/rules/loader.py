@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
 
 from eroica.engine.errors import RuleError
-from eroica.engine.rules.schema import RULE_SCHEMA, Rule
+
+if TYPE_CHECKING:       # the rule schema's models are built on first use: a cached rule base never needs them
+    from eroica.engine.rules.schema import Rule
 
 #: libyaml's parser where PyYAML was built with it (several times faster), else the pure-Python one
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -78,6 +80,8 @@ def rule_files(paths: list[Path]) -> list[Path]:
 
 
 def parse_rule_file(path: Path) -> tuple[LoadedRule | None, list[str]]:
+    from eroica.engine.rules.schema import RULE_SCHEMA, Rule
+
     try:
         text = path.read_text()
         node = yaml.compose(text, Loader=SAFE_LOADER)
@@ -140,6 +144,7 @@ def load_rules(paths: list[Path] | None = None, overrides: dict[str, Any] | None
         raise RuleError(problems)
     from eroica.engine.hypotheses import all_fact_types
     from eroica.engine.rules.overrides import Override, validate
+    from eroica.engine.rules.schema import Rule
 
     ov = {k: (v.spec if isinstance(v, Override) else v) for k, v in (overrides or {}).items()}
     sourced = {k: v if isinstance(v, Override) else Override(k, v if isinstance(v, dict) else {}, "(overrides)", {})

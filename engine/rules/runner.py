@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from eroica.engine.facts import Fact
-from eroica.engine.rules.compiler import RuleIR
 from eroica.engine.rules.conclusion import Conclusion, typed_results
+from eroica.engine.rules.ir import RuleIR
 
 RawResults = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 

@@ -61,3 +61,22 @@ def test_a_changed_hypotheses_file_is_a_new_key(tmp_path: Path, monkeypatch: pyt
                                           "    description: a site's own\n    evidence: x\n    fields: {}\n")
     compile_knowledge(opts)
     assert calls == [1]
+
+
+def test_a_diagnosis_from_the_cache_imports_neither_the_compiler_nor_the_rule_schema(tmp_path: Path) -> None:
+    """The point of the cache: a fresh process (each `eroica diagnose`) skips the compiler's, the rule
+    schema's and the priors' imports as well as the compilation; a second process proves it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom eroica.engine.diagnose import DiagnoseOptions, compile_knowledge\n"
+            "n = len(compile_knowledge(DiagnoseOptions()))\n"
+            "print(n, sorted(m for m in ('eroica.engine.rules.compiler', 'eroica.engine.rules.schema', "
+            "'eroica.engine.priors') if m in sys.modules))\n")
+    env = dict(os.environ, EROICA_CACHE_DIR=str(tmp_path))
+    cold, warm = (subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+                  for _ in range(2))
+    n, imported = cold.stdout.split(" ", 1)
+    assert int(n) > 30 and "eroica.engine.rules.compiler" in imported      # compiled: it was needed
+    assert warm.stdout.split(" ", 1) == [n, "[]\n"]
