@@ -53,14 +53,23 @@ def _model(kind: str, spec: dict[str, Any], where: str) -> type[Hypothesis]:
 
 
 @lru_cache(maxsize=16)
-def _load_file(path: Path) -> tuple[tuple[str, type[Hypothesis]], ...]:
+def _specs(path: Path) -> dict[str, dict[str, Any]]:
     data = load_data_file(path, SCHEMA, "see knowledge/hypotheses.yaml for the format")
-    out = []
-    for kind, spec in (data.get("hypotheses") or {}).items():
+    specs = dict(data.get("hypotheses") or {})
+    for kind, spec in specs.items():
         if not isinstance(spec, dict):
             raise RuleError([f"{path}: hypothesis {kind!r} must be a mapping with description, evidence, fields"])
-        out.append((kind, _model(kind, spec, str(path))))
-    return tuple(out)
+    return specs
+
+
+@lru_cache(maxsize=256)
+def _model_of(path: Path, kind: str) -> type[Hypothesis]:
+    """One kind's model, built once per process (~2 ms each: a diagnosis builds the ones it derived)."""
+    return _model(kind, _specs(path)[kind], str(path))
+
+
+def _load_file(path: Path) -> tuple[tuple[str, type[Hypothesis]], ...]:
+    return tuple((kind, _model_of(path, kind)) for kind in _specs(path))
 
 
 def load_hypotheses(knowledge_dir: Path | None = None, site_dirs: list[Path] | None = None) -> dict[str, type[Fact]]:
@@ -74,6 +83,16 @@ def load_hypotheses(knowledge_dir: Path | None = None, site_dirs: list[Path] | N
             if kind in out or kind in FACT_TYPES:
                 raise RuleError([f"{f}: hypothesis {kind!r} already exists; a site adds new kinds"])
             out[kind] = model
+    return out
+
+
+def hypothesis_types(kinds: set[str], site_dirs: list[Path] | None = None) -> dict[str, type[Fact]]:
+    """The models of these hypothesis kinds only (the shipped file first, then each site's), as
+    `load_hypotheses` gives them; a kind no file declares is left out."""
+    out: dict[str, type[Fact]] = {}
+    for f in [builtin_knowledge_dir() / "hypotheses.yaml", *(Path(d) / "hypotheses.yaml" for d in site_dirs or [])]:
+        if kinds - out.keys() and f.exists():
+            out.update({k: _model_of(f, k) for k in kinds & _specs(f).keys() if k not in out})
     return out
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, SerializeAsAny
 
 from eroica.engine.facts import FACT_TYPES, Fact
-from eroica.engine.hypotheses import all_fact_types
+from eroica.engine.hypotheses import hypothesis_types
 
 
 class Conclusion(BaseModel):
@@ -55,8 +55,9 @@ def typed_results(raw: tuple[list[dict[str, Any]], list[dict[str, Any]]],
                   site_dirs: list[Path] | None = None) -> tuple[list[Conclusion], list[Derived]]:
     kinds = {str(f["kind"]) for c in raw[0] for f in (*c["facts"], *c["hypotheses"])}
     kinds.update(str(d["fact"]["kind"]) for d in raw[1])
-    # the hypothesis models are built from knowledge files (~9 ms): only when a rule derived one
-    types = FACT_TYPES if kinds <= FACT_TYPES.keys() else all_fact_types(site_dirs)
+    # the hypothesis models are built from knowledge files (~2 ms each): only those a rule derived
+    extra = kinds - FACT_TYPES.keys()
+    types = {**FACT_TYPES, **hypothesis_types(extra, site_dirs)} if extra else FACT_TYPES
     conclusions = [
         Conclusion(**{**c, "facts": tuple(typed_fact(f, types) for f in c["facts"]),
                       "hypotheses": tuple(typed_fact(f, types) for f in c["hypotheses"])})

@@ -205,16 +205,18 @@ def test_reports_show_each_rules_lifecycle_status_the_chain_and_every_factor(tmp
 
 def test_hypothesis_models_are_built_only_when_a_rule_derived_one() -> None:
     """A window where no rule derived anything types its results without the hypothesis models, which
-    are built from knowledge files (~9 ms of a short `eroica diagnose`); one derived hypothesis builds them."""
+    are built from knowledge files (~2 ms each of a short `eroica diagnose`); one derived hypothesis
+    builds its own model, not the others'."""
     from eroica.engine import hypotheses
     from eroica.engine.rules.conclusion import typed_results
 
-    hypotheses._load_file.cache_clear()
+    hypotheses._model_of.cache_clear()
     assert typed_results(([], [])) == ([], [])
-    assert hypotheses._load_file.cache_info().currsize == 0
+    assert hypotheses._model_of.cache_info().currsize == 0
     straggler = {"kind": "straggler", "rank": 3, "group": "g", "excess_step_ratio": 0.2,
                  "excess_seconds_per_step": 0.01, "consistency_ratio": 0.9, "comm_wait_ratio_to_median": 0.1,
                  "least_waiting": True}
     _, derived = typed_results(([], [{"rule_id": "straggler.busy", "fact": straggler}]))
-    assert hypotheses._load_file.cache_info().currsize == 1
+    assert hypotheses._model_of.cache_info().currsize == 1 < len(hypotheses.load_hypotheses())
+    assert type(derived[0].fact) is hypotheses.load_hypotheses()["straggler"]     # the same model as the rules'
     assert type(derived[0].fact).__name__ == "Hypothesis_straggler" and derived[0].fact.rank == 3
