@@ -68,31 +68,30 @@ def _model_of(path: Path, kind: str) -> type[Hypothesis]:
     return _model(kind, _specs(path)[kind], str(path))
 
 
-def _load_file(path: Path) -> tuple[tuple[str, type[Hypothesis]], ...]:
-    return tuple((kind, _model_of(path, kind)) for kind in _specs(path))
+def _files(knowledge_dir: Path | None = None, site_dirs: list[Path] | None = None) -> list[Path]:
+    """The shipped hypotheses file, then each site's that exists."""
+    site = [Path(d) / "hypotheses.yaml" for d in site_dirs or []]
+    return [(knowledge_dir or builtin_knowledge_dir()) / "hypotheses.yaml", *(f for f in site if f.exists())]
 
 
 def load_hypotheses(knowledge_dir: Path | None = None, site_dirs: list[Path] | None = None) -> dict[str, type[Fact]]:
     """Every hypothesis kind, shipped then site, as fact models (a site adds kinds, never redefines)."""
-    out: dict[str, type[Fact]] = dict(_load_file((knowledge_dir or builtin_knowledge_dir()) / "hypotheses.yaml"))
-    for d in site_dirs or []:
-        f = Path(d) / "hypotheses.yaml"
-        if not f.exists():
-            continue
-        for kind, model in _load_file(f):
+    shipped, *site = _files(knowledge_dir, site_dirs)
+    out: dict[str, type[Fact]] = {kind: _model_of(shipped, kind) for kind in _specs(shipped)}
+    for f in site:
+        for kind in _specs(f):
             if kind in out or kind in FACT_TYPES:
                 raise RuleError([f"{f}: hypothesis {kind!r} already exists; a site adds new kinds"])
-            out[kind] = model
+            out[kind] = _model_of(f, kind)
     return out
 
 
 def hypothesis_types(kinds: set[str], site_dirs: list[Path] | None = None) -> dict[str, type[Fact]]:
-    """The models of these hypothesis kinds only (the shipped file first, then each site's), as
-    `load_hypotheses` gives them; a kind no file declares is left out."""
+    """The models of these hypothesis kinds only, as `load_hypotheses` gives them (the shipped file
+    first, then each site's); a kind no file declares is left out."""
     out: dict[str, type[Fact]] = {}
-    for f in [builtin_knowledge_dir() / "hypotheses.yaml", *(Path(d) / "hypotheses.yaml" for d in site_dirs or [])]:
-        if kinds - out.keys() and f.exists():
-            out.update({k: _model_of(f, k) for k in kinds & _specs(f).keys() if k not in out})
+    for f in _files(site_dirs=site_dirs):
+        out.update({k: _model_of(f, k) for k in kinds & (_specs(f).keys() - out.keys())})
     return out
 
 
