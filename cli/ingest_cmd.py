@@ -1,8 +1,11 @@
-"""`eroica ingest kineto TRACE_FILES_OR_DIR -o RUN_DIR`: profiler traces into pattern files."""
+"""`eroica ingest kineto TRACE_FILES_OR_DIR -o RUN_DIR`: profiler traces into pattern files.
+`eroica ingest spool RUN_DIR...`: send what a job's sink spooled (the service was unreachable) and
+could not send before the job exited, in the order it was made, each item to its route."""
 
 from __future__ import annotations
 
 import argparse
+import gzip
 from pathlib import Path
 
 from eroica.cli.main import settle
@@ -12,9 +15,14 @@ SUFFIXES = (".json", ".json.gz")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("format", choices=["kineto"], help="kineto: PyTorch profiler Chrome-trace JSON, one file per rank")
-    p.add_argument("paths", nargs="+", type=Path, help="trace files (.json or .json.gz) or directories of them")
-    p.add_argument("-o", "--output", type=Path, required=True, help="the run directory to write")
+    p.add_argument("format", choices=["kineto", "spool"],
+                   help="kineto: PyTorch profiler Chrome-trace JSON, one file per rank; spool: a run directory whose "
+                        "sink spooled documents the service never got (RUN_DIR/.spool)")
+    p.add_argument("paths", nargs="+", type=Path, help="trace files (.json or .json.gz) or directories of them; "
+                                                      "for spool, run directories")
+    p.add_argument("-o", "--output", type=Path, help="the run directory to write (kineto)")
+    p.add_argument("--server", help="spool: the service's URL (default: the one the job's sink used)")
+    p.add_argument("--token-file", type=Path, help="spool: the service's token (default: $EROICA_SINK_TOKEN)")
     p.add_argument("--rank", action="append", default=[], metavar="FILE=N",
                    help="the rank of a file that has no distributedInfo and no rank in its name")
     p.add_argument("--world-size", type=int, help="when the traces do not say it")
@@ -43,6 +51,11 @@ def rank_overrides(items: list[str]) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.format == "spool":
+        return run_spool(args)
+    if args.output is None:
+        print("eroica ingest kineto: -o/--output RUN_DIR is required")
+        return 2
     settle()
     try:
         ranks = rank_overrides(args.rank)
@@ -69,3 +82,54 @@ def run(args: argparse.Namespace) -> int:
     print(f"{ok} rank(s) ingested, {failed} skipped; patterns {written} B from {raw} B of traces; "
           f"next: eroica diagnose {args.output}")
     return 0 if ok and not failed else (1 if ok else 2)
+
+
+def run_spool(args: argparse.Namespace) -> int:
+    """Replay every rank's spool under each run directory; 0 when all of it was taken."""
+    import os
+
+    from eroica.collector.sink import post_item, read_meta, spooled_kind
+
+    token = os.environ.get("EROICA_SINK_TOKEN")
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text().strip()
+        except OSError as exc:
+            print(f"eroica ingest spool: --token-file {args.token_file}: {exc.strerror}")
+            return 2
+    sent = refused = left = 0
+    spools = [d for p in args.paths for d in sorted((p / ".spool").glob("*")) if d.is_dir()]
+    if not spools:
+        print(f"eroica ingest spool: nothing spooled under {', '.join(str(p / '.spool') for p in args.paths)}")
+        return 0
+    for spool in spools:
+        meta = read_meta(spool)
+        url = args.server or (meta or {}).get("url")
+        if meta is None or not url:
+            print(f"{spool}: no meta.json naming its job and service (spooled by an older eroica?): "
+                  "give --server and send it again from a newer one")
+            left += len(list(spool.glob("*.json.gz")))
+            continue
+        items = sorted(f for f in spool.glob("*.json.gz") if spooled_kind(f) is not None)
+        for i, f in enumerate(items, 1):
+            kind = str(spooled_kind(f))
+            try:
+                body = gzip.decompress(f.read_bytes())
+            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                print(f"[{i}/{len(items)}] {f}: unreadable ({exc}); kept")
+                left += 1
+                continue
+            why = post_item(url, meta["job_id"], meta.get("job_name"), token, kind, body, 3, 10.0)
+            if why is not None and not why.startswith("refused"):
+                print(f"[{i}/{len(items)}] {f.name}: not sent ({why}); it and the rest of {spool} kept")
+                left += len(items) - i + 1
+                break
+            if why is None:
+                sent += 1
+            else:
+                refused += 1
+                print(f"[{i}/{len(items)}] {f.name}: {why}")
+            f.unlink()
+        print(f"{spool}: job {meta['job_id']}: {sent} sent, {refused} refused so far")
+    print(f"{sent} sent, {refused} refused (dropped: the service said why), {left} left in the spool")
+    return 0 if left == 0 else 1

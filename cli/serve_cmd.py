@@ -18,9 +18,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--watch", type=Path, action="append", default=[],
                    help="a run root to watch for RUN_DIR/<window>/rank-R.json and packed files; repeatable")
+    p.add_argument("--watch-reconcile-seconds", type=float, default=300.0,
+                   help="with --watch: new files are seen at once (inotify); the whole roots are scanned this "
+                        "often too, for what inotify missed (default 300)")
     p.add_argument("--token-file", type=Path, help="a file holding the bearer token writes (and with --read-token, "
                                                    "reads) must carry")
-    p.add_argument("--read-token", action="store_true", help="reads need the token too")
+    p.add_argument("--read-token", action="store_true", help="reads need the token too (people sign in at /login)")
+    p.add_argument("--job-token-file", type=Path,
+                   help="per-job tokens: one `JOB_NAME_GLOB TOKEN` per line; such a token may only send the "
+                        "documents of jobs whose name matches its glob")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a Host name clients use to reach the service beyond this machine's own names and "
+                        "addresses (a load balancer's, a DNS alias); repeatable; '*' allows any (not advised: "
+                        "DNS rebinding)")
+    p.add_argument("--insecure-no-token", action="store_true",
+                   help="listen beyond this machine without a token (anyone who can reach it can write)")
+    p.add_argument("--diagnosis-timeout-seconds", type=float, default=300.0,
+                   help="end a window's diagnosis (and its worker) after this long and try it again (default 300)")
     p.add_argument("--grace-seconds", type=float, default=30.0,
                    help="diagnose a window with missing ranks this long after its last document (default 30)")
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
@@ -34,6 +48,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alerts", type=Path, help="an alert file (eroica.alerts/v1): Alertmanager, webhook and Slack "
                                               "routes by category; see eroica.service.alerts")
     p.set_defaults(func=run)
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind_names(host: str) -> list[str]:
+    """The address it listens on is a name clients may use (not the wildcard addresses)."""
+    return [] if host in ("0.0.0.0", "::", "") else [host.strip("[]")]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +87,27 @@ def run(args: argparse.Namespace) -> int:
         if not token:
             print(f"eroica serve: --token-file {args.token_file} is empty", file=sys.stderr)
             return 2
+    if args.read_token and token is None:
+        print("eroica serve: --read-token needs --token-file (without a token, reads would be silently open)",
+              file=sys.stderr)
+        return 2
+    if token is None and not _loopback(args.host) and not args.insecure_no_token:
+        print(f"eroica serve: --host {args.host} listens beyond this machine, and there is no --token-file: anyone "
+              "who can reach it could write. Give --token-file, or --insecure-no-token to run it open on purpose.",
+              file=sys.stderr)
+        return 2
+    job_tokens: dict[str, str] = {}
+    if args.job_token_file is not None:
+        from eroica.service.guard import load_job_tokens
+
+        try:
+            job_tokens = load_job_tokens(args.job_token_file)
+        except ValueError as exc:
+            print(f"eroica serve: --job-token-file {exc}", file=sys.stderr)
+            return 2
+        if token is None:
+            print("eroica serve: --job-token-file needs --token-file (the service's own token)", file=sys.stderr)
+            return 2
     missing = [str(w) for w in args.watch if not w.is_dir()]
     if missing:
         print(f"eroica serve: --watch {', '.join(missing)}: not a directory", file=sys.stderr)
@@ -76,7 +127,10 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(db_url=url, alerts=alerts, drain_min_jobs=args.drain_min_jobs, token=token,
                         read_token=args.read_token, job_silent_seconds=args.job_silent_seconds,
                         max_body_bytes=args.max_body_bytes, grace_seconds=args.grace_seconds,
-                        watch=list(args.watch), knowledge_dirs=list(args.knowledge), workers=args.workers)
+                        watch=list(args.watch), knowledge_dirs=list(args.knowledge), workers=args.workers,
+                        job_tokens=job_tokens, allowed_hosts=[*args.allowed_host, *_bind_names(args.host)],
+                        diagnosis_timeout_seconds=args.diagnosis_timeout_seconds,
+                        watch_reconcile_seconds=args.watch_reconcile_seconds)
     print(f"eroica serve: http://{args.host}:{args.port}/ ({url.split('@')[-1]})", flush=True)
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
     return 0

@@ -13,6 +13,11 @@ from typing import Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
 
 PATTERNS_SCHEMA: Final = "eroica.patterns/v1"
+# the ids the collector writes (`w<index>-s<start step>`): checked wherever a document is read, so an
+# id is never a path, and the bounds every store can hold (a step or rank fits a 32-bit column)
+WINDOW_ID_PATTERN: Final = r"^w[0-9]{1,9}-s[0-9]{1,10}$"
+MAX_STEP: Final = 2**31 - 1
+MAX_WORLD_SIZE: Final = 10_000_000
 
 
 class Frozen(BaseModel):
@@ -145,11 +150,11 @@ class ProcessGroupInfo(Frozen):
 
 
 class JobInfo(Frozen):
-    rank: NonNegativeInt
-    world_size: int = Field(ge=1)
-    local_rank: NonNegativeInt = 0
-    hostname: str
-    pid: int
+    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE)
+    world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
+    local_rank: int = Field(0, ge=0, lt=MAX_WORLD_SIZE)
+    hostname: str = Field(min_length=1, max_length=255)
+    pid: int = Field(ge=0, le=2**31 - 1)
     role: str = "worker"
     backend: str = "unknown"
     device: str = "cpu"
@@ -157,9 +162,9 @@ class JobInfo(Frozen):
 
 
 class WindowInfo(Frozen):
-    window_id: str
-    start_step: NonNegativeInt
-    end_step: NonNegativeInt                        # exclusive
+    window_id: str = Field(pattern=WINDOW_ID_PATTERN)
+    start_step: int = Field(ge=0, le=MAX_STEP)
+    end_step: int = Field(ge=0, le=MAX_STEP)        # exclusive
     trigger: Literal["detector", "forced", "requested"]
     triggered_by_rank: int | None = None
     wall_seconds: NonNegativeFloat

@@ -110,6 +110,9 @@ def parse_doc(text: str | bytes, where: str, one_line: bool = False) -> Patterns
         pass
     try:
         raw = json.loads(text)
+    except RecursionError as exc:
+        raise RunDirError("nested too deeply to be a pattern document (a hostile or corrupt file)", path=where,
+                          field="body") from exc
     except UnicodeDecodeError as exc:
         raise RunDirError(f"not UTF-8 text (byte {exc.start}): the file is corrupt", path=where) from exc
     except json.JSONDecodeError as exc:

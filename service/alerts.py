@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eroica.collector.sink import post_with_retry
-from eroica.service.db import issues, jobs
+from eroica.service.db import issues, jobs, reading
 
 log = logging.getLogger("eroica.service")
 SCHEMA = "eroica.alerts/v1"
@@ -106,10 +106,16 @@ def payload(route: Route, alert: dict[str, Any], cfg: AlertConfig) -> tuple[str,
 
 
 class Deliverer:
-    """Sends the alerts of dirty issues; one thread, never in the diagnosis's way."""
+    """Sends the alerts of dirty issues; one thread per replica, never in the diagnosis's way.
 
-    def __init__(self, eng: sa.Engine, cfg: AlertConfig) -> None:
-        self.eng, self.cfg = eng, cfg
+    An issue's alert is claimed before it is sent (a lease on the row), so replicas do not send it
+    twice; and it is marked sent only for the version that was sent: a change made while the alert
+    was on the wire bumps the version, and the next round sends it again."""
+
+    CLAIM_SECONDS = 120.0
+
+    def __init__(self, eng: sa.Engine, cfg: AlertConfig, name: str = "eroica") -> None:
+        self.eng, self.cfg, self.name = eng, cfg, name[:64]
 
     def route(self, i: dict[str, Any]) -> Route | None:
         keys = {"category": i["category"], "root_cause": i["root_cause"], "job": i["job_id"]}
@@ -121,32 +127,55 @@ class Deliverer:
                                      headers={"Content-Type": "application/json"})
         return post_with_retry(req, route.attempts, route.timeout_seconds, route.name)
 
+    def _due(self, now: float) -> Any:
+        return sa.and_(issues.c.alert_dirty.is_(True),
+                       sa.or_(issues.c.alert_next_at.is_(None), issues.c.alert_next_at <= now),
+                       sa.or_(issues.c.alert_claim_until.is_(None), issues.c.alert_claim_until < now))
+
+    def _claim(self, iid: int, now: float) -> dict[str, Any] | None:
+        """This replica's claim on the issue's alert, and the issue as claimed; None when another has it."""
+        with self.eng.begin() as c:
+            got = c.execute(issues.update().where(issues.c.id == iid, self._due(now)).values(
+                alert_claimed_by=self.name, alert_claim_until=now + self.CLAIM_SECONDS)).rowcount
+            if not got:
+                return None
+            row = c.execute(sa.select(issues, jobs.c.ended_at.label("job_ended_at"),
+                                      jobs.c.ended_by.label("job_ended_by"))
+                            .join(jobs, jobs.c.id == issues.c.job_id, isouter=True)
+                            .where(issues.c.id == iid)).mappings().one()
+        return dict(row)
+
     def round(self, now: float | None = None) -> int:
         now = time.time() if now is None else now
-        with self.eng.connect() as c:
-            todo = [dict(x) for x in c.execute(sa.select(
-                    issues, jobs.c.ended_at.label("job_ended_at"), jobs.c.ended_by.label("job_ended_by"))
-                    .join(jobs, jobs.c.id == issues.c.job_id, isouter=True).where(
-                issues.c.alert_dirty.is_(True),
-                sa.or_(issues.c.alert_next_at.is_(None), issues.c.alert_next_at <= now))).mappings()]
-        for i in todo:
+        with reading(self.eng) as c:
+            ids = list(c.execute(sa.select(issues.c.id).where(self._due(now)).order_by(issues.c.id)).scalars())
+        sent = 0
+        for iid in ids:
+            i = self._claim(iid, now)
+            if i is None:
+                continue
             route = self.route(i)
             if route is None:
-                upd: dict[str, Any] = {"alert_dirty": False, "alert_state": "unrouted",
-                                       "alert_error": "no route matches"}
+                upd: dict[str, Any] = {"alert_state": "unrouted", "alert_error": "no route matches"}
+                done = True
             else:
                 why = self.send(route, payload(route, alert_of(i, self.cfg, time.time()), self.cfg))
                 attempts = i["alert_attempts"] + 1
-                if why is None:
-                    upd = {"alert_dirty": False, "alert_state": "delivered", "alert_error": None,
-                           "alert_sent_at": time.time(), "alert_attempts": attempts, "alert_next_at": None}
+                done = why is None
+                if done:
+                    upd = {"alert_state": "delivered", "alert_error": None, "alert_sent_at": time.time(),
+                           "alert_attempts": attempts, "alert_next_at": None}
+                    sent += 1
                 else:
                     log.warning("eroica serve: alert for issue %s not delivered: %s", i["id"], why)
                     upd = {"alert_state": "failed", "alert_error": why[:2000], "alert_attempts": attempts,
                            "alert_next_at": time.time() + self.cfg.retry_seconds * 2 ** min(attempts - 1, 6)}
+            if done:    # still dirty if the issue changed while its alert was on the wire
+                upd["alert_dirty"] = issues.c.alert_version != i["alert_version"]
             with self.eng.begin() as c:
-                c.execute(issues.update().where(issues.c.id == i["id"]).values(**upd))
-        return len(todo)
+                c.execute(issues.update().where(issues.c.id == iid, issues.c.alert_claimed_by == self.name)
+                          .values(alert_claimed_by=None, alert_claim_until=None, **upd))
+        return len(ids)
 
     def run(self, stop: threading.Event, every: float = 0.5) -> None:
         while not stop.is_set():

@@ -105,6 +105,9 @@ class Issue(Out):
     alert_error: str | None
     alert_sent_at: float | None
     alert_next_at: float | None
+    alert_version: int = 0            # bumped whenever the alert must be (re)sent
+    alert_claimed_by: str | None = None   # the replica sending it now, until alert_claim_until
+    alert_claim_until: float | None = None
     # healthy_seconds, slow_seconds, current_seconds, recovered, recovered_from_step, accelerator_hours, band_ratio,
     # onset_after_step, onset_at, seconds_to_detect
     recovery: dict[str, Any] | None

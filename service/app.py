@@ -4,10 +4,8 @@ background loops (dispatcher: ready windows -> worker process -> stored diagnosi
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -18,15 +16,17 @@ from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 
 from eroica.engine.diagnosis import Diagnosis
 from eroica.engine.errors import RunDirError
 from eroica.engine.load import parse_doc
 from eroica.service import pages, store
 from eroica.service.db import make_engine, migrate
+from eroica.service.guard import Access, Guard
+from eroica.service.inputs import refusal
 from eroica.service.metrics import ServiceMetrics
 from eroica.service.recovery import assess
 from eroica.service.routes import api_router, issue_router
@@ -43,6 +43,7 @@ class Settings:
     max_body_bytes: int = 8 * 1024 * 1024    # after decompression
     grace_seconds: float = 30.0              # a window with missing ranks is diagnosed this long after its last one
     watch: list[Path] = field(default_factory=list)
+    watch_reconcile_seconds: float = 300.0   # inotify tells at once; a full scan of the roots this often
     knowledge_dirs: list[str] = field(default_factory=list)
     workers: int = 1
     poll_seconds: float = 0.5
@@ -50,12 +51,20 @@ class Settings:
     alerts: Any = None                       # an AlertConfig (eroica.service.alerts), or no alerting
     drain_min_jobs: int = 3                  # a host drains when confident hardware findings name it in this many jobs
     drain_min_confidence: float = 0.5
+    job_tokens: dict[str, str] = field(default_factory=dict)   # token -> the job names (a glob) it may write
+    allowed_hosts: list[str] = field(default_factory=list)     # Host names beyond this machine's own ("*": any)
+    diagnosis_timeout_seconds: float = 300.0  # a diagnosis running longer is ended (its worker too) and retried
+    max_attempts: int = 3                    # a window whose diagnosis failed this often fails for good
 
     def __post_init__(self) -> None:
         if self.job_silent_seconds <= 0:
             raise ValueError(f"job_silent_seconds must be positive, got {self.job_silent_seconds}")
         if self.drain_min_jobs < 1:
             raise ValueError(f"drain_min_jobs must be at least 1, got {self.drain_min_jobs}")
+        if self.diagnosis_timeout_seconds <= 0 or self.max_attempts < 1:
+            raise ValueError("diagnosis_timeout_seconds must be positive and max_attempts at least 1")
+        if self.read_token and self.token is None:
+            raise ValueError("read_token needs a token: without one, reads would be silently open")
         if not 0.5 <= self.drain_min_confidence <= 1:
             raise ValueError(f"drain_min_confidence must be in [0.5, 1] (a lead is never a drain), got "
                              f"{self.drain_min_confidence}")
@@ -80,13 +89,13 @@ class Service:
         if self.settings.watch:
             from eroica.service.watch import Watcher
 
-            watcher = Watcher(self, self.settings.watch)
+            watcher = Watcher(self, self.settings.watch, self.settings.watch_reconcile_seconds)
             self._threads.append(threading.Thread(target=watcher.run, args=(self._stop,), name="eroica-watch",
                                                   daemon=True))
         if self.settings.alerts is not None:
             from eroica.service.alerts import Deliverer
 
-            deliverer = Deliverer(self.eng, self.settings.alerts)
+            deliverer = Deliverer(self.eng, self.settings.alerts, self.settings.name)
             self._threads.append(threading.Thread(target=deliverer.run, args=(self._stop,), name="eroica-alerts",
                                                   daemon=True))
         for t in self._threads:
@@ -101,16 +110,17 @@ class Service:
         self.eng.dispose()
 
     def accept(self, job_id: str, body: bytes, where: str, name: str | None = None) -> store.Ingested:
-        """Validate and store one document (the API and the watcher both come here)."""
+        """Validate and store one document (the API and the watcher both come here). Blocking: the
+        API calls it on a worker thread."""
         try:
             doc = parse_doc(body, where)
         except RunDirError as exc:
             self.metrics.ingest_error("invalid")
-            raise store.IngestError(400 if exc.field != "schema" else 422, exc.message, exc.field or "") from exc
+            raise store.IngestError(400 if exc.field not in ("schema",) else 422, exc.message,
+                                    exc.field or "body") from exc
         except ValidationError as exc:
             self.metrics.ingest_error("invalid")
-            err = exc.errors()[0]
-            raise store.IngestError(422, err["msg"], ".".join(str(x) for x in err["loc"])) from exc
+            raise refusal(exc) from exc
         try:
             got = store.ingest(self.eng, job_id, doc, body, name=name)
         except store.IngestError:
@@ -120,12 +130,17 @@ class Service:
             self.metrics.documents.inc()
         return got
 
+    @property
+    def lease_seconds(self) -> float:
+        """A claim outlives the longest diagnosis, so no other replica takes a window still being diagnosed."""
+        return self.settings.diagnosis_timeout_seconds + 60.0
+
     def _dispatch(self) -> None:
         s = self.settings
         while not self._stop.is_set():
             try:
                 store.mark_ready(self.eng, s.grace_seconds)
-                pk = store.claim(self.eng, s.name)
+                pk = store.claim(self.eng, s.name, lease_seconds=self.lease_seconds, max_attempts=s.max_attempts)
                 if pk is None:
                     store.end_silent(self.eng, s.job_silent_seconds)
                     for iid in assess(self.eng):
@@ -138,42 +153,49 @@ class Service:
                 self._stop.wait(s.poll_seconds)
 
     def _diagnose(self, pk: int) -> None:
+        """Diagnose one claimed window and store the result; whatever goes wrong on the way (the
+        worker dies or hangs, the engine raises, the database refuses the result) puts the window
+        back for another attempt, or fails it for good with the reason once it has had its attempts."""
         assert self.diagnoser is not None
-        w, docs, history = store.window_docs(self.eng, pk)
+        s = self.settings
+        w: dict[str, Any] = {"window_id": pk, "job_id": "?"}
         try:
-            text = self.diagnoser.submit(w["window_id"], docs, history, self.settings.knowledge_dirs).result()
+            w, docs, history = store.window_docs(self.eng, pk)
+            text = self.diagnoser.run(w["window_id"], docs, history, s.knowledge_dirs, s.diagnosis_timeout_seconds)
             d = Diagnosis.model_validate_json(text)
-        except Exception as exc:
-            store.fail(self.eng, pk, self.settings.name, repr(exc))
-            self.metrics.ingest_error("diagnosis_failed")
-            log.warning("eroica serve: window %s of %s could not be diagnosed: %r", w["window_id"], w["job_id"], exc)
+            if store.store_diagnosis(self.eng, pk, s.name, d):
+                self.metrics.diagnosed(w, d, time.time())
             return
-        if store.store_diagnosis(self.eng, pk, self.settings.name, d):
-            self.metrics.diagnosed(w, d, time.time())
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"[:1500]
+        self.metrics.ingest_error("diagnosis_failed")
+        log.warning("eroica serve: window %s of %s could not be diagnosed: %s", w["window_id"], w["job_id"], why)
+        try:
+            store.release(self.eng, pk, s.name, why, s.max_attempts)
+        except Exception as exc:   # the database is down: the lease runs out and the window is claimed again
+            log.warning("eroica serve: window %s could not be released: %r", pk, exc)
 
 
-class _BodyLimit(BaseHTTPMiddleware):
-    def __init__(self, app: Any, limit: int) -> None:
-        super().__init__(app)
-        self.limit = limit
+def openapi(app: FastAPI) -> dict[str, Any]:
+    """The published API, with the documents the write routes read themselves (streamed and
+    size-checked, so FastAPI cannot see them) as their request bodies' schemas."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
 
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > self.limit:
-            log.warning("eroica serve: %s %s refused (413): body of %s bytes over %d", request.method,
-                        request.url.path, size, self.limit)
-            return JSONResponse({"error": f"body over {self.limit} bytes", "field": "body"}, status_code=413)
-        return await call_next(request)
+    from eroica.collector.facts import PatternsDoc
+    from eroica.service.inputs import HangSnapshotIn, StepSummaryIn, TransitionIn
 
-
-FORM_ACTION = re.compile(r"/issues/[0-9]+/act")
-
-
-def authorized(request: Request, token: str | None) -> bool:
-    if token is None:
-        return True
-    got = request.headers.get("authorization", "")
-    return got.startswith("Bearer ") and hmac.compare_digest(got.removeprefix("Bearer ").encode(), token.encode())
+    doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for model in (PatternsDoc, StepSummaryIn, HangSnapshotIn, TransitionIn):
+        js = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+        for name, sub in js.pop("$defs", {}).items():
+            assert schemas.get(name, sub) == sub, f"two request schemas are named {name}"
+            schemas[name] = sub
+        schemas[model.__name__] = js
+    app.openapi_schema = doc
+    return doc
 
 
 def create_app(settings: Settings, start: bool = True) -> FastAPI:
@@ -191,26 +213,26 @@ def create_app(settings: Settings, start: bool = True) -> FastAPI:
     app = FastAPI(title="eroica", version="1", docs_url=None, redoc_url=None, openapi_url="/v1/openapi.json",
                   lifespan=lifespan)
     app.state.svc = svc
-    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+    access = Access(settings.token, settings.read_token, settings.job_tokens, settings.allowed_hosts)
+    app.state.access = access
+    app.add_middleware(Guard, access=access, max_body_bytes=settings.max_body_bytes)
 
     @app.exception_handler(store.IngestError)
     async def _refused(request: Request, exc: store.IngestError) -> JSONResponse:
         log.warning("eroica serve: %s %s refused (%d): %s", request.method, request.url.path, exc.status, exc.message)
         return JSONResponse({"error": exc.message, "field": exc.field}, status_code=exc.status)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: RequestResponseEndpoint) -> Response:
-        # the job page's forms carry the token in their body (a browser cannot send the header): checked there
-        writes = request.method not in ("GET", "HEAD") and not FORM_ACTION.fullmatch(request.url.path)
-        needs = writes or (settings.read_token and request.url.path not in ("/healthz", "/metrics"))
-        if needs and not authorized(request, settings.token):
-            log.warning("eroica serve: %s %s: missing or wrong bearer token", request.method, request.url.path)
-            return JSONResponse({"error": "missing or wrong bearer token", "field": "authorization"}, status_code=401)
-        return await call_next(request)
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0] if exc.errors() else {"loc": ["request"], "msg": "invalid request"}
+        fld = ".".join(str(x) for x in err["loc"] if x not in ("path", "query", "header", "body")) or "request"
+        log.warning("eroica serve: %s %s refused (422): %s", request.method, request.url.path, err["msg"])
+        return JSONResponse({"error": err["msg"], "field": fld}, status_code=422)
 
     app.include_router(api_router(svc))
     app.include_router(issue_router(svc))
     app.include_router(pages.router(svc))
+    app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
 
     @app.get("/metrics")
     def _metrics() -> Response:
@@ -218,8 +240,8 @@ def create_app(settings: Settings, start: bool = True) -> FastAPI:
         return Response(body, media_type=ctype)
 
     @app.get("/healthz")
-    def _health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def _health() -> dict[str, str]:
+        return {"status": "ok"}      # on the event loop, never behind a blocked worker thread
 
     return app
 

@@ -112,6 +112,10 @@ issues = sa.Table(   # a finding's lifecycle: one per job, root cause and ranks,
     sa.Column("alert_error", sa.Text),
     sa.Column("alert_sent_at", sa.Float),
     sa.Column("alert_next_at", sa.Float),
+    # bumped whenever the alert must be (re)sent; the replica sending it holds a claim (revision 0008)
+    sa.Column("alert_version", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("alert_claimed_by", sa.String(64)),
+    sa.Column("alert_claim_until", sa.Float),
     sa.Column("recovery", sa.JSON),            # what the job's step series says since (revision 0005)
     sa.Column("runs", sa.JSON),                # the runs of the job it was followed through, oldest first (0006)
     sa.Column("devices", sa.JSON),             # "host/device" of its ranks, e.g. "node-7/cuda:3" (0006)
@@ -150,7 +154,16 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 
 
 def _sqlite_begin(conn: Any) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE")    # take the write lock at once: no upgrade deadlocks
+    # a write takes the write lock at once (no upgrade deadlocks); a read (`reading`) takes none and,
+    # in WAL mode, never waits for a writer
+    conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get("eroica_read") else "BEGIN IMMEDIATE")
+
+
+def reading(eng: sa.Engine) -> sa.Connection:
+    """A connection for reads only: on SQLite its transactions take no write lock, so a read is never
+    queued behind a writer (nor behind a writer's busy wait). Writes go through `eng.begin()`: on
+    SQLite a write through this connection could meet SQLITE_BUSY instead of waiting its turn."""
+    return eng.execution_options(eroica_read=True).connect()
 
 
 def make_engine(url: str) -> sa.Engine:
@@ -165,11 +178,19 @@ def make_engine(url: str) -> sa.Engine:
     return sa.create_engine(url, pool_pre_ping=True)
 
 
+MIGRATION_LOCK = 0x65726F696361      # "eroica": PostgreSQL's advisory lock key for schema upgrades
+
+
 def migrate(eng: sa.Engine) -> None:
-    """Bring the schema to the newest revision in place (a new database gets every revision)."""
+    """Bring the schema to the newest revision in place (a new database gets every revision). On
+    PostgreSQL, replicas starting together take turns (an advisory lock held until the upgrade's
+    transaction ends): the first upgrades, the others find the schema at head. SQLite's writers are
+    serialized by the database itself."""
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     with eng.begin() as conn:
+        if eng.dialect.name == "postgresql":
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from eroica.service.db import issues, windows
+from eroica.service.db import issues, reading, windows
 
 
 def host_ranking(eng: sa.Engine, min_confidence: float = 0.5) -> list[dict[str, Any]]:
     """Every host a confident finding named: how many jobs and issues, which causes, which of its
     devices hardware findings named, when last."""
-    with eng.connect() as c:
+    with reading(eng) as c:
         rows = c.execute(sa.select(issues.c.job_id, issues.c.root_cause, issues.c.category, issues.c.hosts,
                                    issues.c.last_seen, issues.c.top_confidence, issues.c.devices)
                          .where(issues.c.top_confidence >= min_confidence)).all()
@@ -47,7 +47,7 @@ def week_summary(eng: sa.Engine, since: float, until: float) -> dict[str, Any]:
     """For a period: how many slowdowns (issues opened), how fast they were detected (the fault's
     onset in the step series to the window's opening), localized (the window's first open to its
     stored diagnosis), fixed (diagnosis to recovery), and the accelerator-hours fixing them gave back."""
-    with eng.connect() as c:
+    with reading(eng) as c:
         opened = c.execute(sa.select(issues).where(issues.c.first_seen >= since, issues.c.first_seen < until)
                            ).mappings().all()
         wins = c.execute(sa.select(windows.c.window_opened_at, windows.c.diagnosed_at).where(

@@ -5,45 +5,33 @@ the alert goes out while the job still waits (before the collective timeout kill
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import sqlalchemy as sa
 
 from eroica.engine.hang import HangFinding, latest, localize_snapshots
-from eroica.service.db import hangs, issues, jobs
-from eroica.service.errors import IngestError
+from eroica.service.db import hangs, issues, reading
+from eroica.service.inputs import parse_hang
 from eroica.service.lifecycle import open_issue
+from eroica.service.runs import touch_run
 
 CONFIDENT = 0.5
-FIELDS = ("rank", "world_size", "wall_time", "last_step", "stalled_seconds", "limit_seconds", "stack")
 
 
 def parse(body: bytes) -> dict[str, Any]:
-    try:
-        doc = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise IngestError(422, f"not JSON: {exc}", "body") from exc
-    if not isinstance(doc, dict) or doc.get("schema") != "eroica.hang/v1":
-        raise IngestError(422, "not an eroica.hang/v1 snapshot", "schema")
-    missing = [f for f in FIELDS if f not in doc]
-    if missing:
-        raise IngestError(422, f"the snapshot has no {missing[0]!r}", missing[0])
-    if not isinstance(doc["rank"], int) or not 0 <= doc["rank"] < int(doc["world_size"]):
-        raise IngestError(422, f"rank {doc['rank']!r} is not in 0..world_size-1", "rank")
-    return doc
+    """A hang snapshot, validated (types and bounds: eroica.service.inputs) and reduced to the fields
+    the engine reads; an IngestError naming the field otherwise."""
+    return parse_hang(body).model_dump(mode="json", by_alias=True)
 
 
 def add(eng: sa.Engine, job_id: str, doc: dict[str, Any], name: str | None = None,
         now: float | None = None) -> HangFinding | None:
-    """Keep the rank's snapshot, localize the job's latest hang, fold a confident verdict into its issue."""
+    """Keep the rank's snapshot, localize the job's latest hang, fold a confident verdict into its issue.
+    A snapshot whose world size is not the run's is refused (422, `world_size`)."""
     now = time.time() if now is None else now
     with eng.begin() as c:
-        if c.execute(sa.select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
-            c.execute(jobs.insert().values(id=job_id, name=name or job_id, world_size=int(doc["world_size"]),
-                                           hosts=[doc["host"]] if doc.get("host") else [], first_seen=now,
-                                           last_seen=now))
+        touch_run(c, job_id, name, int(doc["world_size"]), doc.get("host"), now, "world_size")
         c.execute(hangs.delete().where(hangs.c.job_id == job_id, hangs.c.rank == doc["rank"]))
         c.execute(hangs.insert().values(job_id=job_id, rank=doc["rank"], wall_time=float(doc["wall_time"]),
                                         body=doc, at=now))
@@ -55,7 +43,7 @@ def add(eng: sa.Engine, job_id: str, doc: dict[str, Any], name: str | None = Non
 
 
 def current(eng: sa.Engine, job_id: str) -> HangFinding | None:
-    with eng.connect() as c:
+    with reading(eng) as c:
         snaps = [r.body for r in c.execute(sa.select(hangs.c.body).where(hangs.c.job_id == job_id))]
     return localize_snapshots(latest(snaps))
 

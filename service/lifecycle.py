@@ -20,7 +20,7 @@ import sqlalchemy as sa
 import yaml
 
 from eroica.engine.diagnosis import Diagnosis
-from eroica.service.db import documents, issues, jobs, windows
+from eroica.service.db import documents, issues, jobs, reading, windows
 from eroica.service.errors import IngestError
 
 CONFIDENT = 0.5
@@ -29,6 +29,8 @@ OPEN_STATES = ("open", "acknowledged", "linked")
 NEXT = {"acknowledged": ("open",), "linked": ("open", "acknowledged", "linked"),
         **{s: ("open", "acknowledged", "linked") for s in CLOSED}}
 LINK_KINDS = ("ticket", "change_request", "commit", "config")
+# the issue's alert must be (re)sent: its version moves, so a delivery in flight does not clear it
+RESEND = {"alert_dirty": True, "alert_version": issues.c.alert_version + 1}
 
 
 def state_of(action: str) -> str:
@@ -96,7 +98,7 @@ def record_findings(c: sa.Connection, pk: int, job_id: str, d: Diagnosis, now: f
                 upd: dict[str, Any] = {"last_seen": now, "last_window_pk": pk,
                                        "windows_total": row["windows_total"] + (row["last_window_pk"] != pk),
                                        "top_confidence": max(row["top_confidence"], f.confidence),
-                                       "hosts": sorted(set(row["hosts"]) | set(f.hosts)), "alert_dirty": True,
+                                       "hosts": sorted(set(row["hosts"]) | set(f.hosts)), **RESEND,
                                        "devices": sorted(set(row["devices"] or []) | set(devices))}
                 history = list(row["history"])
                 if row["job_id"] != job_id:
@@ -137,7 +139,7 @@ def transition(eng: sa.Engine, iid: int, state: str, who: str, why: str | None =
             raise IngestError(409, f"issue {iid} is {row['state']}: it cannot become {state}", "state")
         entry: dict[str, Any] = {"state": state, "who": who, "at": now}
         entry.update({k: v for k, v in (("why", why), ("url", url)) if v})
-        upd: dict[str, Any] = {"state": state, "history": [*row["history"], entry], "alert_dirty": True}
+        upd: dict[str, Any] = {"state": state, "history": [*row["history"], entry], **RESEND}
         if state == "linked":
             upd.update(link_url=url, link_kind=kind)
         c.execute(issues.update().where(issues.c.id == iid).values(**upd))
@@ -147,7 +149,7 @@ def transition(eng: sa.Engine, iid: int, state: str, who: str, why: str | None =
 def export_false_positive(eng: sa.Engine, iid: int) -> dict[str, Any]:
     """An issue closed as a false positive in the incident format: the window's documents, an
     expected.yaml that forbids the cause on those ranks, and a context.yaml saying where it came from."""
-    with eng.connect() as c:
+    with reading(eng) as c:
         row = c.execute(sa.select(issues).where(issues.c.id == iid)).mappings().first()
         if row is None:
             raise IngestError(404, f"no issue {iid}", "issue")

@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from eroica.engine.diagnosis import Diagnosis
-from eroica.service.db import issues, windows
+from eroica.service.db import issues, reading, windows
 from eroica.service.fleet import week_summary
 
 disable_created_metrics()    # no `_created` gauge beside every counter
@@ -39,7 +39,7 @@ class _Queue(Collector):
         g = GaugeMetricFamily("eroica_windows", "Windows by status (collecting, ready, claimed, done, failed)",
                               labels=["status"])
         try:
-            with self.eng.connect() as c:
+            with reading(self.eng) as c:
                 for status, n in c.execute(sa.select(windows.c.status, sa.func.count()).group_by(windows.c.status)):
                     g.add_metric([status], n)
         except sa.exc.SQLAlchemyError:
@@ -63,7 +63,7 @@ class _Loop(Collector):
         hours = GaugeMetricFamily("eroica_week_accelerator_hours_recovered",
                                   "Accelerator-hours given back by issues opened in the last 7 days and fixed")
         try:
-            with self.eng.connect() as c:
+            with reading(self.eng) as c:
                 for state, cat, n in c.execute(sa.select(issues.c.state, issues.c.category, sa.func.count())
                                                .group_by(issues.c.state, issues.c.category)):
                     states.add_metric([state, cat], n)
@@ -112,7 +112,7 @@ class ServiceMetrics:
                     self.findings.labels(root_cause=f.root_cause, category=f.category.value).inc()
 
     def recovered(self, eng: sa.Engine, iid: int) -> None:
-        with eng.connect() as c:
+        with reading(eng) as c:
             i = c.execute(sa.select(issues.c.root_cause, issues.c.recovery).where(issues.c.id == iid)).one()
         self.fixed.labels(root_cause=i.root_cause).inc()
         self.hours.inc(float((i.recovery or {}).get("accelerator_hours", 0.0)))

@@ -2,8 +2,9 @@
 host, and each window's full report (the same HTML report `eroica diagnose --format html` writes).
 
 A job's issues are driven from its page with plain HTML forms (acknowledge, link, close), which post
-to `/issues/{id}/act` with the service's token typed in a password field: a browser cannot send the
-API's bearer header from a form, and no cookie means no cross-site request can act for anyone."""
+to `/issues/{id}/act` with the service's token typed in a password field (a browser cannot send the
+API's bearer header from a form), or with the session `/login` sets: an HttpOnly, SameSite=Strict
+cookie that no other site's page can send, and the guard refuses writes from another Origin."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ import jinja2
 import sqlalchemy as sa
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from eroica.engine.diagnosis import Diagnosis
 from eroica.engine.render import render
 from eroica.service import store
-from eroica.service.db import findings, issues, jobs, steps, windows
+from eroica.service.db import findings, issues, jobs, reading, steps, windows
 from eroica.service.fleet import host_ranking, week_summary
+from eroica.service.guard import COOKIE, SESSION_SECONDS, principal_of, read_limited
 from eroica.service.lifecycle import LINK_KINDS, state_of, transition
 from eroica.service.routes import window_json
 
@@ -81,6 +84,16 @@ def step_plot(series: list[dict[str, Any]], wins: list[dict[str, Any]], width: i
     }
 
 
+def _form(body: bytes) -> dict[str, str]:
+    return {k: v[-1].strip() for k, v in urllib.parse.parse_qs(body.decode("utf-8", "replace"),
+                                                                keep_blank_values=True).items()}
+
+
+def _local(path: str) -> str:
+    """A path on this service to go back to, never another site (`//evil`, `/\\evil`, `http://...`)."""
+    return path if path.startswith("/") and not path.startswith(("//", "/\\")) and "\\" not in path else "/"
+
+
 def router(svc: Service) -> APIRouter:
     r = APIRouter()
     eng = svc.eng
@@ -90,7 +103,7 @@ def router(svc: Service) -> APIRouter:
 
     @r.get("/", response_class=HTMLResponse)
     def fleet() -> HTMLResponse:
-        with eng.connect() as c:
+        with reading(eng) as c:
             js = c.execute(sa.select(jobs).order_by(jobs.c.last_seen.desc()).limit(200)).mappings().all()
             fs = c.execute(sa.select(findings).where(findings.c.confidence >= 0.5)
                            .order_by(findings.c.created_at.desc()).limit(500)).mappings().all()
@@ -107,9 +120,9 @@ def router(svc: Service) -> APIRouter:
                     findings=fs[:30], undelivered=undelivered, week=week)
 
     @r.get("/jobs/{job_id}", response_class=HTMLResponse)
-    def job(job_id: str) -> HTMLResponse:
+    def job(job_id: str, request: Request) -> HTMLResponse:
         store.valid_job_id(job_id)
-        with eng.connect() as c:
+        with reading(eng) as c:
             j = c.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
             if j is None:
                 raise store.IngestError(404, f"no job {job_id!r}", "job")
@@ -127,24 +140,44 @@ def router(svc: Service) -> APIRouter:
         for f in fs:
             by_window.setdefault(f["window_pk"], []).append(f)
         return page("job.html.j2", job=j, windows=ws, by_window=by_window, plot=step_plot(series, ws), issues=iss,
-                    link_kinds=LINK_KINDS, needs_token=svc.settings.token is not None)
+                    link_kinds=LINK_KINDS, needs_token=svc.settings.token is not None
+                    and principal_of(request).kind not in ("admin", "session"))
 
     @r.post("/issues/{iid}/act", response_model=None)
     async def act(iid: int, request: Request) -> Response:
         """An issue's transition from its job page's form; back to the page, or the refusal in words."""
-        form = {k: v[-1].strip() for k, v in urllib.parse.parse_qs((await request.body()).decode(
-            "utf-8", "replace"), keep_blank_values=True).items()}
+        form = _form(await read_limited(request, 65536))
         token = svc.settings.token
         back = form.get("back", "/")
-        back = back if back.startswith("/jobs/") else "/"
+        back = back if back.startswith("/jobs/") and "//" not in back and "\\" not in back else "/"
+        signed_in = principal_of(request).kind in ("admin", "session", "open")
         try:
-            if token is not None and not hmac.compare_digest(form.get("token", "").encode(), token.encode()):
+            if not signed_in and (token is None or not hmac.compare_digest(form.get("token", "").encode(),
+                                                                             token.encode())):
                 raise store.IngestError(401, "the service's token is missing or wrong", "token")
-            transition(eng, iid, state_of(form.get("action", "")), form.get("who", ""), form.get("why") or None,
-                       form.get("url") or None, form.get("kind") or None)
+            await run_in_threadpool(transition, eng, iid, state_of(form.get("action", "")), form.get("who", ""),
+                                    form.get("why") or None, form.get("url") or None, form.get("kind") or None)
         except store.IngestError as exc:
             return page("refused.html.j2", http_status=exc.status, why=exc.message, field=exc.field, back=back)
         return RedirectResponse(f"{back}#issue-{iid}", status_code=303)
+
+    @r.get("/login", response_class=HTMLResponse)
+    def login_form(next: str = "/") -> HTMLResponse:
+        return page("login.html.j2", next=_local(next), failed=False)
+
+    @r.post("/login", response_model=None)
+    async def login(request: Request) -> Response:
+        """The service token typed once; a session cookie for the pages (reads and their forms)."""
+        form = _form(await read_limited(request, 8192))
+        token, nxt = svc.settings.token, _local(form.get("next", "/"))
+        if token is None:
+            return RedirectResponse(nxt, status_code=303)
+        if not hmac.compare_digest(form.get("token", "").encode(), token.encode()):
+            return page("login.html.j2", http_status=401, next=nxt, failed=True)
+        resp = RedirectResponse(nxt, status_code=303)
+        resp.set_cookie(COOKIE, request.app.state.access.session_value(), max_age=SESSION_SECONDS, httponly=True,
+                        samesite="strict", secure=request.url.scheme == "https", path="/")
+        return resp
 
     @r.get("/hosts", response_class=HTMLResponse)
     def hosts() -> HTMLResponse:
@@ -153,7 +186,7 @@ def router(svc: Service) -> APIRouter:
 
     @r.get("/hosts/{host}", response_class=HTMLResponse)
     def host(host: str) -> HTMLResponse:
-        with eng.connect() as c:
+        with reading(eng) as c:
             fs = [f for f in c.execute(sa.select(findings).where(findings.c.confidence >= 0.5)
                                        .order_by(findings.c.created_at.desc()).limit(5000)).mappings()
                   if host in f["hosts"]]

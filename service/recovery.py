@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
-from eroica.service.db import diagnoses, issues, jobs, steps, windows
+from eroica.service.db import diagnoses, issues, jobs, reading, steps, windows
 from eroica.service.lifecycle import OPEN_STATES, transition
 
 RECOVERY_BAND = 0.10          # within 10% of the healthy step: the detector's own noise band is wider
@@ -125,11 +125,11 @@ def assess(eng: sa.Engine, now: float | None = None) -> list[int]:
     """Measure every open issue; close those whose job came back as recovered. The ids it closed."""
     now = time.time() if now is None else now
     closed = []
-    with eng.connect() as c:
+    with reading(eng) as c:
         open_ = c.execute(sa.select(issues).where(issues.c.state.in_(OPEN_STATES))
                           ).mappings().all()
     for i in open_:
-        with eng.connect() as c:
+        with reading(eng) as c:
             got = _inputs(c, i)
         m = measure(*got) if got is not None else None
         if m is None or m == i["recovery"]:

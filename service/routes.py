@@ -4,33 +4,59 @@ against its pattern, a window's number), never a file name: no request reaches t
 from __future__ import annotations
 
 import time
-import zlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from eroica.service import api_models as m
 from eroica.service import hangs, store
-from eroica.service.db import findings, issues, jobs, steps, windows
+from eroica.service.db import findings, issues, jobs, reading, steps, windows
 from eroica.service.fleet import drain_list, host_ranking, week_summary
+from eroica.service.guard import Principal, decode_body, principal_of, read_limited
+from eroica.service.inputs import MAX_INT, StepSummaryIn, TransitionIn, refusal
 from eroica.service.lifecycle import export_false_positive, state_of, transition
+from eroica.service.runs import NAME_HEADER, name_of, valid_job_id
 
 if TYPE_CHECKING:
     from eroica.service.app import Service
 
 
-class StepSummaryIn(BaseModel):
-    """One summary of the job's always-on step-time series (rank 0 sends one every N steps)."""
+Key = Annotated[int, Path(ge=1, le=MAX_INT)]            # a database key in a path: fits its column
+JOB_WRITE_BODY = 65536                                    # a step summary or a job's end
+BODY = {"application/json": {"schema": {"type": "object"}}}
 
-    model_config = ConfigDict(extra="forbid")
-    first_step: int = Field(ge=0)
-    last_step: int = Field(ge=0)
-    median_seconds: float = Field(gt=0, lt=86400)
-    p90_seconds: float = Field(gt=0, lt=86400)
-    world_size: int = Field(ge=1, le=10_000_000)
+
+def _body(ref: str | None = None) -> dict[str, Any]:
+    """An OpenAPI request body for a route that reads its body itself (streamed, size-checked)."""
+    schema = {"$ref": f"#/components/schemas/{ref}"} if ref else {"type": "object"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+async def job_body(request: Request, limit: int) -> bytes:
+    """A job document's body: read while counting (413 past `limit`), then gunzipped off the event loop."""
+    raw = await read_limited(request, limit)
+    return await run_in_threadpool(decode_body, raw, request.headers.get("content-encoding"), limit)
+
+
+def job_name(request: Request) -> str | None:
+    name = request.headers.get(NAME_HEADER) or None
+    return valid_job_id(name, NAME_HEADER) if name is not None else None
+
+
+def may_write(eng: sa.Engine, who: Principal, job_id: str, name: str | None) -> None:
+    """A job's own token may write only jobs whose name matches it (the run's stored name when the
+    request names none)."""
+    if who.kind != "job":
+        return
+    with reading(eng) as c:
+        stored = name_of(c, job_id)
+    effective = name or stored or job_id
+    if not who.may_write_job(effective) or (stored is not None and not who.may_write_job(stored)):
+        raise store.IngestError(403, f"this job token may not write job {effective!r}", "authorization")
 
 
 WINDOW_COLUMNS = ("pk", "job_id", "window_id", "world_size", "start_step", "end_step", "trigger", "status",
@@ -53,55 +79,53 @@ def finding_json(f: Any) -> dict[str, Any]:
                               "confidence", "summary", "rule_ids", "created_at")}
 
 
-def read_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
-    """The request body, gunzipped when it says so, never more than `limit` bytes."""
-    if raw and len(raw) > limit:
-        raise store.IngestError(413, f"body over {limit} bytes", "body")
-    if (encoding or "").lower() == "gzip":
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            out = d.decompress(raw, limit + 1)
-        except zlib.error as exc:
-            raise store.IngestError(400, f"Content-Encoding gzip, but the body is not gzip: {exc}", "body") from exc
-        if len(out) > limit:
-            raise store.IngestError(413, f"body over {limit} bytes once decompressed", "body")
-        return out
-    return raw
-
-
 def api_router(svc: Service) -> APIRouter:
     r = APIRouter(prefix="/v1")
     eng = svc.eng
 
-    @r.post("/patterns", status_code=201, response_model=m.Accepted)
+    @r.post("/patterns", status_code=201, response_model=m.Accepted, openapi_extra=_body("PatternsDoc"))
     async def post_patterns(request: Request) -> Response:
-        job = store.valid_job_id(request.headers.get("x-eroica-job", ""))
-        body = read_body(await request.body(), request.headers.get("content-encoding"), svc.settings.max_body_bytes)
-        got = svc.accept(job, body, f"upload for job {job}", name=request.headers.get("x-eroica-job-name") or None)
+        job = valid_job_id(request.headers.get("x-eroica-job", ""), "x-eroica-job")
+        name = job_name(request)
+        body = await job_body(request, svc.settings.max_body_bytes)
+
+        def work() -> store.Ingested:
+            may_write(eng, principal_of(request), job, name)
+            return svc.accept(job, body, f"upload for job {job}", name=name)
+        got = await run_in_threadpool(work)
         return JSONResponse({"window": got.window_pk, "created": got.created}, status_code=201 if got.created else 200)
 
-    @r.post("/jobs/{job_id}/steps", status_code=201)
+    @r.post("/jobs/{job_id}/steps", status_code=201, openapi_extra=_body("StepSummaryIn"))
     async def post_steps(job_id: str, request: Request) -> dict[str, str]:
-        store.valid_job_id(job_id)
+        valid_job_id(job_id)
+        name = job_name(request)
+        raw = await job_body(request, JOB_WRITE_BODY)
         try:
-            s = StepSummaryIn.model_validate_json(read_body(await request.body(),
-                                                            request.headers.get("content-encoding"), 65536))
+            s = StepSummaryIn.model_validate_json(raw)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            raise store.IngestError(422, err["msg"], ".".join(str(x) for x in err["loc"])) from exc
-        store.add_steps(eng, job_id, s.first_step, s.last_step, s.median_seconds, s.p90_seconds, s.world_size,
-                        name=request.headers.get("x-eroica-job-name") or None)
+            raise refusal(exc) from exc
+
+        def work() -> None:
+            may_write(eng, principal_of(request), job_id, name)
+            store.add_steps(eng, job_id, s.first_step, s.last_step, s.median_seconds, s.p90_seconds, s.world_size,
+                            name=name)
+        await run_in_threadpool(work)
         return {"status": "stored"}
 
-    @r.post("/jobs/{job_id}/hang", status_code=201)
+    @r.post("/jobs/{job_id}/hang", status_code=201, openapi_extra=_body("HangSnapshotIn"))
     async def post_hang(job_id: str, request: Request) -> dict[str, Any]:
         """A rank's hang snapshot (its watchdog saw no step for too long): kept, and the job's hang
         localized now, while the job still waits; a confident verdict opens or updates its issue."""
-        store.valid_job_id(job_id)
-        doc = hangs.parse(read_body(await request.body(), request.headers.get("content-encoding"),
-                                    svc.settings.max_body_bytes))
-        f = hangs.add(eng, job_id, doc, name=request.headers.get("x-eroica-job-name") or None)
-        return {"status": "stored", "hang": f.model_dump(mode="json") if f is not None else None}
+        valid_job_id(job_id)
+        name = job_name(request)
+        raw = await job_body(request, svc.settings.max_body_bytes)
+
+        def work() -> dict[str, Any]:
+            doc = hangs.parse(raw)
+            may_write(eng, principal_of(request), job_id, name)
+            f = hangs.add(eng, job_id, doc, name=name)
+            return {"status": "stored", "hang": f.model_dump(mode="json") if f is not None else None}
+        return await run_in_threadpool(work)
 
     @r.get("/jobs/{job_id}/hang")
     def get_hang(job_id: str) -> dict[str, Any]:
@@ -110,15 +134,21 @@ def api_router(svc: Service) -> APIRouter:
             raise store.IngestError(404, f"no hang snapshot for job {job_id!r}", "job")
         return f.model_dump(mode="json")
 
-    @r.post("/jobs/{job_id}/end")
-    def end_job(job_id: str) -> dict[str, str]:
+    @r.post("/jobs/{job_id}/end", openapi_extra=_body())
+    async def end_job(job_id: str, request: Request) -> dict[str, str]:
         """The run ended (its rank 0 closed): the alerts of its open issues resolve."""
-        store.end_job(eng, store.valid_job_id(job_id), "job")
+        valid_job_id(job_id)
+        await job_body(request, JOB_WRITE_BODY)       # its body says nothing; still bounded
+
+        def work() -> None:
+            may_write(eng, principal_of(request), job_id, None)
+            store.end_job(eng, job_id, "job")
+        await run_in_threadpool(work)
         return {"status": "ended"}
 
     @r.get("/jobs", response_model=list[m.Job])
     def list_jobs() -> list[dict[str, Any]]:
-        with eng.connect() as c:
+        with reading(eng) as c:
             rows = c.execute(sa.select(jobs).order_by(jobs.c.last_seen.desc())).mappings().all()
             counts: dict[str, int] = dict(c.execute(
                 sa.select(findings.c.job_id, sa.func.count()).where(findings.c.confidence >= 0.5)
@@ -128,7 +158,7 @@ def api_router(svc: Service) -> APIRouter:
     @r.get("/jobs/{job_id}", response_model=m.JobDetail)
     def get_job(job_id: str) -> dict[str, Any]:
         store.valid_job_id(job_id)
-        with eng.connect() as c:
+        with reading(eng) as c:
             j = c.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
             if j is None:
                 raise store.IngestError(404, f"no job {job_id!r}", "job")
@@ -138,8 +168,8 @@ def api_router(svc: Service) -> APIRouter:
                     "steps": [dict(s) for s in series.mappings()]}
 
     @r.get("/windows/{pk}", response_model=m.WindowDetail)
-    def get_window(pk: int) -> dict[str, Any]:
-        with eng.connect() as c:
+    def get_window(pk: Key) -> dict[str, Any]:
+        with reading(eng) as c:
             w = c.execute(sa.select(windows).where(windows.c.pk == pk)).mappings().first()
             if w is None:
                 raise store.IngestError(404, f"no window {pk}", "window")
@@ -148,35 +178,29 @@ def api_router(svc: Service) -> APIRouter:
         return {**window_json(w), "findings": [finding_json(f) for f in fs]}
 
     @r.get("/windows/{pk}/diagnosis")
-    def get_diagnosis(pk: int) -> Response:
+    def get_diagnosis(pk: Key) -> Response:
         body = store.diagnosis_of(eng, pk)
         if body is None:
             raise store.IngestError(404, f"window {pk} has no diagnosis (yet)", "window")
         return Response(body, media_type="application/json")
 
     @r.get("/findings", response_model=list[m.Finding])
-    def list_findings(job: str | None = None, root_cause: str | None = None, host: str | None = None,
-                      min_confidence: float = 0.0, limit: int = 200) -> list[dict[str, Any]]:
+    def list_findings(job: str | None = None, root_cause: Annotated[str | None, Query(max_length=64)] = None,
+                      host: Annotated[str | None, Query(max_length=255)] = None,
+                      min_confidence: Annotated[float, Query(ge=0, le=1)] = 0.0,
+                      limit: Annotated[int, Query(ge=1, le=5000)] = 200) -> list[dict[str, Any]]:
         q = sa.select(findings).where(findings.c.confidence >= min_confidence)
         if job is not None:
             q = q.where(findings.c.job_id == store.valid_job_id(job))
         if root_cause is not None:
             q = q.where(findings.c.root_cause == root_cause)
-        with eng.connect() as c:
-            rows = c.execute(q.order_by(findings.c.created_at.desc()).limit(max(1, min(limit, 5000)))).mappings().all()
+        with reading(eng) as c:
+            rows = c.execute(q.order_by(findings.c.created_at.desc()).limit(limit)).mappings().all()
         out = [finding_json(f) for f in rows]
         return [f for f in out if host is None or host in f["hosts"]]
 
     return r
 
-
-
-class TransitionIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    who: str
-    why: str | None = None
-    url: str | None = None
-    kind: str | None = None
 
 
 def issue_router(svc: Service) -> APIRouter:
@@ -185,36 +209,37 @@ def issue_router(svc: Service) -> APIRouter:
     eng = svc.eng
 
     @r.get("/issues", response_model=list[m.Issue])
-    def list_issues(state: str | None = None, job: str | None = None) -> list[dict[str, Any]]:
+    def list_issues(state: Annotated[str | None, Query(max_length=32)] = None,
+                    job: str | None = None) -> list[dict[str, Any]]:
         q = sa.select(issues)
         if state is not None:
             q = q.where(issues.c.state == state)
         if job is not None:
             q = q.where(issues.c.job_id == store.valid_job_id(job))
-        with eng.connect() as c:
+        with reading(eng) as c:
             return [dict(x) for x in c.execute(q.order_by(issues.c.last_seen.desc()).limit(1000)).mappings()]
 
-    @r.post("/issues/{iid}/{action}", response_model=m.Issue)
-    async def act(iid: int, action: str, request: Request) -> dict[str, Any]:
+    @r.post("/issues/{iid}/{action}", response_model=m.Issue, openapi_extra=_body("TransitionIn"))
+    async def act(iid: Key, action: Annotated[str, Path(max_length=32)], request: Request) -> dict[str, Any]:
         state = state_of(action)
+        raw = await read_limited(request, JOB_WRITE_BODY)
         try:
-            body = TransitionIn.model_validate_json(await request.body())
+            body = TransitionIn.model_validate_json(raw)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            raise store.IngestError(422, err["msg"], ".".join(str(x) for x in err["loc"])) from exc
-        return transition(eng, iid, state, body.who, body.why, body.url, body.kind)
+            raise refusal(exc) from exc
+        return await run_in_threadpool(transition, eng, iid, state, body.who, body.why, body.url, body.kind)
 
     @r.get("/hosts")
     def hosts() -> list[dict[str, Any]]:
         return host_ranking(eng, svc.settings.drain_min_confidence)
 
     @r.get("/summary")
-    def summary(days: float = 7.0) -> dict[str, Any]:
+    def summary(days: Annotated[float, Query(ge=0, le=3660)] = 7.0) -> dict[str, Any]:
         now = time.time()
-        return week_summary(eng, now - max(0.0, min(days, 3660.0)) * 86400, now + 1)
+        return week_summary(eng, now - days * 86400, now + 1)
 
     @r.get("/drain")
-    def drain(format: str = "json") -> Response:
+    def drain(format: Annotated[str, Query(pattern="^(json|text)$")] = "json") -> Response:
         s = svc.settings
         hosts = drain_list(eng, s.drain_min_jobs, s.drain_min_confidence)
         if format == "text":
@@ -222,7 +247,7 @@ def issue_router(svc: Service) -> APIRouter:
         return JSONResponse({"min_jobs": s.drain_min_jobs, "min_confidence": s.drain_min_confidence, "hosts": hosts})
 
     @r.get("/issues/{iid}/incident")
-    def export(iid: int) -> dict[str, Any]:
+    def export(iid: Key) -> dict[str, Any]:
         return export_false_positive(eng, iid)
 
     return r

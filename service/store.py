@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,47 +18,21 @@ import sqlalchemy as sa
 
 from eroica.collector.facts import PatternsDoc
 from eroica.engine.diagnosis import Diagnosis
-from eroica.service.db import diagnoses, documents, findings, issues, jobs, steps, windows
+from eroica.service.db import diagnoses, documents, findings, issues, jobs, reading, steps, windows
 from eroica.service.errors import IngestError
-from eroica.service.lifecycle import OPEN_STATES, record_findings
+from eroica.service.lifecycle import OPEN_STATES, RESEND, record_findings
+from eroica.service.runs import JOB_ID, insert_ignore, touch_run, valid_job_id
 
-JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+__all__ = ["JOB_ID", "IngestError", "Ingested", "valid_job_id"]
+
 LEASE_SECONDS = 120.0
+MAX_ATTEMPTS = 3          # a window whose diagnosis failed (or whose replica died) this often fails for good
 
 
 @dataclass(frozen=True)
 class Ingested:
     window_pk: int
     created: bool          # False: the same document was already stored (an idempotent re-upload)
-
-
-def valid_job_id(job_id: str) -> str:
-    if not JOB_ID.match(job_id or ""):
-        raise IngestError(400, "job id must be 1-128 characters of letters, digits, '.', '_' or '-', starting with "
-                               "a letter or digit", "job")
-    return job_id
-
-
-def _touch_run(c: sa.Connection, job_id: str, name: str | None, world: int, host: str | None, now: float,
-               field: str) -> None:
-    """Create the run or mark it seen (alive again, its name and host added); a document or summary
-    whose world size differs from the run's is refused (422, naming `field`). The name is the run's
-    own id when the sink sends none."""
-    if name is not None:
-        valid_job_id(name)
-    job = c.execute(sa.select(jobs.c.world_size, jobs.c.hosts, jobs.c.name).where(jobs.c.id == job_id)).first()
-    if job is None:
-        c.execute(jobs.insert().values(id=job_id, name=name or job_id, world_size=world, hosts=[host] if host else [],
-                                       first_seen=now, last_seen=now))
-        return
-    if job.world_size != world:
-        raise IngestError(422, f"job {job_id!r} has world size {job.world_size}, this one says {world}", field)
-    upd: dict[str, Any] = {"last_seen": now, "ended_at": None, "ended_by": None}
-    if host and host not in job.hosts:
-        upd["hosts"] = sorted({*job.hosts, host})
-    if name and job.name != name:
-        upd["name"] = name
-    c.execute(jobs.update().where(jobs.c.id == job_id).values(**upd))
 
 
 def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: float | None = None,
@@ -73,35 +46,34 @@ def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: floa
     if rank >= world:
         raise IngestError(422, f"rank {rank} is outside the job's world of {world}", "job.rank")
     digest = hashlib.sha256(text).hexdigest()
+    win = doc.window
     with eng.begin() as c:
-        _touch_run(c, job_id, name, world, doc.job.hostname, now, "job.world_size")
-        w = c.execute(sa.select(windows).where(windows.c.job_id == job_id,
-                                               windows.c.window_id == doc.window.window_id)).mappings().first()
-        if w is None:
-            pk = c.execute(windows.insert().returning(windows.c.pk).values(
-                job_id=job_id, window_id=doc.window.window_id, world_size=world, start_step=doc.window.start_step,
-                end_step=doc.window.end_step, trigger=doc.window.trigger, status="collecting", ranks_reported=0,
-                first_doc_at=now, last_doc_at=now, attempts=0)).scalar_one()
-        else:
-            pk = w["pk"]
-        old = c.execute(sa.select(documents.c.sha256).where(documents.c.window_pk == pk,
-                                                            documents.c.rank == rank)).scalar()
-        if old is not None:
+        touch_run(c, job_id, name, world, doc.job.hostname, now, "job.world_size")
+        insert_ignore(c, windows, {
+            "job_id": job_id, "window_id": win.window_id, "world_size": world, "start_step": win.start_step,
+            "end_step": win.end_step, "trigger": win.trigger, "status": "collecting", "ranks_reported": 0,
+            "first_doc_at": now, "last_doc_at": now, "attempts": 0}, ["job_id", "window_id"])
+        w = c.execute(sa.select(windows).where(windows.c.job_id == job_id, windows.c.window_id == win.window_id)
+                      .with_for_update()).mappings().one()
+        pk = w["pk"]
+        if not insert_ignore(c, documents, {"window_pk": pk, "rank": rank, "sha256": digest,
+                                            "body": gzip.compress(text, 1), "host": doc.job.hostname,
+                                            "received_at": now}, ["window_pk", "rank"]):
+            old = c.execute(sa.select(documents.c.sha256).where(documents.c.window_pk == pk,
+                                                                documents.c.rank == rank)).scalar()
             if old != digest:
-                raise IngestError(409, f"window {doc.window.window_id} already has a different document for rank "
+                raise IngestError(409, f"window {win.window_id} already has a different document for rank "
                                        f"{rank}", "job.rank")
             return Ingested(pk, False)
-        c.execute(documents.insert().values(window_pk=pk, rank=rank, sha256=digest, body=gzip.compress(text, 1),
-                                            host=doc.job.hostname, received_at=now))
         update: dict[str, Any] = {"ranks_reported": windows.c.ranks_reported + 1, "last_doc_at": now}
-        opened = doc.window.opened_unix_seconds
-        if opened is not None and (w is None or w["window_opened_at"] is None or opened < w["window_opened_at"]):
+        opened = win.opened_unix_seconds
+        if opened is not None and (w["window_opened_at"] is None or opened < w["window_opened_at"]):
             update["window_opened_at"] = opened
-        closed = doc.window.closed_unix_seconds
-        if closed is not None and (w is None or w["window_closed_at"] is None or closed > w["window_closed_at"]):
+        closed = win.closed_unix_seconds
+        if closed is not None and (w["window_closed_at"] is None or closed > w["window_closed_at"]):
             update["window_closed_at"] = closed
-        if w is not None and w["status"] in ("done", "failed"):
-            update["status"] = "ready"       # a late rank: diagnose the window again with it
+        if w["status"] in ("done", "failed"):
+            update.update(status="ready", attempts=0)      # a late rank: diagnose the window again with it
         c.execute(windows.update().where(windows.c.pk == pk).values(**update))
     return Ingested(pk, True)
 
@@ -117,24 +89,34 @@ def mark_ready(eng: sa.Engine, grace_seconds: float, now: float | None = None) -
         return int(res.rowcount or 0)
 
 
-def claim(eng: sa.Engine, worker: str, now: float | None = None) -> int | None:
-    """Take one ready window (or one whose claim expired) for diagnosis; None when there is none."""
+def claim(eng: sa.Engine, worker: str, now: float | None = None, lease_seconds: float = LEASE_SECONDS,
+          max_attempts: int = MAX_ATTEMPTS) -> int | None:
+    """Take one ready window (or one whose claim expired) for diagnosis; None when there is none.
+    A window whose claim expired `max_attempts` times (its replica or worker died each time) fails
+    for good instead, with that reason, rather than take a replica down with it again."""
     now = time.time() if now is None else now
-    claimable = sa.or_(windows.c.status == "ready",
-                       sa.and_(windows.c.status == "claimed", windows.c.lease_until < now))
+    expired = sa.and_(windows.c.status == "claimed", windows.c.lease_until < now)
+    with eng.begin() as c:
+        c.execute(windows.update().where(expired, windows.c.attempts >= max_attempts).values(
+            status="failed", lease_until=None, claimed_by=None,
+            error=sa.func.substr(sa.literal(f"failed for good: its diagnosis was claimed {max_attempts} times and "
+                                            "never finished (the replica or its worker died, or it hung); last: ")
+                                 + sa.func.coalesce(windows.c.error, sa.literal("no error recorded")), 1, 2000)))
+    claimable = sa.or_(windows.c.status == "ready", expired)
     cand = sa.select(windows.c.pk).where(claimable).order_by(windows.c.last_doc_at).limit(1)
     if eng.dialect.name == "postgresql":
         cand = cand.with_for_update(skip_locked=True)
     with eng.begin() as c:
         pk = c.execute(windows.update().where(windows.c.pk == cand.scalar_subquery(), claimable).values(
-            status="claimed", claimed_by=worker, lease_until=now + LEASE_SECONDS,
+            status="claimed", claimed_by=worker, lease_until=now + lease_seconds,
             attempts=windows.c.attempts + 1).returning(windows.c.pk)).scalar()
     return int(pk) if pk is not None else None
 
 
-def window_docs(eng: sa.Engine, pk: int) -> tuple[dict[str, Any], list[bytes], list[tuple[str, list[bytes]]]]:
-    """A window's row, its documents, and the documents of the job's earlier windows (its history)."""
-    with eng.connect() as c:
+def window_docs(eng: sa.Engine, pk: int) -> tuple[dict[str, Any], list[bytes], list[list[bytes]]]:
+    """A window's row, its documents, and the documents of the job's earlier windows (its history,
+    oldest first)."""
+    with reading(eng) as c:
         w = dict(c.execute(sa.select(windows).where(windows.c.pk == pk)).mappings().one())
         earlier = c.execute(sa.select(windows.c.pk, windows.c.window_id).where(
             windows.c.job_id == w["job_id"], windows.c.start_step < w["start_step"])
@@ -143,7 +125,7 @@ def window_docs(eng: sa.Engine, pk: int) -> tuple[dict[str, Any], list[bytes], l
         def docs(p: int) -> list[bytes]:
             return [gzip.decompress(b) for b in c.execute(
                 sa.select(documents.c.body).where(documents.c.window_pk == p).order_by(documents.c.rank)).scalars()]
-        return w, docs(pk), [(wid, docs(p)) for p, wid in earlier]
+        return w, docs(pk), [docs(p) for p, _ in earlier]
 
 
 def store_diagnosis(eng: sa.Engine, pk: int, worker: str, d: Diagnosis, now: float | None = None) -> bool:
@@ -152,7 +134,7 @@ def store_diagnosis(eng: sa.Engine, pk: int, worker: str, d: Diagnosis, now: flo
     (wd,) = d.windows
     with eng.begin() as c:
         w = c.execute(sa.select(windows.c.claimed_by, windows.c.status, windows.c.job_id)
-                      .where(windows.c.pk == pk)).first()
+                      .where(windows.c.pk == pk).with_for_update()).first()
         if w is None or w.claimed_by != worker or w.status != "claimed":
             return False
         c.execute(findings.delete().where(findings.c.window_pk == pk))
@@ -170,10 +152,23 @@ def store_diagnosis(eng: sa.Engine, pk: int, worker: str, d: Diagnosis, now: flo
     return True
 
 
-def fail(eng: sa.Engine, pk: int, worker: str, error: str) -> None:
+def release(eng: sa.Engine, pk: int, worker: str, error: str, max_attempts: int = MAX_ATTEMPTS,
+            final: bool = False) -> str:
+    """A claimed window whose diagnosis did not get stored: back to `ready` for another attempt, or
+    `failed` for good once it has had `max_attempts` (or the error is `final`), with the reason kept.
+    Returns the window's new status ("" when the claim was no longer this worker's)."""
     with eng.begin() as c:
-        c.execute(windows.update().where(windows.c.pk == pk, windows.c.claimed_by == worker)
-                  .values(status="failed", error=error[:2000], lease_until=None))
+        w = c.execute(sa.select(windows.c.attempts, windows.c.claimed_by, windows.c.status)
+                      .where(windows.c.pk == pk).with_for_update()).first()
+        if w is None or w.claimed_by != worker or w.status != "claimed":
+            return ""
+        if final or w.attempts >= max_attempts:
+            status, why = "failed", f"failed for good after {w.attempts} attempt(s): {error}"
+        else:
+            status, why = "ready", f"attempt {w.attempts} of {max_attempts} failed: {error}"
+        c.execute(windows.update().where(windows.c.pk == pk).values(status=status, error=why[:2000],
+                                                                    lease_until=None, claimed_by=None))
+    return status
 
 
 def add_steps(eng: sa.Engine, job_id: str, first: int, last: int, median: float, p90: float, world_size: int,
@@ -182,11 +177,9 @@ def add_steps(eng: sa.Engine, job_id: str, first: int, last: int, median: float,
     known from its first summary on, before any window."""
     now = time.time() if now is None else now
     with eng.begin() as c:
-        _touch_run(c, job_id, name, world_size, None, now, "world_size")
-        if c.execute(sa.select(steps.c.first_step).where(steps.c.job_id == job_id,
-                                                         steps.c.first_step == first)).first() is None:
-            c.execute(steps.insert().values(job_id=job_id, first_step=first, last_step=last, median_seconds=median,
-                                            p90_seconds=p90, at=now))
+        touch_run(c, job_id, name, world_size, None, now, "world_size")
+        insert_ignore(c, steps, {"job_id": job_id, "first_step": first, "last_step": last, "median_seconds": median,
+                                 "p90_seconds": p90, "at": now}, ["job_id", "first_step"])
 
 
 def end_job(eng: sa.Engine, job_id: str, by: str, now: float | None = None) -> bool:
@@ -200,20 +193,20 @@ def end_job(eng: sa.Engine, job_id: str, by: str, now: float | None = None) -> b
                          .values(ended_at=now, ended_by=by)).rowcount
         if done:
             c.execute(issues.update().where(issues.c.job_id == job_id, issues.c.state.in_(OPEN_STATES))
-                      .values(alert_dirty=True))
+                      .values(**RESEND))
     return bool(done)
 
 
 def end_silent(eng: sa.Engine, silent_seconds: float, now: float | None = None) -> list[str]:
     """Runs that sent nothing for `silent_seconds` (killed without closing) are ended."""
     now = time.time() if now is None else now
-    with eng.connect() as c:
+    with reading(eng) as c:
         ids = list(c.execute(sa.select(jobs.c.id).where(jobs.c.ended_at.is_(None),
                                                         jobs.c.last_seen < now - silent_seconds)).scalars())
     return [j for j in ids if end_job(eng, j, "silence", now)]
 
 
 def diagnosis_of(eng: sa.Engine, pk: int) -> bytes | None:
-    with eng.connect() as c:
+    with reading(eng) as c:
         body = c.execute(sa.select(diagnoses.c.body).where(diagnoses.c.window_pk == pk)).scalar()
     return gzip.decompress(body) if body is not None else None

@@ -1,62 +1,95 @@
 """Ingestion from a shared path: watch run roots for `RUN_DIR/<window>/rank-R.json` and packed files
-as the collectors write them (atomically: a temporary dot-file, then a rename). The job's id is the
-run directory's path under its root. Re-reading a file after a restart is harmless: ingestion is
-idempotent."""
+as the collectors write them (atomically: a temporary dot-file, then a rename), and for what a
+job's sink spooled when it could not reach the service (`RUN_DIR/.spool/rank-R/`), which is then
+ingested and removed.
+
+The file system tells (inotify, through watchdog): a new or renamed file is ingested within a
+moment, and a quiet root costs nothing. inotify can lose events (its queue overflows, a new
+directory's first files land before its watch exists, network file systems send none), so a slow
+reconcile scan (every `reconcile_seconds`, 300 by default) walks the roots too; when inotify cannot
+be had (its watch limit), the scan alone runs, more often. The job's id is the run directory's
+path under its root. Re-reading a file is harmless: ingestion is idempotent."""
 
 from __future__ import annotations
 
+import gzip
 import logging
+import os
+import queue
 import re
 import threading
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
+from eroica.collector.sink import read_meta, spooled_kind
+from eroica.service import hangs, store
 from eroica.service.errors import IngestError
-from eroica.service.store import JOB_ID
+from eroica.service.inputs import StepSummaryIn, refusal
+from eroica.service.runs import JOB_ID
 
 if TYPE_CHECKING:
     from eroica.service.app import Service
 
 log = logging.getLogger("eroica.service")
 WINDOW_DIR = re.compile(r"^w\d+-s\d+$")
+FALLBACK_SCAN_SECONDS = 10.0
+
+
+def is_window_file(f: Path) -> bool:
+    n = f.name
+    return not n.startswith(".") and (n.startswith("rank-") and n.endswith(".json")
+                                      or n.startswith("pack-") and n.endswith(".jsonl"))
 
 
 class Watcher:
-    def __init__(self, svc: Service, roots: list[Path], every_seconds: float = 1.0) -> None:
-        self.svc, self.roots, self.every = svc, [Path(r) for r in roots], every_seconds
+    def __init__(self, svc: Service, roots: list[Path], reconcile_seconds: float = 300.0) -> None:
+        self.svc, self.roots, self.reconcile_seconds = svc, [Path(r).resolve() for r in roots], reconcile_seconds
         self.seen: dict[Path, tuple[int, int]] = {}
+        self.scans = 0
+        self.events: queue.Queue[Path] = queue.Queue(maxsize=100_000)
+        self.overflowed = False
 
     def job_id(self, root: Path, run_dir: Path) -> str | None:
         rel = run_dir.relative_to(root).as_posix() if run_dir != root else root.name
         jid = rel.replace("/", ".")
         return jid if JOB_ID.match(jid) else None
 
-    def scan(self) -> int:
-        """Ingest every new or changed pattern file under the roots; how many documents were stored."""
-        stored = 0
-        for root in self.roots:
-            if not root.is_dir():
-                continue
-            for wdir in root.rglob("w*-s*"):
-                if not (wdir.is_dir() and WINDOW_DIR.match(wdir.name)):
-                    continue
-                job = self.job_id(root, wdir.parent)
-                if job is None:
-                    continue
-                for f in sorted(wdir.iterdir()):
-                    if f.name.startswith(".") or not (f.name.endswith(".json") and f.name.startswith("rank-")
-                                                      or f.name.startswith("pack-") and f.name.endswith(".jsonl")):
-                        continue
-                    st = f.stat()
-                    key = (st.st_size, st.st_mtime_ns)
-                    if self.seen.get(f) == key:
-                        continue
-                    self.seen[f] = key
-                    stored += self._ingest(job, f)
-        return stored
+    def _root_of(self, f: Path) -> Path | None:
+        return next((r for r in self.roots if f.is_relative_to(r)), None)
+
+    # ---------------------------------------------------------------- one file
+    def consider(self, f: Path) -> int:
+        """Ingest `f` if it is a window's file or a spooled item not seen in this state; how many
+        documents were stored."""
+        root = self._root_of(f)
+        if root is None:
+            return 0
+        if f.parent.parent.name == ".spool" and spooled_kind(f) is not None:
+            return self._spooled(f)
+        if not (WINDOW_DIR.match(f.parent.name) and is_window_file(f)):
+            return 0
+        job = self.job_id(root, f.parent.parent)
+        if job is None:
+            return 0
+        try:
+            st = f.stat()
+        except OSError:
+            return 0
+        key = (st.st_size, st.st_mtime_ns)
+        if self.seen.get(f) == key:
+            return 0
+        self.seen[f] = key
+        return self._ingest(job, f)
 
     def _ingest(self, job: str, f: Path) -> int:
-        text = f.read_bytes()
+        try:
+            text = f.read_bytes()
+        except OSError as exc:
+            log.warning("eroica serve: %s: %r", f, exc)
+            return 0
         parts = [ln for ln in text.splitlines() if ln.strip()] if f.suffix == ".jsonl" else [text]
         n = 0
         for i, part in enumerate(parts, 1):
@@ -67,10 +100,126 @@ class Watcher:
                             exc.field)
         return n
 
+    def _spooled(self, f: Path) -> int:
+        """One item a job's sink spooled: stored as the API would (its kind is in its name, its job
+        in the spool's meta.json), then removed; a refused one is removed too (it would be again)."""
+        meta = read_meta(f.parent)
+        if meta is None or not JOB_ID.match(meta["job_id"]):
+            return 0
+        job, name = meta["job_id"], meta.get("job_name") or None
+        kind = spooled_kind(f)
+        stored = 0
+        try:
+            body = gzip.decompress(f.read_bytes())
+            if kind == "patterns":
+                stored = int(self.svc.accept(job, body, str(f), name=name).created)
+            elif kind == "steps":
+                try:
+                    s = StepSummaryIn.model_validate_json(body)
+                except ValidationError as exc:
+                    raise refusal(exc) from exc
+                store.add_steps(self.svc.eng, job, s.first_step, s.last_step, s.median_seconds, s.p90_seconds,
+                                s.world_size, name=name)
+            elif kind == "hang":
+                hangs.add(self.svc.eng, job, hangs.parse(body), name=name)
+            elif kind == "end":
+                store.end_job(self.svc.eng, job, "job")
+        except IngestError as exc:
+            log.warning("eroica serve: spooled %s: %s (%s): removed", f, exc.message, exc.field)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            log.warning("eroica serve: spooled %s: %r", f, exc)
+            return 0
+        try:
+            f.unlink()
+        except OSError:
+            pass
+        return stored
+
+    # ---------------------------------------------------------------- whole trees
+    def scan(self) -> int:
+        """Walk every root (the reconcile); how many documents were stored."""
+        self.scans += 1
+        stored = 0
+        for root in self.roots:
+            for dirpath, dirnames, filenames in os.walk(root):
+                d = Path(dirpath)
+                dirnames[:] = [n for n in dirnames if not n.startswith(".") or n == ".spool"
+                               or d.name == ".spool"]
+                if WINDOW_DIR.match(d.name) or d.parent.name == ".spool":
+                    for n in sorted(filenames):
+                        stored += self.consider(d / n)
+        return stored
+
+    def _walk_new_dir(self, d: Path) -> None:
+        """A directory that just appeared: its first files may predate its watch."""
+        for dirpath, _, filenames in os.walk(d):
+            for n in sorted(filenames):
+                self._queue(Path(dirpath) / n)
+
+    def _queue(self, p: Path) -> None:
+        try:
+            self.events.put_nowait(p)
+        except queue.Full:
+            self.overflowed = True          # the next reconcile picks them up
+
+    def _observer(self) -> Any:
+        """An inotify observer on the roots, or None (and why, in the log) when it cannot be had."""
+        try:
+            from watchdog.events import FileSystemEvent, FileSystemEventHandler
+            from watchdog.observers import Observer
+        except ImportError as exc:
+            log.warning("eroica serve: --watch without inotify (watchdog: %r): scanning every %.0f s", exc,
+                        FALLBACK_SCAN_SECONDS)
+            return None
+        me = self
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                path = getattr(event, "dest_path", "") or event.src_path
+                p = Path(os.fsdecode(path))
+                if event.event_type == "created" and event.is_directory:
+                    me._walk_new_dir(p)
+                elif not event.is_directory and event.event_type in ("moved", "closed", "created", "modified"):
+                    me._queue(p)
+
+        obs = Observer()
+        try:
+            for root in self.roots:
+                obs.schedule(Handler(), str(root), recursive=True)
+            obs.start()
+        except OSError as exc:
+            log.warning("eroica serve: --watch: inotify refused (%s; see fs.inotify.max_user_watches): scanning "
+                        "every %.0f s instead", exc, FALLBACK_SCAN_SECONDS)
+            return None
+        return obs
+
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                self.scan()
-            except Exception as exc:   # a vanished file or directory mid-scan: next round
-                log.warning("eroica serve: watching %s: %r", ", ".join(map(str, self.roots)), exc)
-            stop.wait(self.every)
+        obs = self._observer()
+        every = self.reconcile_seconds if obs is not None else min(self.reconcile_seconds, FALLBACK_SCAN_SECONDS)
+        next_scan = 0.0
+        try:
+            while not stop.is_set():
+                try:
+                    if time.monotonic() >= next_scan or self.overflowed:
+                        self.overflowed = False
+                        self.scan()
+                        next_scan = time.monotonic() + every
+                    try:
+                        p = self.events.get(timeout=0.2)
+                    except queue.Empty:
+                        continue
+                    batch = {p}
+                    while len(batch) < 10_000:
+                        try:
+                            batch.add(self.events.get_nowait())
+                        except queue.Empty:
+                            break
+                    for f in sorted(batch):
+                        self.consider(f)
+                except Exception as exc:   # a vanished file or directory, a database hiccup: next round
+                    log.warning("eroica serve: watching %s: %r", ", ".join(map(str, self.roots)), exc)
+                    stop.wait(1.0)
+        finally:
+            if obs is not None:
+                obs.stop()
+                obs.join(5)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 TOKEN = "t0ken-for-tests"
+LOCAL = "http://127.0.0.1:8080"        # TestClient's base URL: a Host the service answers to
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import TOKEN
+from service_support import LOCAL, TOKEN
 
 from eroica.service.app import Settings, create_app
 
@@ -16,7 +16,7 @@ from eroica.service.app import Settings, create_app
 def client(tmp_path: Path) -> Iterator[TestClient]:
     app = create_app(Settings(db_url=f"sqlite:///{tmp_path / 'e.db'}", token=TOKEN, grace_seconds=1.0,
                               poll_seconds=0.1, max_body_bytes=200_000))
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL) as c:
         yield c
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import AUTH, TOKEN, Receiver, incident_docs
+from service_support import AUTH, LOCAL, TOKEN, Receiver, incident_docs
 
 from eroica.service.alerts import AlertConfig, load_alerts
 from eroica.service.app import Settings, create_app
@@ -29,7 +29,7 @@ def receivers() -> Iterator[tuple[Receiver, Receiver]]:
 
 def app_with(tmp: Path, cfg: AlertConfig) -> TestClient:
     return TestClient(create_app(Settings(db_url=f"sqlite:///{tmp / 'a.db'}", token=TOKEN, grace_seconds=1.0,
-                                          poll_seconds=0.1, alerts=cfg)))
+                                          poll_seconds=0.1, alerts=cfg)), base_url=LOCAL)
 
 
 def post_window(c: TestClient, job: str, inc: str, index: int = 0) -> None:
@@ -108,7 +108,7 @@ def test_a_runs_end_resolves_its_open_alerts_whether_it_says_so_or_falls_silent(
         {"name": "all", "kind": "alertmanager", "url": am.url}]})
     app = create_app(Settings(db_url=f"sqlite:///{tmp_path / 'e.db'}", token=TOKEN, grace_seconds=1.0,
                               poll_seconds=0.1, alerts=cfg, job_silent_seconds=4.0))
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL) as c:
         post_window(c, "said-end", "INC-0001", 0)
         until(lambda: len(am.got) == 1)
         assert c.post("/v1/jobs/said-end/end", headers=AUTH).json() == {"status": "ended"}   # rank 0 closed

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import AUTH, incident_docs
+from service_support import AUTH, LOCAL, incident_docs
 
 
 def post(c: TestClient, body: bytes, job: str = "job-1", gz: bool = True, auth: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
@@ -76,11 +76,11 @@ def _doc(**change: object) -> bytes:
 
 BAD = [
     # (what, body, job, gzip, auth, status, field)
-    ("malformed JSON", b'{"schema": "eroica.patterns/v1", "job": ', "job-1", True, None, 400, ""),
+    ("malformed JSON", b'{"schema": "eroica.patterns/v1", "job": ', "job-1", True, None, 400, "body"),
     ("another schema", _doc(schema="eroica.patterns/v2"), "job-1", True, None, 422, "schema"),
     ("a wrong field type", _doc(window__start_step="soon"), "job-1", True, None, 422, "window.start_step"),
     ("a rank out of range", _doc(job__rank=9), "job-1", True, None, 422, "job.rank"),
-    ("a bad job id", _doc(), "../../etc", True, None, 400, "job"),
+    ("a bad job id", _doc(), "../../etc", True, None, 400, "x-eroica-job"),
     ("an oversize body", b"x" * 300_000, "job-1", False, None, 413, "body"),
     ("a gzip bomb", b"{" + b" " * 2_000_000 + b"}", "job-1", True, None, 413, "body"),
     ("not gzip", b"plain", "job-1", "lie", None, 400, "body"),
@@ -132,7 +132,7 @@ def test_reads_can_require_the_token(tmp_path) -> None:  # type: ignore[no-untyp
     from eroica.service.app import Settings, create_app
 
     app = create_app(Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", token=TOKEN, read_token=True), start=False)
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL) as c:
         assert c.get("/v1/jobs").status_code == 401
         assert c.get("/v1/jobs", headers=AUTH).status_code == 200
         assert c.get("/healthz").status_code == 200
@@ -172,7 +172,7 @@ def test_the_schema_is_versioned_and_upgrades_in_place(tmp_path) -> None:  # typ
     assert revision(eng) is None
     migrate(eng)
     migrate(eng)                 # again: nothing to do, nothing lost
-    assert revision(eng) == "0007"
+    assert revision(eng) == "0008"
 
 
 def test_a_database_of_the_first_schema_upgrades_in_place_and_keeps_its_rows(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -191,7 +191,7 @@ def test_a_database_of_the_first_schema_upgrades_in_place_and_keeps_its_rows(tmp
     with eng.begin() as conn:
         conn.execute(sa.text("INSERT INTO jobs VALUES ('old-job', 4, '[]', 1.0, 2.0)"))
     migrate(eng)
-    assert revision(eng) == "0007"
+    assert revision(eng) == "0008"
     with eng.connect() as conn:
         assert conn.execute(sa.text("SELECT id, name FROM jobs")).one() == ("old-job", "old-job")  # 0006: its own name
         assert "window_opened_at" in [c["name"] for c in sa.inspect(conn).get_columns("windows")]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import AUTH, TOKEN, incident_docs
+from service_support import AUTH, LOCAL, TOKEN, incident_docs
 
 from eroica.service.app import Settings, create_app
 
@@ -29,7 +29,7 @@ def test_three_hardware_incidents_on_one_host_drain_it_and_a_low_confidence_find
         tmp_path: Path) -> None:
     app = create_app(Settings(db_url=f"sqlite:///{tmp_path / 'f.db'}", token=TOKEN, grace_seconds=1.0,
                               poll_seconds=0.1, drain_min_jobs=3))
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL) as c:
         for inc, job in (("INC-0024", "a"), ("INC-0025", "b"), ("INC-0002", "c")):   # nic, nic, cpu quota
             post(c, inc, job, "gpu-node-17")
         post(c, "INC-0032", "d", "gpu-node-3")        # a one-off stall: hardware, below 0.5

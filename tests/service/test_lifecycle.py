@@ -118,7 +118,8 @@ def test_the_cli_lists_acknowledges_links_closes_and_exports(live: str, tmp_path
 
     for d in incident_docs("INC-0017"):
         req = urllib.request.Request(live + "/v1/patterns", data=gzip.compress(d), method="POST",
-                                     headers={**AUTH, "X-Eroica-Job": "job-c", "Content-Encoding": "gzip"})
+                                     headers={**AUTH, "X-Eroica-Job": "job-c", "Content-Encoding": "gzip",
+                                              "Content-Type": "application/json"})
         urllib.request.urlopen(req).read()
     tok = tmp_path / "token"
     tok.write_text(TOKEN)

@@ -26,7 +26,8 @@ def _chromium() -> str | None:
 
 def _post(url: str, path: str, body: bytes, job: str) -> None:
     req = urllib.request.Request(url + path, data=gzip.compress(body), method="POST",
-                                 headers={**AUTH, "X-Eroica-Job": job, "Content-Encoding": "gzip"})
+                                 headers={**AUTH, "X-Eroica-Job": job, "Content-Encoding": "gzip",
+                                          "Content-Type": "application/json"})
     urllib.request.urlopen(req, timeout=10).read()
 
 

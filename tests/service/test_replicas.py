@@ -82,7 +82,8 @@ def test_a_window_claimed_by_a_replica_that_died_goes_to_another_when_its_lease_
 
 def _post(url: str, body: bytes) -> int:
     req = urllib.request.Request(url + "/v1/patterns", data=gzip.compress(body), method="POST", headers={
-        "Authorization": f"Bearer {TOKEN}", "X-Eroica-Job": "killed", "Content-Encoding": "gzip"})
+        "Authorization": f"Bearer {TOKEN}", "X-Eroica-Job": "killed", "Content-Encoding": "gzip",
+        "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return int(r.status)
 

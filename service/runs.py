@@ -1,0 +1,66 @@
+"""A run's row, made and kept safely when many documents of it arrive at once, on any replica.
+
+A run (`jobs`) is created by whichever of its documents, step summaries or hang snapshots arrives
+first: `INSERT ... ON CONFLICT DO NOTHING` then the row read back locked (`FOR UPDATE` on
+PostgreSQL; SQLite's writers are serialized by `BEGIN IMMEDIATE`), so simultaneous first documents
+neither fail on the primary key nor lose a host from the hosts list. A run's job name is fixed by
+the first one that names it: a later different name is refused, so one token cannot move a run into
+another job's issues."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from eroica.service.db import jobs
+from eroica.service.errors import IngestError
+
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_HEADER = "x-eroica-job-name"
+
+
+def valid_job_id(job_id: str, field: str = "job") -> str:
+    if not JOB_ID.match(job_id or ""):
+        raise IngestError(400, "a job id or name must be 1-128 characters of letters, digits, '.', '_' or '-', "
+                               "starting with a letter or digit", field)
+    return job_id
+
+
+def insert_ignore(c: sa.Connection, table: sa.Table, values: dict[str, Any], keys: list[str]) -> bool:
+    """Insert a row unless one with the same `keys` exists (no error, no lost race); True when inserted."""
+    dialect = postgresql if c.dialect.name == "postgresql" else sqlite
+    res = c.execute(dialect.insert(table).values(**values).on_conflict_do_nothing(index_elements=keys))
+    return bool(res.rowcount)
+
+
+def touch_run(c: sa.Connection, job_id: str, name: str | None, world: int, host: str | None, now: float,
+              field: str) -> None:
+    """Create the run or mark it seen (alive again, its host added). A world size that differs from
+    the run's is refused (422, naming `field`); so is a job name that differs from the one the run
+    already has (409). The name is the run's own id until something names it."""
+    if name is not None:
+        valid_job_id(name, NAME_HEADER)
+    insert_ignore(c, jobs, {"id": job_id, "name": name or job_id, "world_size": world, "hosts": [],
+                            "first_seen": now, "last_seen": now}, ["id"])
+    job = c.execute(sa.select(jobs.c.world_size, jobs.c.hosts, jobs.c.name).where(jobs.c.id == job_id)
+                    .with_for_update()).one()
+    if job.world_size != world:
+        raise IngestError(422, f"job {job_id!r} has world size {job.world_size}, this one says {world}", field)
+    upd: dict[str, Any] = {"last_seen": now, "ended_at": None, "ended_by": None}
+    if name and job.name != name:
+        if job.name != job_id:
+            raise IngestError(409, f"run {job_id!r} belongs to job {job.name!r}, not {name!r}: a run's job name "
+                                   "cannot change", NAME_HEADER)
+        upd["name"] = name
+    if host and host not in (job.hosts or []):
+        upd["hosts"] = sorted({*(job.hosts or []), host})
+    c.execute(jobs.update().where(jobs.c.id == job_id).values(**upd))
+
+
+def name_of(c: sa.Connection, job_id: str) -> str | None:
+    """The run's job name, None when the run is not known."""
+    got = c.execute(sa.select(jobs.c.name).where(jobs.c.id == job_id)).scalar()
+    return str(got) if got is not None else None
