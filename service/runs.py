@@ -32,8 +32,9 @@ def valid_job_id(job_id: str, field: str = "job") -> str:
 def insert_ignore(c: sa.Connection, table: sa.Table, values: dict[str, Any], keys: list[str]) -> bool:
     """Insert a row unless one with the same `keys` exists (no error, no lost race); True when inserted."""
     dialect = postgresql if c.dialect.name == "postgresql" else sqlite
-    res = c.execute(dialect.insert(table).values(**values).on_conflict_do_nothing(index_elements=keys))
-    return bool(res.rowcount)
+    stmt = dialect.insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
+    # RETURNING, not rowcount: psycopg reports -1 for an INSERT that did nothing
+    return c.execute(stmt.returning(table.c[keys[0]])).first() is not None
 
 
 def touch_run(c: sa.Connection, job_id: str, name: str | None, world: int, host: str | None, now: float,

@@ -161,3 +161,46 @@ def test_the_alert_file_is_validated_with_the_file_and_the_field(tmp_path: Path)
         load_alerts(f)
     msg = str(e.value)
     assert f"{f}: routes.0.kind" in msg and f"{f}: routes.0.url" in msg
+
+
+def test_a_change_made_while_its_alert_is_on_the_wire_is_sent_after_it(tmp_path: Path) -> None:
+    slow = Receiver(delay=1.5)                               # the first delivery takes 1.5 s
+    cfg = AlertConfig.model_validate({"schema": "eroica.alerts/v1", "routes": [
+        {"name": "all", "kind": "alertmanager", "url": slow.url}]})
+    try:
+        with app_with(tmp_path, cfg) as c:
+            post_window(c, "train-x", "INC-0001", 0)
+            until(lambda: c.get("/v1/issues").json() and c.get("/v1/issues").json()[0]["alert_claimed_by"])
+            iid = c.get("/v1/issues").json()[0]["id"]          # its alert is being sent now: acknowledge it
+            r = c.post(f"/v1/issues/{iid}/ack", content=b'{"who": "alice"}', headers=AUTH)
+            assert r.status_code == 200
+            until(lambda: len(slow.got) == 2, 30)                # the acknowledgement went out too
+            assert [a[0]["annotations"]["state"] for a in slow.got] == ["open", "acknowledged"]
+            until(lambda: not c.get("/v1/issues").json()[0]["alert_dirty"])
+    finally:
+        slow.close()
+
+
+def test_replicas_send_each_alert_once(tmp_path: Path) -> None:
+    from eroica.service.app import Service
+
+    recv = Receiver(delay=0.5)
+    cfg = AlertConfig.model_validate({"schema": "eroica.alerts/v1", "routes": [
+        {"name": "all", "kind": "alertmanager", "url": recv.url}]})
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    a = Service(Settings(db_url=url, alerts=cfg, poll_seconds=0.05, grace_seconds=1, name="replica-a"))
+    b = Service(Settings(db_url=url, alerts=cfg, poll_seconds=0.05, grace_seconds=1, name="replica-b"))
+    try:
+        for job in ("j1", "j2", "j3"):
+            for d in incident_docs("INC-0001"):
+                a.accept(job, d, "test")
+        a.start()
+        b.start()
+        until(lambda: len(recv.got) >= 3, 120)
+        time.sleep(2.0)                                       # and nothing more comes
+        jobs_alerted = sorted(x[0]["labels"]["job"] for x in recv.got)
+        assert jobs_alerted == ["j1", "j2", "j3"], jobs_alerted
+    finally:
+        a.stop()
+        b.stop()
+        recv.close()

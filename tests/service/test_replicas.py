@@ -145,3 +145,63 @@ def _get(url: str) -> dict:  # type: ignore[type-arg]
     import json
 
     return dict(json.loads(urllib.request.urlopen(url, timeout=5).read()))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", WITH_PG])
+def test_simultaneous_first_documents_of_a_job_neither_fail_nor_lose_a_host(tmp_path: Path, kind: str) -> None:
+    """Every rank's first document at once, on one replica's threads and another's: before, the run's
+    and the window's rows were created by whoever got there first and the others failed (a 500), and
+    the hosts list was read, changed and written back (one host lost)."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    from eroica.service.db import jobs
+
+    with database(kind, tmp_path) as url:
+        a = Service(Settings(db_url=url, name="replica-a"))
+        b = Service(Settings(db_url=url, name="replica-b"))
+        docs = []
+        for r, d in enumerate(incident_docs("INC-0017")):
+            doc = json.loads(d)
+            doc["job"]["hostname"] = f"node-{r}"
+            docs.append(json.dumps(doc).encode())
+        try:
+            for round_ in range(3):
+                barrier = threading.Barrier(8)
+
+                def send(i: int, job: str = f"race-{round_}") -> bool:
+                    barrier.wait()
+                    return (a if i % 2 else b).accept(job, docs[i % 4], "test").created
+
+                with ThreadPoolExecutor(8) as pool:
+                    created = list(pool.map(send, range(8)))
+                assert sorted(created) == [False] * 4 + [True] * 4        # each rank stored once, the rest a no-op
+            with a.eng.connect() as c:
+                got = c.execute(sa.select(jobs.c.id, jobs.c.hosts).order_by(jobs.c.id)).all()
+                reported = list(c.execute(sa.select(windows.c.ranks_reported)).scalars())
+            assert [(j, sorted(h)) for j, h in got] == [(f"race-{i}", [f"node-{r}" for r in range(4)])
+                                                        for i in range(3)]
+            assert reported == [4, 4, 4]
+        finally:
+            a.stop()
+            b.stop()
+
+
+@pytest.mark.skipif(not PG, reason=PG_WHY)
+def test_replicas_starting_together_on_a_new_database_migrate_once() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from eroica.service.db import revision
+
+    with postgres() as url:
+        barrier = threading.Barrier(4)
+
+        def start(i: int) -> Service:
+            barrier.wait()
+            return Service(Settings(db_url=url, name=f"replica-{i}"))
+
+        with ThreadPoolExecutor(4) as pool:
+            svcs = list(pool.map(start, range(4)))          # before: DuplicateTable for all but one
+        assert {revision(s.eng) for s in svcs} == {"0008"}
+        for s in svcs:
+            s.eng.dispose()
