@@ -125,3 +125,81 @@ def test_rank_0s_step_times_go_out_as_one_summary_per_series_every_steps(tmp_pat
                          "median_seconds": xs[SERIES_EVERY // 2], "p90_seconds": xs[int(0.9 * SERIES_EVERY)],
                          "world_size": 4})
         assert bodies == want
+
+
+class Redirector(BaseHTTPRequestHandler):
+    """Answers every POST with a 302 to another host, and records what follows it there."""
+
+    got: list[tuple[str, str, dict[str, str]]] = []
+    target = ""
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(302)
+        self.send_header("Location", Redirector.target + "/stolen")
+        self.end_headers()
+
+    def do_GET(self) -> None:  # noqa: N802
+        Redirector.got.append(("GET", self.path, dict(self.headers)))
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *a: object) -> None:
+        pass
+
+
+def test_a_redirect_is_never_followed_the_token_stays_and_the_document_is_kept(tmp_path: Path) -> None:
+    Redirector.got = []
+    port, other = _port(), _port()
+    srv = ThreadingHTTPServer(("127.0.0.1", port), Redirector)
+    elsewhere = ThreadingHTTPServer(("127.0.0.1", other), Redirector)
+    Redirector.target = f"http://127.0.0.1:{other}"
+    for s in (srv, elsewhere):
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        sink = PatternSink(f"http://127.0.0.1:{port}", "job", tmp_path / "spool", token="secret-token")
+        assert sink.submit('{"n": 1}') and sink.close(10)
+        assert Redirector.got == []                              # before: a GET to /stolen with the bearer token
+        (err,) = sink.messages()
+        assert "redirected" in err and "HTTP 302" in err and sink.sent == 0
+        assert [f.name.split("-")[-1] for f in (tmp_path / "spool").glob("*.json.gz")] == ["patterns.json.gz"]
+    finally:
+        for s in (srv, elsewhere):
+            s.shutdown()
+            s.server_close()
+
+
+def test_the_spool_replays_each_kind_to_its_route_in_the_order_it_was_made(tmp_path: Path) -> None:
+    Recorder.got, Recorder.status = [], 201
+    port = _port()                                      # down: everything is spooled
+    sink = PatternSink(f"http://127.0.0.1:{port}", "job-7", tmp_path / "spool", attempts=1, timeout_seconds=1,
+                       job_name="llm")
+    assert sink.submit('{"n": 1}') and sink.submit_hang('{"hang": 1}') and sink.submit('{"n": 2}')
+    assert sink.flush(30)
+    meta = json.loads((tmp_path / "spool" / "meta.json").read_text())
+    assert (meta["job_id"], meta["job_name"]) == ("job-7", "llm")
+    with _listening(port):
+        assert sink.submit_end() and sink.close(30)     # the job ends: its last word goes after the rest
+    paths = [(p, json.loads(b) if p != "/v1/jobs/job-7/end" else None) for p, _, b in Recorder.got]
+    assert paths == [("/v1/patterns", {"n": 1}), ("/v1/jobs/job-7/hang", {"hang": 1}), ("/v1/patterns", {"n": 2}),
+                     ("/v1/jobs/job-7/end", None)]
+    assert list((tmp_path / "spool").glob("*.json.gz")) == []
+
+
+def test_eroica_ingest_spool_sends_what_a_job_left_behind_after_it_exited(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    Recorder.got, Recorder.status = [], 201
+    port = _port()
+    run = tmp_path / "run-1"
+    sink = PatternSink(f"http://127.0.0.1:{port}", "run-1", run / ".spool" / "rank-0", attempts=1, timeout_seconds=1)
+    assert sink.submit('{"n": 1}') and sink.submit_steps(0, 19, 0.1, 0.12, 4) and sink.submit_end()
+    assert sink.close(30)                                # the job exits with its spool full
+    eroica = str(Path(sys.executable).parent / "eroica")
+    with _listening(port):
+        r = subprocess.run([eroica, "ingest", "spool", str(run)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [p for p, _, _ in Recorder.got] == ["/v1/patterns", "/v1/jobs/run-1/steps", "/v1/jobs/run-1/end"]
+    assert "3 sent, 0 refused" in r.stdout and list((run / ".spool" / "rank-0").glob("*.json.gz")) == []
