@@ -23,7 +23,6 @@ Everything here fails open: an error is one line on stderr and the watchdog stop
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import fcntl
 import functools
 import json
@@ -40,14 +39,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eroica.collector.faulttimer import TimerOwner
+from eroica.collector.heartbeats import HB_KEY, peers_view
 from eroica.collector.sites import OURS
 
-HB_KEY = "eroica/hang/hb/{rank}"
 FR_ENV = "TORCH_FR_BUFFER_SIZE"            # torch's Flight Recorder: set before init_process_group
 FR_DEFAULT = "2000"                        # entries; `eroica run` and the lab set it when the user did not
 FR_TAIL = 8
 NATIVE_HEADER = 512                        # bytes of JSON header before faulthandler's text
 MAX_FRAMES = 40
+EXCEPTION_SECONDS = 3.0                    # a dying process waits at most this long for its snapshot
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "barrier", "all_to_all_single", "all_to_all", "reduce", "gather", "scatter",
                "send", "recv", "all_gather_object", "broadcast_object_list")
@@ -214,22 +215,31 @@ class HangWatch:
         self.native = self._native_path is not None
         self._native_fd: int | None = None
         self._native_step: int | None = None
+        self._native_owner = TimerOwner()
+        self._hook: Callable[..., None] | None = None
+        self._prev_hook: Callable[..., Any] = sys.excepthook
+        self._peers_every = 2 * poll_seconds * max(1.0, world_size / 1024)   # fewer looks at a big job's store
 
     def start(self) -> None:
         self.collectives.install()
+        if self.native:
+            self._native_owner.install()
         self._thread.start()
         if self.store is not None:
             self._store_thread.start()
-        prev = sys.excepthook
+        self._prev_hook = prev = sys.excepthook
 
         def hook(tp: Any, value: Any, tb: Any) -> None:
             self.on_exception(value, tb)
             prev(tp, value, tb)
+        self._hook = hook
         sys.excepthook = hook
 
     def on_exception(self, exc: BaseException, tb: Any) -> None:
         """The training thread dies of an exception (gloo raises when a peer's connection drops):
-        record where and why, with what the store says of the peers, before the process exits."""
+        record where and why, with what the store says of the peers, before the process exits. All of
+        it on a thread of its own, waited for at most EXCEPTION_SECONDS: a stalled file system or
+        store must not keep a dying process (and its accelerators) alive."""
         try:
             if self._stop.is_set() or self.thread_id is None or self.reported_step == self.step:
                 return                                # closed, never stepped, or already on record
@@ -238,13 +248,20 @@ class HangWatch:
             while tb is not None:
                 frames.append(tb.tb_frame)
                 tb = tb.tb_next
-            if self.store is not None:                # what the store says of the peers, if it answers soon
-                t = threading.Thread(target=lambda: setattr(self, "peers", self._peers()), daemon=True)
-                t.start()
-                t.join(3.0)
-            snap = self._snapshot(time.monotonic() - self.last_step_t, frames[-1] if frames else None)
-            snap["error"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
-            self._write(snap)
+            stalled = time.monotonic() - self.last_step_t
+
+            def record() -> None:
+                with contextlib.suppress(Exception):
+                    if self.store is not None:        # what the store says of the peers, if it answers soon
+                        t = threading.Thread(target=lambda: setattr(self, "peers", self._peers()), daemon=True)
+                        t.start()
+                        t.join(EXCEPTION_SECONDS / 2)
+                    snap = self._snapshot(stalled, frames[-1] if frames else None)
+                    snap["error"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
+                    self._write(snap)
+            t = threading.Thread(target=record, name="eroica-hang-exit", daemon=True)
+            t.start()
+            t.join(EXCEPTION_SECONDS)
         except Exception:
             pass
 
@@ -263,6 +280,10 @@ class HangWatch:
     def close(self) -> None:
         self._stop.set()
         self._disarm_native()
+        self._native_owner.uninstall()
+        if self._hook is not None and sys.excepthook is self._hook:    # ours, still on top: put it back
+            sys.excepthook = self._prev_hook
+        self._hook = None
         for t in (self._thread, self._store_thread):     # both threads end with the Monitor
             if t.is_alive() and threading.current_thread() is not t:
                 t.join(timeout=2 * self.poll_seconds + 1)
@@ -284,6 +305,12 @@ class HangWatch:
         tick. After a dump, once the rank steps again, the file goes back to its header."""
         if not self.native or self.thread_id is None or len(self.steps) < 3 or self._stop.is_set():
             return
+        if self._native_owner.user_armed:                  # the job's own code uses the timer: it is theirs
+            self._disarm_native()
+            self.native = False
+            print(f"eroica hang watchdog [rank {self.rank}]: the job arms faulthandler.dump_traceback_later "
+                  "itself; the native dump is left to it", file=sys.stderr, flush=True)
+            return
         try:
             fd = self._native_fd
             if fd is None:
@@ -303,7 +330,7 @@ class HangWatch:
             os.pwrite(fd, header.encode()[:NATIVE_HEADER - 1].ljust(NATIVE_HEADER - 1) + b"\n", 0)
             os.lseek(fd, 0, os.SEEK_END)
             self._native_step = self.step
-            faulthandler.dump_traceback_later(limit + 2 * self.poll_seconds, repeat=False, file=fd)
+            self._native_owner.arm(limit + 2 * self.poll_seconds, fd)
         except Exception:
             self._disarm_native()
             self.native = False                          # fail open: the Python snapshots still work
@@ -312,7 +339,8 @@ class HangWatch:
         if self._native_fd is None:
             return
         with contextlib.suppress(Exception):
-            faulthandler.cancel_dump_traceback_later()
+            if not self._native_owner.user_armed:
+                self._native_owner.cancel()
             fired = os.fstat(self._native_fd).st_size > NATIVE_HEADER
             os.close(self._native_fd)
             if not fired and self._native_path is not None:
@@ -324,7 +352,7 @@ class HangWatch:
             c0 = time.thread_time()
             while not self._stop.wait(2 * self.poll_seconds):
                 self._heartbeat()
-                if self.want_peers:
+                if self.want_peers and time.time() - self.peers_at >= self._peers_every:
                     self.peers, self.peers_at = self._peers(), time.time()
                 self.store_cpu_seconds = time.thread_time() - c0
         except Exception:
@@ -360,34 +388,8 @@ class HangWatch:
                 {"step": self.step, "wall_time": time.time(), "pid": os.getpid(), "host": socket.gethostname()}))
 
     def _peers(self) -> dict[str, dict[str, Any]]:
-        """Each peer as this rank sees it through the store: its last step, heartbeat age, and, on
-        this host, whether its process still exists."""
-        out: dict[str, dict[str, Any]] = {}
-        if self.store is None:
-            return out
-        me = socket.gethostname()
-        for r in range(self.world_size):
-            key = HB_KEY.format(rank=r)
-            try:
-                if not self.store.check([key]):
-                    out[str(r)] = {"heartbeat": None}
-                    continue
-                hb = json.loads(self.store.get(key))
-            except Exception as exc:
-                out[str(r)] = {"error": repr(exc)[:200]}
-                continue
-            alive = None
-            if hb.get("host") == me and hb.get("pid"):
-                try:
-                    os.kill(int(hb["pid"]), 0)
-                    alive = True
-                except ProcessLookupError:
-                    alive = False
-                except OSError:
-                    alive = True
-            out[str(r)] = {"step": hb.get("step"), "heartbeat_age_seconds": round(time.time() - hb["wall_time"], 1),
-                           "host": hb.get("host"), "pid": hb.get("pid"), "process_alive": alive}
-        return out
+        """Each peer of a bounded sample as this rank sees it through the store (heartbeats.peers_view)."""
+        return peers_view(self.store, self.rank, self.world_size) if self.store is not None else {}
 
     def _snapshot(self, stalled: float, frame: Any = None) -> dict[str, Any]:
         frame = frame if frame is not None else sys._current_frames().get(self.thread_id or -1)
