@@ -1,7 +1,13 @@
 """What a draft must not add, read on the syntax tree (not by regex, so `importlib.import_module('o'+'s')`
-or an alias cannot hide it): process, network and deserialization modules and their calls, dynamic
-imports, eval/exec, file deletion, monkeypatching torch.distributed, and literal secrets. The gate
-compares the signatures of each touched file before and after the draft; any new one rejects it."""
+or an alias cannot hide it): process, network and deserialization modules and their calls (every
+`os.exec*`, `os.spawn*`, `os.posix_spawn*`, `os.fork*`), dynamic imports, eval/exec, attributes
+looked up by a computed name (`getattr(os, 'sys' + 'tem')`), reaching into the builtins
+(`vars(__builtins__)['ex' + 'ec']`), file deletion, writes to a path outside the repository
+(`open('~/.bashrc', 'a')`), monkeypatching torch.distributed, and literal secrets. The gate compares
+the signatures of each touched file before and after the draft; any new one rejects it.
+
+This is a deny-list, and a deny-list is advice: it catches the obvious and names it in the change
+request. What contains a draft is the sandbox its validation runs in (eroica.assistant.sandbox)."""
 
 from __future__ import annotations
 
@@ -26,6 +32,12 @@ CALLS = {
     "unsafe deserialization": ("yaml.load", "yaml.unsafe_load", "numpy.load", "np.load"),
 }
 DELETING_METHODS = ("unlink", "rmdir", "rmtree")           # Path(...).unlink() and friends
+OS_PROCESS_PREFIXES = ("os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.startfile")
+MODULE_NAMES = {m for mods in MODULES.values() for m in mods} | {"os", "sys", "shutil", "io", "pathlib", "__builtins__"}
+DUNDER_ESCAPES = ("__globals__", "__subclasses__", "__builtins__", "__code__", "__getattribute__", "__loader__")
+WRITE_MODES = set("wax+")
+OPENERS = ("open", "io.open", "os.open", "codecs.open")
+PATH_WRITERS = ("write_text", "write_bytes", "open", "touch", "mkdir", "symlink_to", "hardlink_to")
 SECRET = re.compile(r"(AKIA[0-9A-Z]{16}|ASIA[0-9A-Z]{16}|-----BEGIN [A-Z ]*PRIVATE KEY|sk-[A-Za-z0-9_-]{20,}|"
                     r"gh[pousr]_[A-Za-z0-9]{20,}|hf_[A-Za-z0-9]{20,}|xox[abp]-[A-Za-z0-9-]{10,}|"
                     r"glpat-[A-Za-z0-9_-]{20,}|AIza[0-9A-Za-z_-]{30,})")
@@ -58,6 +70,48 @@ def _module_kind(name: str) -> str | None:
     return next((k for k, mods in MODULES.items() if top in mods), None)
 
 
+def _outside(node: ast.AST | None) -> bool:
+    """A path literal that leaves the repository: absolute, home-relative or climbing (`..`), also
+    when wrapped in os.path.expanduser/abspath or Path(...)."""
+    if isinstance(node, ast.Call) and node.args:
+        return _outside(node.args[0])
+    if isinstance(node, ast.JoinedStr) and node.values:
+        return _outside(node.values[0])
+    if isinstance(node, ast.BinOp):          # Path('/etc') / 'x'
+        return _outside(node.left)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        v = node.value
+        return v.startswith(("/", "~", "$HOME", "\\")) or ".." in v.replace("\\", "/").split("/")
+    return False
+
+
+def _write_mode(call: ast.Call, pos: int) -> bool:
+    mode = call.args[pos] if len(call.args) > pos else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    if isinstance(mode, ast.Constant) and isinstance(mode.value, str):
+        return bool(WRITE_MODES & set(mode.value))
+    return mode is not None                  # a computed mode, or os.open's flags: assume it writes
+
+
+def _special(node: ast.Call, name: str, aliases: dict[str, str]) -> str | None:
+    """The kinds a call's name alone does not tell: computed attribute names, builtins reached
+    through vars/globals, writes outside the repository."""
+    if name in ("getattr", "setattr", "delattr") and len(node.args) >= 2:
+        obj, attr = _dotted(node.args[0], aliases), node.args[1]
+        if not (isinstance(attr, ast.Constant) and isinstance(attr.value, str)):
+            if obj.split(".")[0] in MODULE_NAMES or not isinstance(attr, ast.Name):
+                return "a computed attribute name"
+        elif obj:
+            target = f"{obj}.{attr.value}"
+            if any(target in calls for calls in CALLS.values()) or target.startswith(OS_PROCESS_PREFIXES):
+                return "a shell-out" if target.startswith("os.") else "eval/exec"
+    if name in OPENERS and node.args and _outside(node.args[0]) and _write_mode(node, 1):
+        return "a write outside the repository"
+    if isinstance(node.func, ast.Attribute) and node.func.attr in PATH_WRITERS and _outside(node.func.value):
+        if node.func.attr != "open" or _write_mode(node, 0):
+            return "a write outside the repository"
+    return None
+
+
 def scan(tree: ast.Module) -> list[Danger]:
     """Every dangerous construct in a module, with its line."""
     aliases: dict[str, str] = {}
@@ -81,6 +135,10 @@ def scan(tree: ast.Module) -> list[Danger]:
                 continue
             kind = next((k for k, calls in CALLS.items() if name in calls or name.split(".")[-1] in calls
                          and k == "eval/exec" and "." not in name), None)
+            if kind is None and name.startswith(OS_PROCESS_PREFIXES):
+                kind = "a shell-out"
+            if kind is None:
+                kind = _special(node, name, aliases)
             if kind is None and (mk := _module_kind(name)) is not None and "." in name:
                 kind = mk
             if kind is None and isinstance(node.func, ast.Attribute) and node.func.attr in DELETING_METHODS:
@@ -105,6 +163,13 @@ def scan(tree: ast.Module) -> list[Danger]:
                     node.value.value, str) and len(node.value.value) >= 8 and any(
                     SECRET_NAMES.search(_dotted(t, {}) or "") for t in node.targets):
                 out.append(Danger("a secret", f"{_dotted(node.targets[0], {})} = '...'", node.lineno))
+        elif isinstance(node, ast.Name) and node.id == "__builtins__" or isinstance(
+                node, ast.Attribute) and node.attr in DUNDER_ESCAPES:
+            out.append(Danger("reaching into the builtins", "__builtins__" if isinstance(node, ast.Name)
+                              else f".{node.attr}", node.lineno))
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call) and _dotted(
+                node.value.func, {}) in ("vars", "globals", "locals"):
+            out.append(Danger("reaching into the builtins", f"{_dotted(node.value.func, {})}()[...]", node.lineno))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and SECRET.search(node.value):
             out.append(Danger("a secret", "a token-like string literal", node.lineno))
     return out

@@ -65,6 +65,7 @@ class Options:
     min_confidence: float = MIN_CONFIDENCE
     validate: str | None = None                     # the repository's validation command (the gate runs it)
     validate_timeout_seconds: float = VALIDATE_TIMEOUT_SECONDS
+    sandboxed_validation: bool = True               # False only when asked in so many words (no bwrap here)
 
 
 def _grouped(diagnosis: Diagnosis, min_confidence: float) -> list[tuple[Finding, WindowDiagnosis, list[str]]]:
@@ -127,7 +128,7 @@ def _software(diagnosis: Diagnosis, w: WindowDiagnosis, f: Finding, rem: Remedia
         proposal = llm(ctx, o.settings, redactor)
     else:
         proposal = offline(ctx)
-    gate = check(proposal, o.repo, ctx.scope(), o.validate, o.validate_timeout_seconds)
+    gate = check(proposal, o.repo, ctx.scope(), o.validate, o.validate_timeout_seconds, o.sandboxed_validation)
     refusal = gate.refusal
     if refusal is None and proposal.kind == "diff":
         (d / "patch.diff").write_text(proposal.diff if proposal.diff.endswith("\n") else proposal.diff + "\n")

@@ -2,8 +2,11 @@
 user's checkout): the diff touches only the files the evidence located and deletes lines only
 inside the located target; it applies (`git apply`); every touched Python file byte-compiles; its
 syntax tree adds no process, network, deserialization, dynamic import, eval/exec, file deletion,
-torch.distributed monkeypatch or secret that was not there; the repository's own validation
-command passes under a timeout. Each check is recorded, and a rejection says which one failed."""
+torch.distributed monkeypatch, write outside the repository or secret that was not there (a
+deny-list: advice that catches the obvious, not a boundary); the repository's own validation command
+passes under a timeout, in a sandbox (eroica.assistant.sandbox: no network, the system read-only,
+only the scratch copy writable, no secrets in its environment, every process it starts killed at
+the timeout). Each check is recorded, and a rejection says which one failed."""
 
 from __future__ import annotations
 
@@ -15,15 +18,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eroica.assistant import danger
+from eroica.assistant import danger, sandbox
 from eroica.assistant.models import Proposal
 from eroica.assistant.targets import SKIP_DIRS
 
-BIG_FILE_BYTES = 20 * 1024 * 1024           # linked, not copied, into the scratch copy
+BIG_FILE_BYTES = 20 * 1024 * 1024           # not copied: shown read-only inside the sandbox
 VALIDATE_TIMEOUT_SECONDS = 300.0
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -80,14 +82,27 @@ def removed_lines(diff: str) -> list[tuple[str, int, str]]:
     return out
 
 
-def scratch_copy(repo: Path, into: Path) -> Path:
+def scratch_copy(repo: Path, into: Path) -> tuple[Path, dict[str, Path]]:
+    """A copy of the repository to apply the draft to, and its files too big to copy (relative path ->
+    the original), which the sandbox shows read-only in their place. Symbolic links are copied as
+    links; nothing in the copy is a link into the user's checkout."""
+    big: dict[str, Path] = {}
+    root = repo.resolve()
+
     def ignore(d: str, names: list[str]) -> list[str]:
         return [n for n in names if n in SKIP_DIRS or n.endswith(".pyc")]
+
+    def copy(src: str, dst: str) -> None:
+        if os.path.getsize(src) > BIG_FILE_BYTES:
+            big[str(Path(src).resolve().relative_to(root))] = Path(src).resolve()
+            return
+        shutil.copy2(src, dst)
     dst = into / "repo"
-    shutil.copytree(repo, dst, ignore=ignore, symlinks=True,
-                    copy_function=lambda s, d: os.symlink(os.path.abspath(s), d)
-                    if os.path.getsize(s) > BIG_FILE_BYTES else shutil.copy2(s, d))
-    return dst
+    shutil.copytree(repo, dst, ignore=ignore, symlinks=True, copy_function=copy)
+    for rel in big:                       # the mount point the sandbox binds the original onto
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dst / rel).touch()
+    return dst, big
 
 
 def validation_command(repo: Path, given: str | None) -> str | None:
@@ -106,24 +121,16 @@ def validation_command(repo: Path, given: str | None) -> str | None:
     return None
 
 
-def run_validation(cmd: str, cwd: Path, timeout: float) -> tuple[int | None, str, float]:
+def run_validation(cmd: str, repo: Path, cwd: Path, timeout: float, big: dict[str, Path] | None = None,
+                   sandboxed: bool = True) -> sandbox.Result:
     argv = shlex.split(cmd)
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable                   # the interpreter eroica runs in (the job's environment)
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(cwd)}
-    t0 = time.monotonic()
-    try:
-        res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
-        return res.returncode, (res.stdout + res.stderr)[-3000:], time.monotonic() - t0
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"") + (exc.stderr or b"") if isinstance(exc.stdout, bytes) else b""
-        return None, out.decode(errors="replace")[-3000:], time.monotonic() - t0
-    except OSError as exc:
-        return 127, str(exc), time.monotonic() - t0
+    return sandbox.run(argv, repo, cwd, timeout, big, sandboxed)
 
 
 def check_diff(diff: str, repo: Path, scope: Scope, validate: str | None = None,
-               timeout: float = VALIDATE_TIMEOUT_SECONDS) -> GateReport:
+               timeout: float = VALIDATE_TIMEOUT_SECONDS, sandboxed: bool = True) -> GateReport:
     r = GateReport()
     if not diff.strip():
         return r.fail("the draft is an empty diff")
@@ -142,7 +149,7 @@ def check_diff(diff: str, repo: Path, scope: Scope, validate: str | None = None,
                       f"first {f}:{n} {t.strip()[:80]!r}")
     r.checks.append("deletes or rewrites lines only inside the located target")
     with tempfile.TemporaryDirectory(prefix="eroica-gate-") as tmp:
-        work = scratch_copy(repo, Path(tmp))
+        work, big = scratch_copy(repo, Path(tmp))
         patch = Path(tmp) / "draft.diff"
         patch.write_text(diff if diff.endswith("\n") else diff + "\n")
         try:
@@ -164,19 +171,28 @@ def check_diff(diff: str, repo: Path, scope: Scope, validate: str | None = None,
             new = danger.added(before, (work / rel).read_text())
             if new:
                 return r.fail(f"the draft adds {new[0].kind} that was not there: {new[0]} in {rel}")
-        r.checks.append("every touched Python file byte-compiles and adds nothing dangerous on its syntax tree")
+        r.checks.append("every touched Python file byte-compiles and adds nothing on the deny-list (advice: process, "
+                        "network, dynamic code, deletion, writes outside the repository, secrets)")
         cmd = validation_command(repo, validate)
         if cmd is None:
             r.checks.append("no validation command (--validate, or [tool.eroica] validate in pyproject.toml): "
                             "not run")
             return r
-        code, out, secs = run_validation(cmd, work, timeout)
-        r.validation_output = out
-        if code != 0:
-            why = f"timed out after {timeout:.0f} s" if code is None else f"exit {code}"
+        why_not = sandbox.probe() if sandboxed else None
+        if why_not is not None:
+            return r.fail(f"the repository's validation `{cmd}` was not run: there is no sandbox for it ({why_not}); "
+                          "it would run unreviewed code with your files and network (--unsandboxed-validation "
+                          "runs it anyway)")
+        res = run_validation(cmd, repo, work, timeout, big, sandboxed)
+        r.validation_output = res.output
+        if res.code != 0:
+            why = f"timed out after {timeout:.0f} s" if res.code is None else f"exit {res.code}"
+            out = res.output
             return r.fail(f"the repository's validation `{cmd}` failed on the draft ({why}): "
                           f"{out.strip().splitlines()[-1][:200] if out.strip() else 'no output'}")
-        r.checks.append(f"validation `{cmd}` passed on the draft in {secs:.1f} s (exit 0)")
+        where = ("in a sandbox (no network, read-only system, only the copy writable, no secrets)" if sandboxed
+                 else "WITHOUT a sandbox (--unsandboxed-validation)")
+        r.checks.append(f"validation `{cmd}` passed on the draft in {res.seconds:.1f} s (exit 0), {where}")
     return r
 
 
@@ -196,11 +212,11 @@ def check_config(p: Proposal, scope: Scope) -> GateReport:
 
 
 def check(p: Proposal, repo: Path | None, scope: Scope, validate: str | None = None,
-          timeout: float = VALIDATE_TIMEOUT_SECONDS) -> GateReport:
+          timeout: float = VALIDATE_TIMEOUT_SECONDS, sandboxed: bool = True) -> GateReport:
     if p.kind == "none":
         return GateReport().fail(p.rationale or "the backend proposed no change")
     if p.kind == "config":
         return check_config(p, scope)
     if repo is None:
         return GateReport().fail("a code change needs --repo to check that it applies")
-    return check_diff(p.diff, repo, scope, validate, timeout)
+    return check_diff(p.diff, repo, scope, validate, timeout, sandboxed)

@@ -1,10 +1,14 @@
 """What leaves the machine: before a prompt is sent to a model endpoint, everything that could name
 the site is replaced by a placeholder: cloud object URIs, URLs (but a short list of public
-documentation hosts), absolute paths of any root (POSIX, home-relative and Windows), hostnames that
-look like cluster nodes or internal domains, IPv4 and IPv6 addresses, e-mails, tokens by their
-well-known prefixes and any long high-entropy string, UUIDs and long hex ids, plus the diagnosis's
-own hostnames, the site's patterns (`--redact REGEX`, `--redact-file FILE` or `EROICA_REDACT_FILE`:
-one regular expression per line, `#` comments). Only the code around the located target is sent."""
+documentation hosts), absolute paths of any root (POSIX, home-relative and Windows), the components
+of relative paths (a customer's name in `data/acme_corp/train.jsonl`) but for a short list of
+common words, every fully qualified host name not on a short allow-list (`prodbox3.example.com`),
+hostnames that look like cluster nodes or internal domains, IPv4 and IPv6 addresses, e-mails,
+values assigned to secret-like names (`DB_PASSWORD = "Tr0ub4dor&3"`, `api_key = "hunter2hunter2"`),
+tokens by their well-known prefixes and any long high-entropy string, UUIDs and long hex ids, plus
+the diagnosis's own hostnames, the site's patterns (`--redact REGEX`, `--redact-file FILE` or
+`EROICA_REDACT_FILE`: one regular expression per line, `#` comments). Only the code around the
+located target is sent."""
 
 from __future__ import annotations
 
@@ -49,6 +53,31 @@ PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\b[A-Za-z]:\\[^\s\"'`,;)<>|]+|\\\\[\w.-]+\\[^\s\"'`,;)<>|]+"), "<path>"),
     (re.compile(r"\b[0-9a-f]{24,}\b", re.IGNORECASE), "<id>"),
 )
+SECRET_NAME = (r"(?:[A-Za-z_][\w.-]*?)?(?:pass(?:word|wd|phrase)?|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|"
+               r"private[_-]?key|credentials?|auth[_-]?key|client[_-]?secret|signing[_-]?key)[\w-]*")
+# NAME = "value" (any name that says secret, any quoted value), and env-style NAME=value for UPPER names
+SECRET_ASSIGN = re.compile(r"(?i)\b(" + SECRET_NAME + r")([\"']?\s*(?::|=|:=)\s*)([\"'])((?:(?!\3)[^\\\n]|\\.)+)\3")
+SECRET_YAML = re.compile(r"(?im)^(\s*(?:- )?" + SECRET_NAME + r")(\s*:\s+)([^\s\"'#{\[][^\s#]*)[ \t]*$")
+SECRET_ENV = re.compile(r"\b((?=[A-Z0-9_]*[A-Z])[A-Z0-9_]*(?:PASS(?:WORD|WD)?|PWD|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|"
+                        r"PRIVATE_?KEY|CREDENTIALS?)[A-Z0-9_]*)(\s*[:=]\s*)([^\s\"'`,;()\[\]{}<>]+)(?=\s|$|[,;])")
+# public host names a prompt may name; anything else that is a fully qualified name is the site's
+ALLOWED_HOSTS = ("pytorch.org", "python.org", "github.com", "githubusercontent.com", "huggingface.co", "pypi.org",
+                 "readthedocs.io", "nvidia.com")                 # and their subdomains
+ALLOWED_EXACT = ("example.com", "example.org", "example.net")   # the names themselves, not hosts under them
+TLDS = ("com", "net", "org", "edu", "gov", "mil", "io", "ai", "co", "dev", "app", "cloud", "biz", "info", "tech",
+        "xyz", "site", "online", "systems", "services", "solutions", "network", "us", "uk", "de", "fr", "jp", "cn",
+        "ru", "br", "au", "ca", "nl", "se", "ch", "kr", "eu", "es", "it", "sg", "tw", "hk", "il", "no", "fi", "dk",
+        "be", "at", "ie", "nz", "za", "mx", "ar", "pl", "cz", "us")
+FQDN = re.compile(r"(?i)(?<![\w.@/<-])((?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+(?:" + "|".join(TLDS) +
+                  r"))(?![\w-]|\.\w|\()(?::\d+)?")
+# a relative path (two or more components, or one ending in a file extension): each component but
+# common words is the site's (customers, teams, projects)
+REL_PATH = re.compile(r"(?<![\w/<>.@:-])(?:\.{1,2}/)?(?:[\w.-]+/)+[\w.-]+(?![\w(/])")
+PATH_WORDS = {"data", "dataset", "datasets", "train", "training", "val", "valid", "validation", "test", "tests",
+              "eval", "src", "lib", "scripts", "configs", "config", "conf", "checkpoints", "checkpoint", "ckpt",
+              "ckpts", "logs", "log", "outputs", "output", "out", "models", "model", "runs", "run", "shards", "tmp",
+              "cache", "results", "raw", "processed", "images", "text", "tokenizer", "weights", "latest", "best",
+              "last", "final", "part", "shard", "index", ".", ".."}
 IPV6 = re.compile(r"(?<![\w:.])\[?([0-9A-Fa-f:]*:[0-9A-Fa-f:.]*:[0-9A-Fa-f.]*)(%[\w.]+)?\]?(?::\d+)?(?![\w:])")
 CANDIDATE = re.compile(r"[A-Za-z0-9+/=_-]{20,}")
 ENTROPY_BITS_PER_CHAR = 3.5
@@ -124,12 +153,80 @@ class Redactor:
             text = self._sub(re.compile(pat), "<redacted>", text)
         for host in sorted({h for h in self.hostnames if h and h != "-"}, key=len, reverse=True):
             text = self._sub(re.compile(rf"(?<![\w.-]){re.escape(host)}(?![\w-])"), "<host>", text)
+        text = self._secret_values(text)
         for rx, ph in PATTERNS[:4]:                            # tokens, URIs, URLs, e-mails
             text = self._sub(rx, ph, text)
         text = self._sub_if(IPV6, "<ip>", text, _ipv6)
+        text = self._hosts(text)
         for rx, ph in PATTERNS[4:]:
             text = self._sub(rx, ph, text)
+        text = self._relative_paths(text)
         return self._sub_if(CANDIDATE, "<secret>", text, looks_secret)
+
+    def _secret_values(self, text: str) -> str:
+        """The value of an assignment to a secret-like name, whatever it looks like."""
+        n = 0
+
+        def quoted(m: re.Match[str]) -> str:
+            nonlocal n
+            if m.group(4).startswith(("<", "[")):         # a placeholder, or a tokenizer's "</s>", "[PAD]"
+                return m.group(0)
+            n += 1
+            return f"{m.group(1)}{m.group(2)}{m.group(3)}<secret>{m.group(3)}"
+
+        def bare(m: re.Match[str]) -> str:
+            nonlocal n
+            n += 1
+            return f"{m.group(1)}{m.group(2)}<secret>"
+        text = SECRET_ASSIGN.sub(quoted, text)
+        text = SECRET_ENV.sub(bare, text)
+        text = SECRET_YAML.sub(bare, text)
+        self._count("<secret>", n)
+        return text
+
+    def _hosts(self, text: str) -> str:
+        """Every fully qualified name but the allowed public ones and module paths (`import a.io`)."""
+        n = 0
+
+        def one(m: re.Match[str]) -> str:
+            nonlocal n
+            name = m.group(1).lower()
+            line_start = text.rfind("\n", 0, m.start()) + 1
+            before = text[line_start:m.start()].lstrip()
+            if name in ALLOWED_EXACT or any(name == h or name.endswith("." + h) for h in ALLOWED_HOSTS) \
+                    or before.startswith(("import ",
+                                                                                                     "from ")):
+                return m.group(0)
+            n += 1
+            return "<host>"
+        text = FQDN.sub(one, text)
+        self._count("<host>", n)
+        return text
+
+    def _relative_paths(self, text: str) -> str:
+        """Each component of a relative path but common words; the file's extension stays."""
+        n = 0
+
+        def one(m: re.Match[str]) -> str:
+            nonlocal n
+            path = m.group(0)
+            parts = path.split("/")
+            if len(parts) < 3 and not re.search(r"\.[A-Za-z][A-Za-z0-9]{0,7}$", parts[-1]):
+                return path                                   # `a/b`: a division more likely than a path
+            out = []
+            for p in parts:
+                stem, dot, ext = p.partition(".") if not p.startswith(".") else (p, "", "")
+                if p.lower() in PATH_WORDS or stem.lower() in PATH_WORDS or (p.startswith("<") and p.endswith(">")):
+                    out.append(p)
+                elif re.fullmatch(r"[0-9_-]*", stem):
+                    out.append(p)                             # part-0001.parquet: numbers name nobody
+                else:
+                    n += 1
+                    out.append("<path>" + (dot + ext if dot else ""))
+            return "/".join(out)
+        text = REL_PATH.sub(one, text)
+        self._count("<path>", n)
+        return text
 
     def _sub_if(self, rx: re.Pattern[str], ph: str, text: str, test: Callable[[str], bool]) -> str:
         n = 0

@@ -21,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--validate", help="the repository's validation command, run by the gate on each drafted diff in "
                                       "a scratch copy (default: [tool.eroica] validate in the repo's pyproject.toml)")
     p.add_argument("--validate-timeout", type=float, default=300.0, help="seconds (default 300)")
+    p.add_argument("--unsandboxed-validation", action="store_true",
+                   help="run the validation command even where no sandbox (bubblewrap) can: it then runs the "
+                        "draft and the repository's tests with your files and network (the change request says so)")
     p.add_argument("-o", "--output", type=Path, required=True, help="directory for the change requests")
     p.set_defaults(func=run)
 
@@ -42,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     outcomes = draft_all(d, args.output, options=Options(
         repo=args.repo, backend=args.backend, settings=settings, redact_patterns=patterns, validate=args.validate,
-        validate_timeout_seconds=args.validate_timeout))
+        validate_timeout_seconds=args.validate_timeout, sandboxed_validation=not args.unsandboxed_validation))
     for o in outcomes:
         why = f" ({o.refusal})" if o.refusal else ""
         where = f" at {o.target}" if o.target and o.kind == "code" else ""

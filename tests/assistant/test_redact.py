@@ -82,3 +82,31 @@ def test_a_site_pattern_file_is_read_and_a_bad_line_is_named(tmp_path: Path) -> 
     f.write_text("ok\nbad(\n")
     with pytest.raises(DraftInputError, match=r"redact.txt:2: not a regular expression"):
         load_pattern_file(f)
+
+
+MISSED_BEFORE = [
+    # (text, what must not survive, what must)
+    ('DB_PASSWORD = "Tr0ub4dor&3"\n', "Tr0ub4dor&3", "DB_PASSWORD = "),
+    ('    api_key = "hunter2hunter2"\n', "hunter2hunter2", "api_key = "),
+    ('cfg = {"client_secret": "abc12", "lr": 3e-4}\n', "abc12", '"lr": 3e-4'),
+    ("export HF_TOKEN=plainword\n", "plainword", "export HF_TOKEN="),
+    ("db:\n  password: s3cr3t\n", "s3cr3t", "db:"),
+    ("engine = connect('prodbox3.example.com', 5432)\n", "prodbox3", "engine = connect("),
+    ("# logs go to metrics.bigbank.co.uk\n", "bigbank", "# logs go to"),
+    ('ds = load_dataset("json", data_files="data/acme_corp/train.jsonl")\n', "acme_corp", "data/"),
+    ('ckpt = "checkpoints/contoso-llm-7b/step_100.pt"\n', "contoso", ".pt"),
+]
+
+
+@pytest.mark.parametrize(("text", "gone", "kept"), MISSED_BEFORE, ids=[m[1] for m in MISSED_BEFORE])
+def test_what_redaction_missed_before_is_gone_and_the_code_around_it_stays(text: str, gone: str, kept: str) -> None:
+    out = Redactor()(text)
+    assert gone not in out and kept in out, out
+
+
+def test_module_paths_public_hosts_and_ordinary_code_are_not_hosts_or_paths() -> None:
+    code = ("import torchvision.io\nx = tf.io.gfile.exists(p)\ntoken = tokenizer(x)\nmax_tokens = 512\n"
+            'pad_token = "[PAD]"\nsee https://pytorch.org/docs and docs.pytorch.org and example.com\n'
+            "loss = total/count\ny = a/b.mean()\nopen('README.md')\nsave(model, 'model.pt')\n"
+            'DB_PASSWORD = os.environ["DB_PASSWORD"]\n')
+    assert Redactor()(code) == code

@@ -20,7 +20,6 @@ import pytest
 from eroica.collector.hang import EXCEPTION_SECONDS, HangWatch
 from eroica.collector.heartbeats import HB_KEY, PEERS_MAX, peer_sample, peers_view
 
-
 ORIGINAL_LATER = faulthandler.dump_traceback_later
 
 
