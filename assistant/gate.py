@@ -183,16 +183,16 @@ def check_diff(diff: str, repo: Path, scope: Scope, validate: str | None = None,
             return r.fail(f"the repository's validation `{cmd}` was not run: there is no sandbox for it ({why_not}); "
                           "it would run unreviewed code with your files and network (--unsandboxed-validation "
                           "runs it anyway)")
-        res = run_validation(cmd, repo, work, timeout, big, sandboxed)
-        r.validation_output = res.output
-        if res.code != 0:
-            why = f"timed out after {timeout:.0f} s" if res.code is None else f"exit {res.code}"
-            out = res.output
+        ran = run_validation(cmd, repo, work, timeout, big, sandboxed)
+        r.validation_output = ran.output
+        if ran.code != 0:
+            why = f"timed out after {timeout:.0f} s" if ran.code is None else f"exit {ran.code}"
+            out = ran.output
             return r.fail(f"the repository's validation `{cmd}` failed on the draft ({why}): "
                           f"{out.strip().splitlines()[-1][:200] if out.strip() else 'no output'}")
         where = ("in a sandbox (no network, read-only system, only the copy writable, no secrets)" if sandboxed
                  else "WITHOUT a sandbox (--unsandboxed-validation)")
-        r.checks.append(f"validation `{cmd}` passed on the draft in {res.seconds:.1f} s (exit 0), {where}")
+        r.checks.append(f"validation `{cmd}` passed on the draft in {ran.seconds:.1f} s (exit 0), {where}")
     return r
 
 

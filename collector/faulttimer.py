@@ -31,12 +31,12 @@ class TimerOwner:
         def user_cancel(*args: Any, **kwargs: Any) -> Any:
             me.user_armed = True
             return cancel(*args, **kwargs)
-        faulthandler.dump_traceback_later = user_later      # type: ignore[assignment]
-        faulthandler.cancel_dump_traceback_later = user_cancel  # type: ignore[assignment]
+        faulthandler.dump_traceback_later = user_later    
+        faulthandler.cancel_dump_traceback_later = user_cancel
 
     def uninstall(self) -> None:
         if self._orig is not None:
-            faulthandler.dump_traceback_later, faulthandler.cancel_dump_traceback_later = self._orig  # type: ignore[assignment]
+            faulthandler.dump_traceback_later, faulthandler.cancel_dump_traceback_later = self._orig
             self._orig = None
 
     def arm(self, seconds: float, fd: int) -> None:

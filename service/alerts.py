@@ -149,7 +149,6 @@ class Deliverer:
         now = time.time() if now is None else now
         with reading(self.eng) as c:
             ids = list(c.execute(sa.select(issues.c.id).where(self._due(now)).order_by(issues.c.id)).scalars())
-        sent = 0
         for iid in ids:
             i = self._claim(iid, now)
             if i is None:
@@ -162,10 +161,9 @@ class Deliverer:
                 why = self.send(route, payload(route, alert_of(i, self.cfg, time.time()), self.cfg))
                 attempts = i["alert_attempts"] + 1
                 done = why is None
-                if done:
+                if why is None:
                     upd = {"alert_state": "delivered", "alert_error": None, "alert_sent_at": time.time(),
                            "alert_attempts": attempts, "alert_next_at": None}
-                    sent += 1
                 else:
                     log.warning("eroica serve: alert for issue %s not delivered: %s", i["id"], why)
                     upd = {"alert_state": "failed", "alert_error": why[:2000], "alert_attempts": attempts,
