@@ -17,7 +17,7 @@ PATTERNS_SCHEMA: Final = "eroica.patterns/v1"
 # id is never a path, and the bounds every store can hold (a step or rank fits a 32-bit column)
 WINDOW_ID_PATTERN: Final = r"^w[0-9]{1,9}-s[0-9]{1,10}$"
 MAX_STEP: Final = 2**31 - 1
-MAX_WORLD_SIZE: Final = 10_000_000
+MAX_WORLD_SIZE: Final = 1_000_000        # ten times the largest jobs run today
 
 
 class Frozen(BaseModel):

@@ -207,6 +207,26 @@ def _down(s: dict) -> set[str]:  # type: ignore[type-arg]
     return {n for n, v in (s.get("nics") or {}).items() if n != "lo" and v.get("operstate") == "down"}
 
 
+SILENT_LISTED = 1024      # silent ranks stated one by one; past it, only those a peer said something of
+
+
+def _ranks_to_state(world: int, by: dict[int, dict], views: list[dict]) -> list[int]:  # type: ignore[type-arg]
+    """Every rank with a snapshot, and the silent ones: all of them when they are few (a culprit is
+    often the one rank that wrote nothing); when most of a big job has not written yet, those a peer's
+    view says something of, and the first SILENT_LISTED. Never one object per rank of a 10^6 world."""
+    missing = world - len(by)
+    if missing <= SILENT_LISTED:
+        return list(range(world))
+    spoken = {int(k) for v in views for k in v if k.isdigit() and int(k) < world and int(k) not in by}
+    first: list[int] = []
+    r = 0
+    while len(first) < SILENT_LISTED and r < world:
+        if r not in by:
+            first.append(r)
+        r += 1
+    return sorted({*by, *spoken, *first})
+
+
 def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
     world = max((s["world_size"] for s in snaps), default=0)
     by = {s["rank"]: s for s in snaps}
@@ -217,7 +237,7 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
     at_mode = [s for s in snaps if s.get("seq") == mode]
     current = {id(s): _current(s) for s in snaps}                  # where each rank stands, once
     majority = Counter(current[id(s)] for s in at_mode).most_common(1)[0][0] if at_mode else None
-    for r in range(world):
+    for r in _ranks_to_state(world, by, views):
         s = by.get(r)
         if s is None:
             seen = [v.get(str(r), {}) for v in views]

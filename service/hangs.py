@@ -14,7 +14,7 @@ from eroica.engine.hang import HangFinding, latest, localize_snapshots
 from eroica.service.db import hangs, issues, reading
 from eroica.service.inputs import parse_hang
 from eroica.service.lifecycle import open_issue
-from eroica.service.runs import touch_run
+from eroica.service.runs import touch_run, upsert
 
 CONFIDENT = 0.5
 
@@ -30,14 +30,13 @@ def add(eng: sa.Engine, job_id: str, doc: dict[str, Any], name: str | None = Non
     """Keep the rank's snapshot, localize the job's latest hang, fold a confident verdict into its issue.
     A snapshot whose world size is not the run's is refused (422, `world_size`)."""
     now = time.time() if now is None else now
-    with eng.begin() as c:
+    with eng.begin() as c:                 # the write: short, the engine is not run holding it
         touch_run(c, job_id, name, int(doc["world_size"]), doc.get("host"), now, "world_size")
-        c.execute(hangs.delete().where(hangs.c.job_id == job_id, hangs.c.rank == doc["rank"]))
-        c.execute(hangs.insert().values(job_id=job_id, rank=doc["rank"], wall_time=float(doc["wall_time"]),
-                                        body=doc, at=now))
-        snaps = [r.body for r in c.execute(sa.select(hangs.c.body).where(hangs.c.job_id == job_id))]
-        f = localize_snapshots(latest(snaps))
-        if f is not None and f.ranks and f.confidence >= CONFIDENT:
+        upsert(c, hangs, {"job_id": job_id, "rank": doc["rank"], "wall_time": float(doc["wall_time"]), "body": doc,
+                          "at": now}, ["job_id", "rank"])
+    f = current(eng, job_id)
+    if f is not None and f.ranks and f.confidence >= CONFIDENT:
+        with eng.begin() as c:
             _issue(c, job_id, f, now)
     return f
 

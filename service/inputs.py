@@ -57,18 +57,27 @@ class Frame(_Part):
     code: str = Field("", max_length=1024)
 
 
-class Collective(_Part):
-    op: str | None = Field(None, max_length=128)
+class CollectiveCall(_Part):
+    """The last collective a rank entered or completed through torch.distributed's Python API."""
+
+    op: str = Field(max_length=128)
     seq: int | None = Field(None, ge=0, le=2**62)
     shape: list[int] | None = Field(None, max_length=64)
-    sizes: list[list[int]] | list[int] | None = Field(None, max_length=64)
     dtype: str | None = Field(None, max_length=64)
+    file: str = Field(max_length=4096)
+    line: int = Field(ge=0, le=MAX_INT)
+    function: str = Field(max_length=1024)
+    wall_time: float | None = None
+
+
+class FlightRecord(_Part):
+    """One entry of torch's Flight Recorder, as the collector keeps it."""
+
+    seq: int | None = Field(None, ge=0, le=2**62)
+    op: str | None = Field(None, max_length=128)
+    sizes: list[list[int]] | None = Field(None, max_length=64)
     state: str | None = Field(None, max_length=64)
     pg: str | int | None = None
-    file: str | None = Field(None, max_length=4096)
-    line: int | None = Field(None, ge=0, le=MAX_INT)
-    function: str | None = Field(None, max_length=1024)
-    wall_time: float | None = None
 
 
 class Nic(_Part):
@@ -105,9 +114,9 @@ class HangSnapshotIn(_Part):
     stack: list[Frame] = Field(max_length=200)
     stack_gap: str | None = Field(None, max_length=1000)
     seq: int | None = Field(None, ge=0, le=2**62)
-    last_entered: Collective | None = None
-    last_completed: Collective | None = None
-    flight_recorder: list[Collective] | None = Field(None, max_length=64)
+    last_entered: CollectiveCall | None = None
+    last_completed: CollectiveCall | None = None
+    flight_recorder: list[FlightRecord] | None = Field(None, max_length=64)
     process_cpu_ratio: float | None = None
     nics: dict[str, Nic] = Field(default_factory=dict, max_length=256)
     peers: dict[str, PeerView] = Field(default_factory=dict, max_length=4096)

@@ -22,6 +22,7 @@ import yaml
 from eroica.engine.diagnosis import Diagnosis
 from eroica.service.db import documents, issues, jobs, reading, windows
 from eroica.service.errors import IngestError
+from eroica.service.runs import insert_or_get
 
 CONFIDENT = 0.5
 CLOSED = ("recovered", "not_recovered", "false_positive")
@@ -71,11 +72,11 @@ def open_issue(c: sa.Connection, job_id: str, root_cause: str, category: str, ra
         entry["window"] = window_pk
     if why:
         entry["why"] = why
-    return int(c.execute(issues.insert().returning(issues.c.id).values(
-        job_id=job_id, root_cause=root_cause, category=category, ranks=ranks, hosts=hosts or [], function=function,
-        first_seen=now, last_seen=now, windows_total=1 if window_pk else 0, top_confidence=confidence,
-        last_window_pk=window_pk, state="open", alert_dirty=True, runs=[job_id], devices=devices or [],
-        history=[entry])).scalar_one())
+    return insert_or_get(c, issues, {          # another replica's window or hang may open it at the same moment
+        "job_id": job_id, "root_cause": root_cause, "category": category, "ranks": ranks, "hosts": hosts or [],
+        "function": function, "first_seen": now, "last_seen": now, "windows_total": 1 if window_pk else 0,
+        "top_confidence": confidence, "last_window_pk": window_pk, "state": "open", "alert_dirty": True,
+        "runs": [job_id], "devices": devices or [], "history": [entry]}, ["job_id", "root_cause", "ranks"], "id")
 
 
 def record_findings(c: sa.Connection, pk: int, job_id: str, d: Diagnosis, now: float) -> list[int]:

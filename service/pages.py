@@ -13,11 +13,11 @@ import time
 import urllib.parse
 from collections import Counter
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import jinja2
 import sqlalchemy as sa
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -28,7 +28,7 @@ from eroica.service.db import findings, issues, jobs, reading, steps, windows
 from eroica.service.fleet import host_ranking, week_summary
 from eroica.service.guard import COOKIE, SESSION_SECONDS, principal_of, read_limited
 from eroica.service.lifecycle import LINK_KINDS, state_of, transition
-from eroica.service.routes import window_json
+from eroica.service.routes import JobId, Key, window_json
 
 if TYPE_CHECKING:
     from eroica.service.app import Service
@@ -120,7 +120,7 @@ def router(svc: Service) -> APIRouter:
                     findings=fs[:30], undelivered=undelivered, week=week)
 
     @r.get("/jobs/{job_id}", response_class=HTMLResponse)
-    def job(job_id: str, request: Request) -> HTMLResponse:
+    def job(job_id: JobId, request: Request) -> HTMLResponse:
         store.valid_job_id(job_id)
         with reading(eng) as c:
             j = c.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
@@ -144,7 +144,7 @@ def router(svc: Service) -> APIRouter:
                     and principal_of(request).kind not in ("admin", "session"))
 
     @r.post("/issues/{iid}/act", response_model=None)
-    async def act(iid: int, request: Request) -> Response:
+    async def act(iid: Key, request: Request) -> Response:
         """An issue's transition from its job page's form; back to the page, or the refusal in words."""
         form = _form(await read_limited(request, 65536))
         token = svc.settings.token
@@ -185,7 +185,7 @@ def router(svc: Service) -> APIRouter:
         return page("hosts.html.j2", hosts=host_ranking(eng, s.drain_min_confidence), min_jobs=s.drain_min_jobs)
 
     @r.get("/hosts/{host}", response_class=HTMLResponse)
-    def host(host: str) -> HTMLResponse:
+    def host(host: Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")]) -> HTMLResponse:
         with reading(eng) as c:
             fs = [f for f in c.execute(sa.select(findings).where(findings.c.confidence >= 0.5)
                                        .order_by(findings.c.created_at.desc()).limit(5000)).mappings()
@@ -195,7 +195,7 @@ def router(svc: Service) -> APIRouter:
                     jobs=sorted({f["job_id"] for f in fs}))
 
     @r.get("/windows/{pk}/report", response_class=HTMLResponse)
-    def report(pk: int) -> HTMLResponse:
+    def report(pk: Key) -> HTMLResponse:
         body = store.diagnosis_of(eng, pk)
         if body is None:
             raise store.IngestError(404, f"window {pk} has no diagnosis (yet)", "window")

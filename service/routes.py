@@ -19,13 +19,14 @@ from eroica.service.fleet import drain_list, host_ranking, week_summary
 from eroica.service.guard import Principal, decode_body, principal_of, read_limited
 from eroica.service.inputs import MAX_INT, StepSummaryIn, TransitionIn, refusal
 from eroica.service.lifecycle import export_false_positive, state_of, transition
-from eroica.service.runs import NAME_HEADER, name_of, valid_job_id
+from eroica.service.runs import JOB_ID, NAME_HEADER, name_of, valid_job_id
 
 if TYPE_CHECKING:
     from eroica.service.app import Service
 
 
 Key = Annotated[int, Path(ge=1, le=MAX_INT)]            # a database key in a path: fits its column
+JobId = Annotated[str, Path(pattern=JOB_ID.pattern, max_length=128)]    # a run's id: never a file name
 JOB_WRITE_BODY = 65536                                    # a step summary or a job's end
 BODY = {"application/json": {"schema": {"type": "object"}}}
 
@@ -96,7 +97,7 @@ def api_router(svc: Service) -> APIRouter:
         return JSONResponse({"window": got.window_pk, "created": got.created}, status_code=201 if got.created else 200)
 
     @r.post("/jobs/{job_id}/steps", status_code=201, openapi_extra=_body("StepSummaryIn"))
-    async def post_steps(job_id: str, request: Request) -> dict[str, str]:
+    async def post_steps(job_id: JobId, request: Request) -> dict[str, str]:
         valid_job_id(job_id)
         name = job_name(request)
         raw = await job_body(request, JOB_WRITE_BODY)
@@ -113,7 +114,7 @@ def api_router(svc: Service) -> APIRouter:
         return {"status": "stored"}
 
     @r.post("/jobs/{job_id}/hang", status_code=201, openapi_extra=_body("HangSnapshotIn"))
-    async def post_hang(job_id: str, request: Request) -> dict[str, Any]:
+    async def post_hang(job_id: JobId, request: Request) -> dict[str, Any]:
         """A rank's hang snapshot (its watchdog saw no step for too long): kept, and the job's hang
         localized now, while the job still waits; a confident verdict opens or updates its issue."""
         valid_job_id(job_id)
@@ -128,14 +129,14 @@ def api_router(svc: Service) -> APIRouter:
         return await run_in_threadpool(work)
 
     @r.get("/jobs/{job_id}/hang")
-    def get_hang(job_id: str) -> dict[str, Any]:
+    def get_hang(job_id: JobId) -> dict[str, Any]:
         f = hangs.current(eng, store.valid_job_id(job_id))
         if f is None:
             raise store.IngestError(404, f"no hang snapshot for job {job_id!r}", "job")
         return f.model_dump(mode="json")
 
     @r.post("/jobs/{job_id}/end", openapi_extra=_body())
-    async def end_job(job_id: str, request: Request) -> dict[str, str]:
+    async def end_job(job_id: JobId, request: Request) -> dict[str, str]:
         """The run ended (its rank 0 closed): the alerts of its open issues resolve."""
         valid_job_id(job_id)
         await job_body(request, JOB_WRITE_BODY)       # its body says nothing; still bounded
@@ -156,7 +157,7 @@ def api_router(svc: Service) -> APIRouter:
         return [{**dict(j), "confident_findings": int(counts.get(j["id"], 0))} for j in rows]
 
     @r.get("/jobs/{job_id}", response_model=m.JobDetail)
-    def get_job(job_id: str) -> dict[str, Any]:
+    def get_job(job_id: JobId) -> dict[str, Any]:
         store.valid_job_id(job_id)
         with reading(eng) as c:
             j = c.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()

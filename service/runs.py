@@ -37,6 +37,24 @@ def insert_ignore(c: sa.Connection, table: sa.Table, values: dict[str, Any], key
     return c.execute(stmt.returning(table.c[keys[0]])).first() is not None
 
 
+def insert_or_get(c: sa.Connection, table: sa.Table, values: dict[str, Any], keys: list[str], id_col: str) -> int:
+    """The id of the new row, or of the row another transaction inserted with the same `keys` first."""
+    dialect = postgresql if c.dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
+    got = c.execute(stmt.returning(table.c[id_col])).scalar()
+    if got is None:
+        got = c.execute(sa.select(table.c[id_col]).where(*(table.c[k] == values[k] for k in keys))).scalar_one()
+    return int(got)
+
+
+def upsert(c: sa.Connection, table: sa.Table, values: dict[str, Any], keys: list[str]) -> None:
+    """Insert a row, or replace the one with the same `keys` (atomic: no delete-then-insert race)."""
+    dialect = postgresql if c.dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(table).values(**values)
+    c.execute(stmt.on_conflict_do_update(index_elements=keys,
+                                         set_={k: stmt.excluded[k] for k in values if k not in keys}))
+
+
 def touch_run(c: sa.Connection, job_id: str, name: str | None, world: int, host: str | None, now: float,
               field: str) -> None:
     """Create the run or mark it seen (alive again, its host added). A world size that differs from
