@@ -49,7 +49,8 @@ class Window(Out):
     last_doc_at: float
     window_opened_at: float | None
     window_closed_at: float | None
-    attempts: int
+    attempts: int                     # claims since its documents last changed (a late rank resets it)
+    diagnoses_stored: int = 0         # diagnoses stored for it, ever (a late rank's re-diagnosis counts)
     diagnosed_at: float | None
     error: str | None
     seconds_to_diagnosis: float | None          # from the last rank's document

@@ -133,7 +133,7 @@ class Service:
     @property
     def lease_seconds(self) -> float:
         """A claim outlives the longest diagnosis, so no other replica takes a window still being diagnosed."""
-        return self.settings.diagnosis_timeout_seconds + 60.0
+        return self.settings.diagnosis_timeout_seconds * 1.25 + 5.0
 
     def _dispatch(self) -> None:
         s = self.settings
@@ -221,6 +221,15 @@ def create_app(settings: Settings, start: bool = True) -> FastAPI:
     async def _refused(request: Request, exc: store.IngestError) -> JSONResponse:
         log.warning("eroica serve: %s %s refused (%d): %s", request.method, request.url.path, exc.status, exc.message)
         return JSONResponse({"error": exc.message, "field": exc.field}, status_code=exc.status)
+
+    @app.exception_handler(sa.exc.OperationalError)
+    async def _unavailable(request: Request, exc: sa.exc.OperationalError) -> JSONResponse:
+        # the database is down, full or locked for too long: nothing was stored; the sink retries (and spools)
+        why = str(exc.orig)[:200] if exc.orig is not None else type(exc).__name__
+        log.warning("eroica serve: %s %s: the database is unavailable (503): %s", request.method, request.url.path,
+                    why)
+        return JSONResponse({"error": f"the database is unavailable, nothing was stored; retry later ({why})",
+                             "field": "database"}, status_code=503, headers={"Retry-After": "5"})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

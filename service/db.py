@@ -46,6 +46,7 @@ windows = sa.Table(
     sa.Column("claimed_by", sa.String(64)),
     sa.Column("lease_until", sa.Float),
     sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("diagnoses_stored", sa.Integer, nullable=False, server_default="0"),   # ever (revision 0008)
     sa.Column("diagnosed_at", sa.Float),
     sa.Column("error", sa.Text),
     sa.UniqueConstraint("job_id", "window_id", name="uq_windows_job_window"),

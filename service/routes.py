@@ -62,7 +62,7 @@ def may_write(eng: sa.Engine, who: Principal, job_id: str, name: str | None) -> 
 
 WINDOW_COLUMNS = ("pk", "job_id", "window_id", "world_size", "start_step", "end_step", "trigger", "status",
                   "ranks_reported", "first_doc_at", "last_doc_at", "window_opened_at", "window_closed_at", "attempts",
-                  "diagnosed_at", "error")
+                  "diagnoses_stored", "diagnosed_at", "error")
 
 
 def window_json(w: Any) -> dict[str, Any]:

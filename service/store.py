@@ -146,8 +146,9 @@ def store_diagnosis(eng: sa.Engine, pk: int, worker: str, d: Diagnosis, now: flo
                 window_pk=pk, job_id=w.job_id, root_cause=f.root_cause, category=f.category.value, ranks=f.ranks,
                 hosts=f.hosts, function=f.function, confidence=f.confidence, summary=f.summary,
                 rule_ids=f.rule_ids, created_at=now))
-        c.execute(windows.update().where(windows.c.pk == pk).values(status="done", diagnosed_at=now,
-                                                                    lease_until=None, error=None))
+        c.execute(windows.update().where(windows.c.pk == pk).values(
+            status="done", diagnosed_at=now, lease_until=None, error=None,
+            diagnoses_stored=windows.c.diagnoses_stored + 1))
         record_findings(c, pk, w.job_id, d, now)
     return True
 

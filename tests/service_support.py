@@ -50,29 +50,59 @@ PG = pg_bin("initdb") and pg_bin("pg_ctl")
 PG_WHY = "PostgreSQL server binaries (initdb, pg_ctl) are not installed (.ci/run installs Debian's postgresql)"
 
 
-@contextlib.contextmanager
-def postgres() -> Iterator[str]:
-    """A throwaway PostgreSQL cluster in a temporary directory, on a free port, removed afterwards."""
-    d = Path(tempfile.mkdtemp(prefix="eroica-pg-", dir="/tmp"))
-    as_pg: list[str] = []
-    if os.geteuid() == 0:     # initdb refuses to run as root
-        shutil.chown(d, "postgres")
-        as_pg = ["runuser", "-u", "postgres", "--"]
-    port = free_port()
-    try:
-        subprocess.run([*as_pg, pg_bin("initdb"), "-D", str(d / "data"), "--auth=trust", "-U", "postgres"],
-                       check=True, capture_output=True)
-        subprocess.run([*as_pg, pg_bin("pg_ctl"), "-D", str(d / "data"), "-l", str(d / "log"), "-w", "start", "-o",
-                        f"-p {port} -k {d} -c listen_addresses=127.0.0.1"], check=True, capture_output=True)
+class PgCluster:
+    """A throwaway PostgreSQL cluster in a temporary directory, on a free port; it can be stopped and
+    started again (a database outage)."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="eroica-pg-", dir="/tmp"))
+        self.as_pg: list[str] = []
+        if os.geteuid() == 0:     # initdb refuses to run as root
+            shutil.chown(self.dir, "postgres")
+            self.as_pg = ["runuser", "-u", "postgres", "--"]
+        self.port = free_port()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/eroica"
+
+    def _ctl(self, *args: str, check: bool = True) -> None:
+        subprocess.run([*self.as_pg, str(pg_bin("pg_ctl")), "-D", str(self.dir / "data"), *args], check=check,
+                       capture_output=True)
+
+    def create(self) -> PgCluster:
+        subprocess.run([*self.as_pg, str(pg_bin("initdb")), "-D", str(self.dir / "data"), "--auth=trust", "-U",
+                        "postgres"], check=True, capture_output=True)
+        self.start()
         import psycopg
 
-        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{self.port}/postgres", autocommit=True) as conn:
             conn.execute("CREATE DATABASE eroica")
-        yield f"postgresql://postgres@127.0.0.1:{port}/eroica"
+        return self
+
+    def start(self) -> None:
+        self._ctl("-l", str(self.dir / "log"), "-w", "start", "-o",
+                  f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._ctl("-m", mode, "-w", "stop", check=False)
+
+    def remove(self) -> None:
+        self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def pg_cluster() -> Iterator[PgCluster]:
+    pg = PgCluster()
+    try:
+        yield pg.create()
     finally:
-        subprocess.run([*as_pg, pg_bin("pg_ctl"), "-D", str(d / "data"), "-m", "immediate", "stop"],
-                       capture_output=True)
-        shutil.rmtree(d, ignore_errors=True)
+        pg.remove()
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster's database URL, removed afterwards."""
+    with pg_cluster() as pg:
+        yield pg.url
 
 
 SERVE_TOKEN = "e2e-token"
