@@ -71,7 +71,8 @@ class Load:
     expected_docs: set[tuple[str, str, int]] = field(default_factory=set)     # (job, window, rank)
     expected_steps: dict[str, int] = field(default_factory=dict)              # job -> summaries
     expected_hangs: set[tuple[str, int]] = field(default_factory=set)
-    submit_seconds: list[float] = field(default_factory=list)                 # the ranks' own cost
+    submit_seconds: list[float] = field(default_factory=list)                 # the ranks' own wait
+    submit_cpu_seconds: list[float] = field(default_factory=list)             # and their own CPU
     sinks: list[TimedSink] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -101,11 +102,12 @@ class Load:
         return not any(t.is_alive() for t in self._threads)
 
     def _submit(self, fn: Any, *args: Any) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         ok = fn(*args)
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         with self._lock:
-            self.submit_seconds.append(dt)
+            self.submit_seconds.append(dt)           # with the GIL shared by this process's many ranks
+            self.submit_cpu_seconds.append(dc)
             if not ok:
                 self.refused.append(f"{fn.__name__}: the sink's queue was full")
 
@@ -163,6 +165,7 @@ class Load:
             "latency_ms": {k: pct(sorted(v)) for k, v in sorted(lat.items())} | {"all": pct(alls)},
             "submit_max_ms": round(1000 * max(self.submit_seconds, default=0.0), 3),
             "submit_p99_ms": pct(sorted(self.submit_seconds))["p99"],
+            "submit_cpu_max_ms": round(1000 * max(self.submit_cpu_seconds, default=0.0), 3),
             "sink_notes": sum(len(s.messages()) for s in self.sinks),
         }
 

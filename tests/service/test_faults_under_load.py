@@ -27,7 +27,11 @@ from eroica.lab.loadgen import Load, LoadSpec
 from eroica.service.db import make_engine, windows
 
 SPEC = LoadSpec(jobs=6, ranks=4, windows=5, seconds=24.0, tag="fault")
-SUBMIT_MAX_SECONDS = 0.05            # what a rank's own thread may pay per submit, whatever the service does
+# what a rank's own thread may pay per submit, whatever the service does: a few ms of its CPU, and
+# never a wait on the network (one would be seconds: the sink's timeout); the generator's many ranks
+# share one process's GIL, which the wall clock also counts
+SUBMIT_CPU_MAX_SECONDS = 0.005
+SUBMIT_WALL_MAX_SECONDS = 1.0
 
 
 def run_load(tmp: Path, url: str, db_url: str, fault: Callable[[Load], Callable[[], None] | None],
@@ -51,7 +55,8 @@ def run_load(tmp: Path, url: str, db_url: str, fault: Callable[[Load], Callable[
 
 def assert_whole(load: Load, v: dict[str, Any]) -> None:
     assert all_good(v), v
-    assert max(load.submit_seconds) < SUBMIT_MAX_SECONDS, max(load.submit_seconds)      # never slowed
+    assert max(load.submit_cpu_seconds) < SUBMIT_CPU_MAX_SECONDS, max(load.submit_cpu_seconds)   # never slowed
+    assert max(load.submit_seconds) < SUBMIT_WALL_MAX_SECONDS, max(load.submit_seconds)
     assert load.leftover_spools() == []                                                   # the spools drained
     assert not load.refused
 
