@@ -165,81 +165,59 @@ class Redactor:
 
     def _secret_values(self, text: str) -> str:
         """The value of an assignment to a secret-like name, whatever it looks like."""
-        n = 0
-
         def quoted(m: re.Match[str]) -> str:
-            nonlocal n
             if m.group(4).startswith(("<", "[")):         # a placeholder, or a tokenizer's "</s>", "[PAD]"
                 return m.group(0)
-            n += 1
             return f"{m.group(1)}{m.group(2)}{m.group(3)}<secret>{m.group(3)}"
 
         def bare(m: re.Match[str]) -> str:
-            nonlocal n
-            n += 1
             return f"{m.group(1)}{m.group(2)}<secret>"
-        text = SECRET_ASSIGN.sub(quoted, text)
-        text = SECRET_ENV.sub(bare, text)
-        text = SECRET_YAML.sub(bare, text)
-        self._count("<secret>", n)
-        return text
+        text = self._replace(SECRET_ASSIGN, "<secret>", text, quoted)
+        text = self._replace(SECRET_ENV, "<secret>", text, bare)
+        return self._replace(SECRET_YAML, "<secret>", text, bare)
 
     def _hosts(self, text: str) -> str:
         """Every fully qualified name but the allowed public ones and module paths (`import a.io`)."""
-        n = 0
-
         def one(m: re.Match[str]) -> str:
-            nonlocal n
             name = m.group(1).lower()
-            line_start = text.rfind("\n", 0, m.start()) + 1
-            before = text[line_start:m.start()].lstrip()
-            if name in ALLOWED_EXACT or any(name == h or name.endswith("." + h) for h in ALLOWED_HOSTS) \
-                    or before.startswith(("import ",
-                                                                                                     "from ")):
-                return m.group(0)
-            n += 1
-            return "<host>"
-        text = FQDN.sub(one, text)
-        self._count("<host>", n)
-        return text
+            before = text[text.rfind("\n", 0, m.start()) + 1:m.start()].lstrip()
+            public = name in ALLOWED_EXACT or any(name == h or name.endswith("." + h) for h in ALLOWED_HOSTS)
+            return m.group(0) if public or before.startswith(("import ", "from ")) else "<host>"
+        return self._replace(FQDN, "<host>", text, one)
 
     def _relative_paths(self, text: str) -> str:
         """Each component of a relative path but common words; the file's extension stays."""
-        n = 0
-
         def one(m: re.Match[str]) -> str:
-            nonlocal n
-            path = m.group(0)
-            parts = path.split("/")
+            parts = m.group(0).split("/")
             if len(parts) < 3 and not re.search(r"\.[A-Za-z][A-Za-z0-9]{0,7}$", parts[-1]):
-                return path                                   # `a/b`: a division more likely than a path
+                return m.group(0)                             # `a/b`: a division more likely than a path
             out = []
             for p in parts:
                 stem, dot, ext = p.partition(".") if not p.startswith(".") else (p, "", "")
-                if p.lower() in PATH_WORDS or stem.lower() in PATH_WORDS or (p.startswith("<") and p.endswith(">")):
+                keep = p.lower() in PATH_WORDS or stem.lower() in PATH_WORDS or p.startswith("<") and p.endswith(">")
+                if keep or re.fullmatch(r"[0-9_-]*", stem):    # part-0001.parquet: numbers name nobody
                     out.append(p)
-                elif re.fullmatch(r"[0-9_-]*", stem):
-                    out.append(p)                             # part-0001.parquet: numbers name nobody
                 else:
-                    n += 1
                     out.append("<path>" + (dot + ext if dot else ""))
             return "/".join(out)
-        text = REL_PATH.sub(one, text)
-        self._count("<path>", n)
-        return text
+        return self._replace(REL_PATH, "<path>", text, one)
 
-    def _sub_if(self, rx: re.Pattern[str], ph: str, text: str, test: Callable[[str], bool]) -> str:
+    def _replace(self, rx: re.Pattern[str], ph: str, text: str, fn: Callable[[re.Match[str]], str]) -> str:
+        """`rx`'s matches through `fn`, counting those it changed under `ph`."""
         n = 0
 
         def one(m: re.Match[str]) -> str:
             nonlocal n
-            if test(m.group(1) if rx.groups else m.group(0)):
-                n += 1
-                return ph
-            return m.group(0)
+            out = fn(m)
+            n += out != m.group(0)
+            return out
         text = rx.sub(one, text)
         self._count(ph, n)
         return text
+
+    def _sub_if(self, rx: re.Pattern[str], ph: str, text: str, test: Callable[[str], bool]) -> str:
+        return self._replace(rx, ph, text, lambda m: ph if test(m.group(1) if rx.groups else m.group(0))
+                             else m.group(0))
 
     def _sub(self, rx: re.Pattern[str], ph: str, text: str) -> str:
         text, n = rx.subn(ph, text)

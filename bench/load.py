@@ -11,29 +11,18 @@ Usage: python bench/load.py [--jobs 16] [--ranks 8] [--windows 8] [--seconds 120
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from load_support import TOKEN, Replica, all_good, drain_spools, verify, wait_diagnosed  # noqa: E402
-from service_support import PG, postgres  # noqa: E402
+from service_support import PG, database  # noqa: E402
 
 from eroica.lab.loadgen import Load, LoadSpec  # noqa: E402
-
-
-@contextlib.contextmanager
-def database(kind: str, tmp: Path) -> Iterator[str]:
-    if kind == "postgresql":
-        with postgres() as url:
-            yield url
-    else:
-        yield f"sqlite:///{tmp / 'load.db'}"
 
 
 def scenario(kind: str, replicas: int, spec: LoadSpec) -> dict[str, object]:

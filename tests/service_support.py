@@ -32,6 +32,18 @@ def incident_docs(inc: str = "INC-0017") -> list[bytes]:
     return [ln for p in sorted(wdir.glob("pack-*.jsonl")) for ln in p.read_bytes().splitlines() if ln.strip()]
 
 
+def changed_doc(inc: str = "INC-0017", **change: object) -> bytes:
+    """Rank 0's document of an incident's first window with fields changed (`window__start_step=5`)."""
+    d = json.loads(incident_docs(inc)[0])
+    for k, v in change.items():
+        obj = d
+        *path, last = k.split("__")
+        for p in path:
+            obj = obj[p]
+        obj[last] = v
+    return json.dumps(d).encode()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -103,6 +115,16 @@ def postgres() -> Iterator[str]:
     """A throwaway PostgreSQL cluster's database URL, removed afterwards."""
     with pg_cluster() as pg:
         yield pg.url
+
+
+@contextlib.contextmanager
+def database(kind: str, tmp: Path) -> Iterator[str]:
+    """A database URL of `kind` (sqlite: a file in `tmp`; postgresql: a throwaway cluster)."""
+    if kind == "postgresql":
+        with postgres() as url:
+            yield url
+    else:
+        yield f"sqlite:///{tmp / 'shared.db'}"
 
 
 SERVE_TOKEN = "e2e-token"

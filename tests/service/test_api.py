@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import AUTH, LOCAL, incident_docs
+from service_support import AUTH, LOCAL, changed_doc, incident_docs
 
 
 def post(c: TestClient, body: bytes, job: str = "job-1", gz: bool = True, auth: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
@@ -63,15 +63,7 @@ def test_a_window_with_a_missing_rank_is_diagnosed_after_the_grace_period_and_sa
     assert d["windows"][0]["coverage"]["ranks_missing"] == [3]
 
 
-def _doc(**change: object) -> bytes:
-    d = json.loads(incident_docs("INC-0017")[0])
-    for k, v in change.items():
-        obj = d
-        *path, last = k.split("__")
-        for p in path:
-            obj = obj[p]
-        obj[last] = v
-    return json.dumps(d).encode()
+_doc = changed_doc
 
 
 BAD = [

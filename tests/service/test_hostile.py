@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
-from service_support import AUTH, LOCAL, TOKEN, free_port, incident_docs
+from service_support import AUTH, LOCAL, TOKEN, changed_doc, free_port, incident_docs
 
 from eroica.service.app import Settings, create_app
 
@@ -29,15 +29,7 @@ HANG = {"schema": "eroica.hang/v1", "rank": 0, "world_size": 4, "wall_time": 100
         "last_entered": None, "last_completed": None, "error": None, "nics": {}, "peers": {}}
 
 
-def doc(**change: Any) -> bytes:
-    d = json.loads(incident_docs("INC-0017")[0])
-    for k, v in change.items():
-        obj = d
-        *path, last = k.split("__")
-        for p in path:
-            obj = obj[p]
-        obj[last] = v
-    return json.dumps(d).encode()
+doc = changed_doc
 
 
 def deep(n: int) -> bytes:

@@ -13,26 +13,15 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from service_support import PG, PG_WHY, TOKEN, free_port, incident_docs, postgres
+from service_support import PG, PG_WHY, TOKEN, database, free_port, incident_docs, postgres
 
 from eroica.service import store
 from eroica.service.app import Service, Settings
 from eroica.service.db import diagnoses, windows
-
-
-@contextlib.contextmanager
-def database(kind: str, tmp: Path) -> Iterator[str]:
-    if kind == "postgresql":
-        with postgres() as url:
-            yield url
-    else:
-        yield f"sqlite:///{tmp / 'shared.db'}"
-
 
 WITH_PG = pytest.param("postgresql", marks=pytest.mark.skipif(not PG, reason=PG_WHY))
 

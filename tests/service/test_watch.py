@@ -5,11 +5,12 @@ next to nothing; a file inotify missed is found by the reconcile; and what a job
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,20 @@ def ranks_of(svc: Service, job: str) -> int:
                              .where(windows.c.job_id == job)).scalar())
 
 
+@contextlib.contextmanager
+def watching(svc: Service, root: Path) -> Iterator[tuple[Watcher, threading.Thread]]:
+    watcher = Watcher(svc, [root], reconcile_seconds=300)
+    stop = threading.Event()
+    t = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        yield watcher, t
+    finally:
+        stop.set()
+        t.join(10)
+        svc.stop()
+
+
 def jobs_known(svc: Service) -> int:
     with svc.eng.connect() as c:
         return int(c.execute(sa.select(sa.func.count()).select_from(jobs)).scalar())
@@ -62,11 +77,7 @@ def test_new_files_arrive_through_inotify_and_an_idle_root_of_many_runs_costs_no
     for i in range(1500):                                 # months of old runs, each with a window
         write_atomic(root / f"old-{i:04d}" / "w000-s10" / "rank-0.json", doc)
     svc = Service(Settings(db_url=f"sqlite:///{tmp_path / 'w.db'}"))
-    watcher = Watcher(svc, [root], reconcile_seconds=300)
-    stop = threading.Event()
-    t = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
-    t.start()
-    try:
+    with watching(svc, root) as (watcher, t):
         until(lambda: watcher.scans == 1 and jobs_known(svc) == 1500, 180)       # the first reconcile
         cpu0 = thread_cpu(t)
         time.sleep(3.0)                                    # idle: before, a full rglob of the tree every second
@@ -82,10 +93,6 @@ def test_new_files_arrive_through_inotify_and_an_idle_root_of_many_runs_costs_no
         # a file inotify never told of (written while the service looked away) is found by the reconcile
         watcher.seen.clear()
         assert watcher.scan() == 0                         # nothing new; all idempotent
-    finally:
-        stop.set()
-        t.join(10)
-        svc.stop()
 
 
 def test_what_a_sink_spooled_is_ingested_to_its_routes_and_removed(tmp_path: Path) -> None:
@@ -100,11 +107,7 @@ def test_what_a_sink_spooled_is_ingested_to_its_routes_and_removed(tmp_path: Pat
     for i, (kind, body) in enumerate(items):
         write_atomic(spool / f"{1000 + i:020d}-{i:06d}-{kind}.json.gz", gzip.compress(body))
     svc = Service(Settings(db_url=f"sqlite:///{tmp_path / 's.db'}"))
-    watcher = Watcher(svc, [root], reconcile_seconds=300)
-    stop = threading.Event()
-    t = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
-    t.start()
-    try:
+    with watching(svc, root) as (watcher, _):
         until(lambda: not list(spool.glob("*.json.gz")))
         assert ranks_of(svc, "llm.run-1") == 4
         with svc.eng.connect() as c:
@@ -118,7 +121,3 @@ def test_what_a_sink_spooled_is_ingested_to_its_routes_and_removed(tmp_path: Pat
             {"first_step": 20, "last_step": 39, "median_seconds": 0.1, "p90_seconds": 0.12, "world_size": 4}).encode()))
         until(lambda: not list(later.glob("*.json.gz")))
         assert watcher.scans == 1
-    finally:
-        stop.set()
-        t.join(10)
-        svc.stop()
