@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -80,8 +81,9 @@ def load_job_tokens(path: Any) -> dict[str, str]:
     return out
 
 
-def local_names() -> set[str]:
-    """The names and addresses this machine answers to."""
+@functools.lru_cache(maxsize=1)
+def local_names() -> frozenset[str]:
+    """The names and addresses this machine answers to (read once per process)."""
     names = {*LOOPBACK, socket.gethostname().lower()}
     try:
         names.add(socket.getfqdn().lower())
@@ -92,7 +94,7 @@ def local_names() -> set[str]:
                                                                                        socket.AF_INET6))
     except Exception:  # a machine without a resolvable name still serves on its loopback
         pass
-    return names
+    return frozenset(names)
 
 
 def _host_only(host: str) -> str:

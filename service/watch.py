@@ -165,7 +165,15 @@ class Watcher:
     def _observer(self) -> Any:
         """An inotify observer on the roots, or None (and why, in the log) when it cannot be had."""
         try:
-            from watchdog.events import FileSystemEvent, FileSystemEventHandler
+            from watchdog.events import (
+                DirCreatedEvent,
+                DirMovedEvent,
+                FileClosedEvent,
+                FileCreatedEvent,
+                FileMovedEvent,
+                FileSystemEvent,
+                FileSystemEventHandler,
+            )
             from watchdog.observers import Observer
         except ImportError as exc:
             log.warning("eroica serve: --watch without inotify (watchdog: %r): scanning every %.0f s", exc,
@@ -179,13 +187,17 @@ class Watcher:
                 p = Path(os.fsdecode(path))
                 if event.event_type == "created" and event.is_directory:
                     me._walk_new_dir(p)
-                elif not event.is_directory and event.event_type in ("moved", "closed", "created", "modified"):
+                elif not event.is_directory and event.event_type in ("moved", "closed", "created"):
                     me._queue(p)
 
         obs = Observer()
         try:
+            # only what says a file is there to read: a rename into place, a close after writing, a new
+            # file or directory; not the opens and reads ingestion itself makes (they would flood the queue)
+            wanted: list[type[FileSystemEvent]] = [FileMovedEvent, DirMovedEvent, FileCreatedEvent, DirCreatedEvent,
+                                                   FileClosedEvent]
             for root in self.roots:
-                obs.schedule(Handler(), str(root), recursive=True)
+                obs.schedule(Handler(), str(root), recursive=True, event_filter=wanted)
             obs.start()
         except OSError as exc:
             log.warning("eroica serve: --watch: inotify refused (%s; see fs.inotify.max_user_watches): scanning "
