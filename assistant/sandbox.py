@@ -59,16 +59,23 @@ def probe() -> str | None:
     return None
 
 
+def _interpreter_trees() -> list[Path]:
+    """Where the interpreter and its packages live (the venv, the base installation), outermost first."""
+    trees = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    trees.add(Path(sys.executable).resolve().parent.parent)
+    return sorted(trees, key=lambda p: len(p.parts))
+
+
 def _hidden(repo: Path, work: Path) -> list[str]:
-    """bwrap arguments that hide the original checkout (but the interpreter, if it lives there) and
-    the credential files under the home directory."""
-    args: list[str] = []
+    """bwrap arguments that hide /tmp, the original checkout and the credential files under the home
+    directory, then show the interpreter's trees again (read-only) where those covered them (a venv
+    in the checkout, or a CI checkout under /tmp)."""
+    args = ["--tmpfs", "/tmp"]
+    covered = [Path("/tmp")]
     orig = repo.resolve()
     if not work.resolve().is_relative_to(orig):
         args += ["--tmpfs", str(orig)]
-        prefix = Path(sys.prefix).resolve()
-        if prefix.is_relative_to(orig):                       # a venv inside the checkout: keep it importable
-            args += ["--ro-bind", str(prefix), str(prefix)]
+        covered.append(orig)
     home = Path.home()
     for rel in HOME_SECRETS:
         p = home / rel
@@ -76,6 +83,9 @@ def _hidden(repo: Path, work: Path) -> list[str]:
             args += ["--tmpfs", str(p)]
         elif p.exists():
             args += ["--ro-bind", "/dev/null", str(p)]
+    for tree in _interpreter_trees():
+        if any(tree.is_relative_to(c) for c in covered):
+            args += ["--ro-bind", str(tree), str(tree)]
     return args
 
 
@@ -91,7 +101,7 @@ def command(argv: list[str], repo: Path, work: Path, ro_files: dict[str, Path]) 
     """The bwrap command line for `argv` in the scratch copy `work` of `repo`; `ro_files` (relative
     path -> original) are shown read-only in the copy (files too big to copy)."""
     bwrap = shutil.which("bwrap") or "bwrap"
-    out = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    out = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     out += _hidden(repo, work)
     out += ["--bind", str(work), str(work)]
     for rel, src in ro_files.items():
