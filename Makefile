@@ -49,7 +49,7 @@ lint: $(STAMP)
 # pyproject.toml [tool.mypy])
 typecheck: $(STAMP)
 	rm -rf build/typecheck && mkdir -p build/typecheck/eroica
-	for d in collector engine assistant knowledge lab cli service; do ln -s ../../../$$d build/typecheck/eroica/$$d; done
+	for d in schema collector engine assistant knowledge lab cli service; do ln -s ../../../$$d build/typecheck/eroica/$$d; done
 	touch build/typecheck/eroica/__init__.py
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p eroica
 

@@ -20,7 +20,7 @@ from eroica.assistant.errors import BackendConfigError
 from eroica.assistant.gate import Scope
 from eroica.assistant.models import ConfigEdit, Proposal, Remediation
 from eroica.assistant.redact import Redactor
-from eroica.engine.diagnosis import Finding
+from eroica.schema.diagnosis import Finding
 
 
 class CodeAction(NamedTuple):

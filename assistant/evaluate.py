@@ -21,9 +21,9 @@ from eroica.assistant.backends import CODE_ACTIONS, Context, action_of, offline
 from eroica.assistant.gate import GateReport, Scope, check_diff, removed_lines, touched_files
 from eroica.assistant.models import Remediation, load_remediations
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
-from eroica.engine.diagnosis import Finding
 from eroica.engine.evaluate import find_incidents
 from eroica.engine.rules.loader import builtin_knowledge_dir
+from eroica.schema.diagnosis import Finding
 
 EVAL_FILE = "eroica-eval.yaml"
 FAKE_ROOT = "/home/ci/checkouts"     # the sites as a collector on another machine records them (absolute)

@@ -13,7 +13,7 @@ from pathlib import Path, PurePath
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from eroica.engine.diagnosis import Finding
+from eroica.schema.diagnosis import Finding
 
 SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", ".tox", "site-packages"}
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")

@@ -36,7 +36,7 @@ def loop(out: Path, case: str, device: str, steps: int) -> dict[str, object]:
     import torch
 
     from eroica.collector import Monitor, TriggerPolicy
-    from eroica.collector.facts import Category, PatternsDoc
+    from eroica.schema.patterns import Category, PatternsDoc
 
     os.environ["EROICA_FORCE_WINDOW_AT_STEP"] = "15"
     run = out / case

@@ -4,11 +4,15 @@
    window at a time to a live `eroica serve` (SQLite); for each, the time from the last rank's
    document being acknowledged to the diagnosis being stored (p50, p95, max). The collector's own
    part (window close to the document's arrival) is the sink's POST, milliseconds on a LAN.
-2. Scale: a simulated N-rank window (eroica.lab.simulate, gpu_throttled; N=10000 by default) is
-   uploaded through the API with 8 concurrent clients; documents/s and wall time from the first
-   upload to the stored diagnosis, on SQLite and (where initdb/pg_ctl exist) PostgreSQL side by side.
+2. Ingestion: a simulated N-rank window (eroica.lab.simulate, gpu_throttled, 8 ranks a host;
+   N=10000 by default) is uploaded through the API with 8 concurrent clients, one rank's document
+   per request (as before batching) and one host's 8 ranks per request (application/x-ndjson, the
+   per-host gather's upload), side by side in one run, on SQLite and (where initdb/pg_ctl exist)
+   PostgreSQL: documents/s, first upload to the stored diagnosis, the service's peak memory.
+3. Fleet: a 100,000-rank window as 12,500 host documents to two replicas on one PostgreSQL: first
+   upload to stored diagnosis, peak memory per replica, and that it was diagnosed once.
 
-Usage: python bench/serve.py [--ranks N] [--windows K]
+Usage: python bench/serve.py [--ranks N] [--fleet-ranks M] [--windows K]
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
+import http.client
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,9 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from load_support import TOKEN  # noqa: E402  (the replicas' token)
 from service_support import PG, free_port, postgres  # noqa: E402
-
-TOKEN = "bench"
 
 
 @contextlib.contextmanager
@@ -58,7 +64,8 @@ def serve(tmp: Path, db: str | None) -> Iterator[str]:
 
 def post(url: str, job: str, body: bytes) -> None:
     req = urllib.request.Request(url + "/v1/patterns", data=gzip.compress(body, 1), method="POST", headers={
-        "Authorization": f"Bearer {TOKEN}", "X-Eroica-Job": job, "Content-Encoding": "gzip"})
+        "Authorization": f"Bearer {TOKEN}", "X-Eroica-Job": job, "Content-Encoding": "gzip",
+        "Content-Type": "application/json"})
     urllib.request.urlopen(req, timeout=120).read()
 
 
@@ -93,42 +100,105 @@ def time_to_diagnosis(k: int) -> list[float]:
     return out
 
 
-def scale(ranks: int, db: str | None) -> dict[str, float]:
+class Client(threading.local):
+    """One kept-alive HTTP connection per load-generator thread (as a host's sink, or a proxy in front
+    of a fleet's, would keep one)."""
+
+    conn: http.client.HTTPConnection | None = None
+
+    def post(self, url: str, job: str, gz: bytes, ctype: str) -> None:
+        u = urllib.parse.urlsplit(url)
+        for attempt in range(2):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+            try:
+                self.conn.request("POST", "/v1/patterns", body=gz, headers={
+                    "Authorization": f"Bearer {TOKEN}", "X-Eroica-Job": job, "Content-Encoding": "gzip",
+                    "Content-Type": ctype})
+                r = self.conn.getresponse()
+                r.read()
+                if r.status >= 300:
+                    raise SystemExit(f"POST /v1/patterns: HTTP {r.status}")
+                return
+            except (http.client.HTTPException, OSError):
+                self.conn.close()
+                self.conn = None
+                if attempt:
+                    raise
+
+
+def simulated(tmp: Path, ranks: int) -> list[bytes]:
+    """The simulated window's host files (8 ranks each), one document per line."""
     from eroica.lab.simulate import simulate
 
-    with tempfile.TemporaryDirectory() as tmp:
-        sim = Path(tmp) / "sim"
-        simulate(sim, ranks, "gpu_throttled", seed=1, tp=8, pp=5, packed=True)
-        docs = [ln for f in sorted(sim.rglob("*.jsonl")) for ln in f.read_bytes().splitlines() if ln.strip()]
-        with serve(Path(tmp), db) as url:
-            t0 = time.time()
-            with ThreadPoolExecutor(8) as ex:
-                list(ex.map(lambda d: post(url, "sim", d), docs))
-            t_up = time.time() - t0
-            w = wait_done(url, "sim")
-            t_all = time.time() - t0
-        return {"documents": len(docs), "upload_s": round(t_up, 1), "docs_per_s": round(len(docs) / t_up),
-                "to_diagnosis_s": round(t_all, 1), "status": w["status"]}  # type: ignore[dict-item]
+    sim = tmp / "sim"
+    simulate(sim, ranks, "gpu_throttled", seed=1, tp=8, pp=5, packed=True)
+    return [f.read_bytes() for f in sorted(sim.rglob("host-*.jsonl"))]
+
+
+def scale(hosts: list[bytes], db: str, batched: bool, replicas: int, tmp: Path) -> dict[str, object]:
+    """Upload one window (8 concurrent clients, spread over the replicas): one document per request,
+    or one host's ranks per request; documents/s, first upload to stored diagnosis, peak memory."""
+    from load_support import Replica
+    reps = [Replica(tmp, db, f"r{i}", extra=["--max-body-bytes", str(64 << 20), "--diagnosis-timeout-seconds",
+                                              "1200"]).start() for i in range(replicas)]
+    try:
+        items = hosts if batched else [ln for h in hosts for ln in h.splitlines() if ln.strip()]
+        n_docs = sum(h.count(b"\n") for h in hosts)
+        # compressed before the clock starts: each host compresses its own upload, on its own CPU
+        bodies = [gzip.compress(x, 1) for x in items]
+        ctype = "application/x-ndjson" if batched else "application/json"
+        client = Client()
+        t0 = time.time()
+        with ThreadPoolExecutor(8) as ex:
+            list(ex.map(lambda ix: client.post(reps[ix[0] % replicas].url, "sim", ix[1], ctype), enumerate(bodies)))
+        t_up = time.time() - t0
+        w = wait_done(reps[0].url, "sim", timeout=3600)
+        t_all = (w["diagnosed_at"] or time.time()) - t0
+        return {"documents": n_docs, "requests": len(items), "upload_s": round(t_up, 1),
+                "docs_per_s": round(n_docs / t_up), "to_diagnosis_s": round(t_all, 1), "status": w["status"],
+                "diagnoses_stored": w["diagnoses_stored"], "error": w["error"],
+                "peak_rss_mb": [round(r.peak_rss_bytes / 2**20) for r in reps]}
+    finally:
+        for r in reps:
+            r.stop()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ranks", type=int, default=10_000)
+    ap.add_argument("--ranks", type=int, default=10_000, help="the window of the one-by-one and batched comparison")
+    ap.add_argument("--fleet-ranks", type=int, default=100_000, help="the fleet window, as host batches on "
+                    "PostgreSQL with two replicas (0: skip)")
     ap.add_argument("--windows", type=int, default=20)
     args = ap.parse_args()
     ttd = sorted(time_to_diagnosis(args.windows))
     p = lambda q: ttd[min(len(ttd) - 1, int(q * len(ttd)))]  # noqa: E731
     print(f"time to diagnosis over {len(ttd)} recorded 4-rank windows (last document acknowledged -> diagnosis "
-          f"stored): p50 {statistics.median(ttd):.2f} s, p95 {p(0.95):.2f} s, max {ttd[-1]:.2f} s")
-    for name, ctx in (("sqlite", contextlib.nullcontext(None)), ("postgresql", postgres() if PG else None)):
-        if ctx is None:
-            print(f"{name}: skipped (no initdb/pg_ctl)")
-            continue
-        with ctx as db:
-            r = scale(args.ranks, db)
-        print(f"{name}: {args.ranks} ranks, {r['documents']} documents uploaded in {r['upload_s']} s "
-              f"({r['docs_per_s']} documents/s), diagnosis stored {r['to_diagnosis_s']} s after the first upload "
-              f"({r['status']})")
+          f"stored): p50 {statistics.median(ttd):.2f} s, p95 {p(0.95):.2f} s, max {ttd[-1]:.2f} s", flush=True)
+
+    def show(name: str, r: dict[str, object]) -> None:
+        print(f"{name}: {r['documents']} rank documents in {r['requests']} requests, uploaded in {r['upload_s']} s "
+              f"({r['docs_per_s']} documents/s); diagnosis stored {r['to_diagnosis_s']} s after the first upload "
+              f"({r['status']}, stored {r['diagnoses_stored']}x{', ' + str(r['error']) if r['error'] else ''}); "
+              f"peak RSS per replica {r['peak_rss_mb']} MB", flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hosts = simulated(Path(tmp), args.ranks)
+        for kind in ("sqlite", "postgresql"):
+            if kind == "postgresql" and not PG:
+                print("postgresql: skipped (no initdb/pg_ctl)")
+                continue
+            for batched in (False, True):
+                with tempfile.TemporaryDirectory() as run, (
+                        postgres() if kind == "postgresql" else contextlib.nullcontext(f"sqlite:///{run}/e.db")) as db:
+                    how = "one host (8 ranks) per request" if batched else "one rank per request"
+                    show(f"{kind}, {args.ranks} ranks, {how}", scale(hosts, db, batched, 1, Path(run)))
+    if args.fleet_ranks and PG:
+        with tempfile.TemporaryDirectory() as tmp:
+            hosts = simulated(Path(tmp), args.fleet_ranks)
+            with postgres() as db:
+                show(f"postgresql, 2 replicas, {args.fleet_ranks} ranks as {len(hosts)} host documents",
+                     scale(hosts, db, True, 2, Path(tmp)))
     return 0
 
 

@@ -56,7 +56,7 @@ def print_facts(run_dir: Path, window: str | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eroica.collector.run_files import is_run_path
+    from eroica.schema.files import is_run_path
 
     if len(args.paths) == 1 and is_run_path(args.paths[0]):
         args.run_dir = args.paths[0]

@@ -1,8 +1,8 @@
-"""`eroica schema {diagnosis,patterns,api}`: the JSON Schema of a document, generated from the models
-(`api`: the responses of `eroica serve`'s /v1 API).
+"""`eroica schema {diagnosis,patterns,hang,steps,api}`: the JSON Schema of a document of eroica.schema,
+generated from the models (`api`: the responses of `eroica serve`'s /v1 API).
 
 The committed copies under docs/schema/ are checked against these by the tests; regenerate with
-`eroica schema diagnosis > docs/schema/eroica.diagnosis.v1.schema.json` (and `patterns`).
+`eroica schema diagnosis > docs/schema/eroica.diagnosis.v1.schema.json` (and the others).
 """
 
 from __future__ import annotations
@@ -12,11 +12,15 @@ import json
 
 from pydantic import BaseModel
 
-from eroica.collector.facts import PatternsDoc
-from eroica.engine.diagnosis import Diagnosis
+from eroica.schema.diagnosis import Diagnosis
+from eroica.schema.hang import HANG_SCHEMA, HangSnapshot
+from eroica.schema.patterns import PatternsDoc
+from eroica.schema.steps import StepSeriesSummary
 
 MODELS: dict[str, tuple[type[BaseModel], str]] = {"diagnosis": (Diagnosis, "eroica.diagnosis/v1"),
-                                                 "patterns": (PatternsDoc, "eroica.patterns/v1")}
+                                                 "patterns": (PatternsDoc, "eroica.patterns/v1"),
+                                                 "hang": (HangSnapshot, HANG_SCHEMA),
+                                                 "steps": (StepSeriesSummary, "eroica.steps/v1")}
 
 
 def schema(kind: str) -> dict[str, object]:

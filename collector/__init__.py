@@ -11,9 +11,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from eroica.collector.facts import PATTERNS_SCHEMA, PatternsDoc
     from eroica.collector.monitor import Monitor
     from eroica.collector.policy import TriggerPolicy
+    from eroica.schema.patterns import PATTERNS_SCHEMA, PatternsDoc
 
 __all__ = ["Monitor", "TriggerPolicy", "PatternsDoc", "PATTERNS_SCHEMA"]
 _WHERE = {"Monitor": "monitor", "TriggerPolicy": "policy", "PatternsDoc": "facts", "PATTERNS_SCHEMA": "facts"}

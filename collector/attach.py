@@ -31,8 +31,8 @@ from typing import Any
 
 from eroica.collector import sites
 from eroica.collector.boot import say
-from eroica.collector.facts import Category
 from eroica.collector.monitor import Monitor
+from eroica.schema.patterns import Category
 
 OUT_ENV = "EROICA_OUT"              # the run directory (the same on every rank; `eroica run --out`)
 STEP_ENV = "EROICA_STEP"            # optimizer (default), dataloader, or module:function

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 
-from eroica.collector.facts import Category
+from eroica.schema.patterns import Category
 
 _COMM = re.compile(
     r"(?i)(nccl|rccl|gloo|c10d::|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|"

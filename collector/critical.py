@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from eroica.collector.facts import CATEGORY_PRIORITY, Category
+from eroica.schema.patterns import CATEGORY_PRIORITY, Category
 
 UNTRACKED = (Category.python, "untracked")
 

@@ -42,11 +42,11 @@ from typing import Any
 from eroica.collector.faulttimer import TimerOwner
 from eroica.collector.heartbeats import HB_KEY, peers_view
 from eroica.collector.sites import OURS
+from eroica.schema.hang import NATIVE_HEADER
 
 FR_ENV = "TORCH_FR_BUFFER_SIZE"            # torch's Flight Recorder: set before init_process_group
 FR_DEFAULT = "2000"                        # entries; `eroica run` and the lab set it when the user did not
 FR_TAIL = 8
-NATIVE_HEADER = 512                        # bytes of JSON header before faulthandler's text
 MAX_FRAMES = 40
 EXCEPTION_SECONDS = 3.0                    # a dying process waits at most this long for its snapshot
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",

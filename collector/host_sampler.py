@@ -42,11 +42,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from eroica.collector.facts import CollectorGap
 from eroica.collector.nvml import gpu_index_for_rank
 from eroica.collector.proc_sources import CgroupCpu, close_cached_files
 from eroica.collector.sampler import SampleSeries, Ticker
 from eroica.collector.sampler_proc import HELPER_NICE, RankSampling, SamplerClient, read_exact, read_series
+from eroica.schema.patterns import CollectorGap
 
 log = logging.getLogger("eroica.collector")
 

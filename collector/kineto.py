@@ -31,8 +31,8 @@ import msgspec
 from eroica.collector.classify import classify_op, kernel_name
 from eroica.collector.critical import Execution, device_first
 from eroica.collector.errors import TraceError
-from eroica.collector.facts import Category, CollectorGap, JobInfo, PatternsDoc
 from eroica.collector.summarize import WindowRecord, summarize
+from eroica.schema.patterns import Category, CollectorGap, JobInfo, PatternsDoc
 
 CHUNK = 1 << 20
 FAST_MAX_BYTES = 1 << 30          # bytes on disk; above, the stream keeps memory flat

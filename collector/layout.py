@@ -8,7 +8,7 @@ the Monitor). Only the description, the size and this rank's position in each gr
 
 from __future__ import annotations
 
-from eroica.collector.facts import ProcessGroupInfo
+from eroica.schema.patterns import ProcessGroupInfo
 
 MAX_GROUPS = 16
 

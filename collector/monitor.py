@@ -17,8 +17,7 @@ from eroica.collector import sites
 from eroica.collector.control import ControlAgent, ControlChange, apply_change
 from eroica.collector.critical import Execution
 from eroica.collector.detector import StepTimeDetector
-from eroica.collector.facts import Category, CollectorGap, JobInfo
-from eroica.collector.gather import PatternGather, wanted
+from eroica.collector.gather import PatternGather, scope_of
 from eroica.collector.hang import HangWatch
 from eroica.collector.hooks.loader import TimedLoader
 from eroica.collector.host_sampler import open_sampler
@@ -34,6 +33,7 @@ from eroica.collector.store_worker import StoreWorker
 from eroica.collector.summarize import summarize
 from eroica.collector.sync import LocalStore, WindowCoordinator, WindowPlan
 from eroica.collector.window import WindowLifecycle, window_id
+from eroica.schema.patterns import Category, CollectorGap, JobInfo
 
 log = logging.getLogger("eroica.collector")
 FORCE_ENV = "EROICA_FORCE_WINDOW_AT_STEP"
@@ -103,7 +103,7 @@ class Monitor:
         store: Any = None,
         rank: int | None = None,
         world_size: int | None = None,
-        gather: bool | None = None,
+        gather: bool | str | None = None,
         privacy: str | None = None,
         job: str | None = None,
         sink: str | None = None,
@@ -160,12 +160,13 @@ class Monitor:
             self._control = ControlAgent(raw, self.rank, self.out_dir, self.policy.control_lead_steps)
             level = level_from(privacy)
             gather_group = None
-            if wanted(gather) and self.world_size > 1 and backend != "none":
+            self._sink = make_sink(sink, job_name(job), self.out_dir, self.rank)
+            scope = scope_of(gather, self.world_size, self._sink is not None)
+            if scope is not None and self.world_size > 1 and backend != "none":
                 try:   # every rank builds the group here, at the same point
-                    gather_group = PatternGather(self.policy.gather_timeout_seconds)
+                    gather_group = PatternGather(self.policy.gather_timeout_seconds, scope)
                 except Exception as exc:
                     self._gap("gather", f"no gloo group to gather patterns ({exc!r}); each rank writes its own file")
-            self._sink = make_sink(sink, job_name(job), self.out_dir, self.rank)
             self._out = PatternOutput(self.out_dir, self.rank,
                                       Privacy(level, agree_salt(store) if level != "keep" else ""), gather_group,
                                       self.gaps.append, self._sink)

@@ -1,6 +1,7 @@
-"""The output path of a closed window: privacy, then either one packed file gathered to rank 0 or
-this rank's own file, written by a thread so a slow filesystem never stalls a step. Every failure
-is a gap; nothing here raises into the training loop's caller."""
+"""The output path of a closed window: privacy, then either one packed file gathered to a leader
+(rank 0, or the host's lowest rank: then also one upload for the host) or this rank's own file and
+upload, written by a thread so a slow filesystem never stalls a step. Every failure is a gap;
+nothing here raises into the training loop's caller."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from eroica.collector.facts import CollectorGap, PatternsDoc
-from eroica.collector.gather import PACKED_NAME, PatternGather
+from eroica.collector.gather import PatternGather
 from eroica.collector.privacy import Privacy
 from eroica.collector.sink import PatternSink
 from eroica.collector.writer import PatternWriter
+from eroica.schema.patterns import CollectorGap, PatternsDoc
 
 log = logging.getLogger("eroica.collector")
 
@@ -47,27 +48,33 @@ class PatternOutput:
         """Send (gather) or write this rank's document of the window; True when it left this rank.
         With a gather group every rank takes part, with or without a document."""
         wdir = self.out_dir / window_id
-        if self.sink is not None and doc is not None and not self.sink.submit(doc_text(doc)):
-            self._on_gap(CollectorGap(source="sink", reason=f"{window_id}: not sent to {self.sink.url}, earlier "
-                                                            "documents still pending (slow or unreachable service)"))
         if self.gather is not None:
             try:
                 packed = self.gather.send(None if doc is None else doc_text(doc))
-                if packed:
-                    self._submit(wdir / PACKED_NAME, packed)
+                if packed:       # the leader: one file, and one upload for all the ranks it gathered
+                    self._submit(wdir / self.gather.packed_name, packed)
+                    self._upload(window_id, packed, batch=True)
                 return doc is not None
             except Exception as exc:
                 self.gather.close()
                 self.gather = None
-                gap = CollectorGap(source="gather", reason=f"gathering patterns to rank 0 failed ({exc!r}); writing "
-                                                           "this rank's file"[:300])
+                gap = CollectorGap(source="gather", reason=f"gathering patterns to the leader failed ({exc!r}); "
+                                                           "writing and sending this rank's own"[:300])
                 self._on_gap(gap)
                 if doc is not None:      # the fallback file says so too
                     doc = doc.model_copy(update={"gaps": [*doc.gaps, gap]})
         if doc is None:
             return False
+        self._upload(window_id, doc_text(doc), batch=False)
         self._submit(wdir / f"rank-{self.rank}.json", doc_text(doc))
         return True
+
+    def _upload(self, window_id: str, text: str, batch: bool) -> None:
+        if self.sink is None:
+            return
+        if not (self.sink.submit_batch(text) if batch else self.sink.submit(text)):
+            self._on_gap(CollectorGap(source="sink", reason=f"{window_id}: not sent to {self.sink.url}, earlier "
+                                                            "documents still pending (slow or unreachable service)"))
 
     def _submit(self, path: Path, text: str) -> None:
         if self._writer is None:

@@ -16,7 +16,7 @@ import re
 import secrets
 from typing import Any
 
-from eroica.collector.facts import Category, ConfigFact, PatternsDoc
+from eroica.schema.patterns import Category, ConfigFact, PatternsDoc
 
 LEVELS = ("keep", "hash", "drop")
 ENV = "EROICA_PRIVACY"

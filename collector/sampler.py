@@ -22,7 +22,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from eroica.collector.facts import CollectorGap
 from eroica.collector.proc_sources import (
     CgroupCpu,
     CgroupMemory,
@@ -36,6 +35,7 @@ from eroica.collector.proc_sources import (
     ThreadCtx,
     ThreadState,
 )
+from eroica.schema.patterns import CollectorGap
 
 SLOW_EVERY = 10  # heavier sources are read every SLOW_EVERY samples
 BATCH = 32       # ticks of raw bytes held before they are parsed (~1.5 KB a tick)

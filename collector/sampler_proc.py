@@ -24,10 +24,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from eroica.collector.facts import CollectorGap
 from eroica.collector.netlinks import job_interfaces
 from eroica.collector.proc_sources import NetDev, SystemCpu, close_cached_files
 from eroica.collector.sampler import HardwareSampler, SampleSeries, Ticker, default_sources
+from eroica.schema.patterns import CollectorGap
 
 
 def _series_to_dict(s: SampleSeries) -> dict:

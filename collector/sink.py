@@ -26,11 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from eroica.collector.writer import QueueThread
+from eroica.schema.steps import StepSeriesSummary
 
 ENV = "EROICA_SINK"
 SERIES_EVERY = 20       # steps per summary of the always-on step-time series (rank 0)
 TOKEN_ENV = "EROICA_SINK_TOKEN"
-KINDS = ("patterns", "steps", "hang", "end")
+KINDS = ("patterns", "batch", "steps", "hang", "end")     # batch: many documents, one per line
+BATCH_LINES = 256          # spooled documents replayed in one request, at most
+BATCH_BYTES = 8 << 20
 META = "meta.json"
 
 
@@ -103,10 +106,18 @@ class PatternSink(QueueThread):
         """Queue a pattern document; False (nothing queued) when the queue is full."""
         return self._put(("patterns", text.encode()))
 
+    def submit_batch(self, text: str) -> bool:
+        """Queue many pattern documents, one per line (a host's ranks, gathered): one request."""
+        return self._put(("batch", text.encode()))
+
     def submit_steps(self, first: int, last: int, median: float, p90: float, world_size: int) -> bool:
         """Queue one summary of the always-on step-time series."""
-        body = json.dumps({"first_step": first, "last_step": last, "median_seconds": median, "p90_seconds": p90,
-                           "world_size": world_size}).encode()
+        try:
+            body = StepSeriesSummary(first_step=first, last_step=last, median_seconds=median, p90_seconds=p90,
+                                     world_size=world_size).model_dump_json().encode()
+        except ValueError as exc:      # pydantic's ValidationError: a summary the service would refuse
+            self._note(f"step summary {first}-{last} not sent: {str(exc).splitlines()[-1][:200]}")
+            return False
         return self._put(("steps", body))
 
     def submit_hang(self, text: str) -> bool:
@@ -149,28 +160,57 @@ class PatternSink(QueueThread):
         except OSError as exc:
             self._note(f"spool {self.spool}: {exc!r}")
 
-    def _drain_spool(self) -> bool:
-        """Send the spooled items, oldest first; False when the service went away again."""
-        for f in self._spooled():
-            try:
-                body = gzip.decompress(f.read_bytes())
-            except (OSError, EOFError, gzip.BadGzipFile) as exc:
-                self._note(f"spool {f}: unreadable ({exc!r}); dropped")
-                with contextlib.suppress(OSError):
-                    f.unlink()
-                continue
-            why = self._post(str(spooled_kind(f)), body)
-            if why is not None and not why.startswith("refused"):
-                return False          # the service is down again: keep the rest for later
-            if why is not None:
-                self._note(why)
+    def _read_spooled(self, f: Path) -> bytes | None:
+        try:
+            return gzip.decompress(f.read_bytes())
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            self._note(f"spool {f}: unreadable ({exc!r}); dropped")
             with contextlib.suppress(OSError):
                 f.unlink()
-            self.sent += why is None
+            return None
+
+    def _drain_spool(self) -> bool:
+        """Send the spooled items, oldest first, consecutive pattern documents together as batches
+        (a backlog of a thousand windows is a few requests); False when the service went away again."""
+        for run in spool_runs(self._spooled()):
+            bodies = [(f, b) for f in run if (b := self._read_spooled(f)) is not None]
+            if not bodies:
+                continue
+            kind = str(spooled_kind(run[0]))
+            if len(bodies) > 1 or kind == "batch":
+                why = self._post("batch", b"".join(b.rstrip(b"\n") + b"\n" for _, b in bodies))
+                if why is None or not why.startswith("refused") or len(bodies) == 1:
+                    if not self._settle(why, [f for f, _ in bodies], len(bodies)):
+                        return False
+                    continue
+                # one document of the batch is refused, so all are: each alone, the bad one dropped
+            for f, b in bodies:
+                if not self._settle(self._post(str(spooled_kind(f)), b), [f], 1):
+                    return False
+        return True
+
+    def _settle(self, why: str | None, files: list[Path], n: int) -> bool:
+        """After a send of `files`: remove them (sent, or refused: they would be again); False when
+        the service is unreachable (they stay)."""
+        if why is not None and not why.startswith("refused"):
+            return False
+        if why is not None:
+            self._note(why)
+        for f in files:
+            with contextlib.suppress(OSError):
+                f.unlink()
+        self.sent += n if why is None else 0
         return True
 
     def _handle(self, item: tuple[str, bytes]) -> None:
         kind, body = item
+        if kind == "batch":           # a leader's gathered ranks: requests of at most BATCH_LINES documents
+            for chunk in split_batch(body):
+                self._handle_one(kind, chunk)
+            return
+        self._handle_one(kind, body)
+
+    def _handle_one(self, kind: str, body: bytes) -> None:
         if self._spooled():           # older items first: this one waits its turn behind them
             self._spool(kind, body)
             if not self._drain_spool():
@@ -192,14 +232,55 @@ def spooled_kind(f: Path) -> str | None:
     return kind if kind in KINDS and not f.name.startswith(".") else None
 
 
+def split_batch(body: bytes) -> list[bytes]:
+    """A batch's lines in pieces of at most BATCH_LINES documents and about BATCH_BYTES."""
+    out: list[bytes] = []
+    cur: list[bytes] = []
+    size = 0
+    for ln in body.splitlines():
+        if not ln.strip():
+            continue
+        if cur and (len(cur) >= BATCH_LINES or size + len(ln) > BATCH_BYTES):
+            out.append(b"\n".join(cur) + b"\n")
+            cur, size = [], 0
+        cur.append(ln)
+        size += len(ln) + 1
+    if cur:
+        out.append(b"\n".join(cur) + b"\n")
+    return out
+
+
+def spool_runs(files: list[Path]) -> list[list[Path]]:
+    """Spool files in order, consecutive single pattern documents grouped up to BATCH_LINES files or
+    BATCH_BYTES compressed; every other item (a batch already is one) alone."""
+    runs: list[list[Path]] = []
+    size = 0
+    for f in files:
+        doc = spooled_kind(f) == "patterns"
+        try:
+            n = f.stat().st_size if doc else 0
+        except OSError:          # taken meanwhile (eroica ingest spool, a watching service)
+            n = 0
+        last = runs[-1] if runs else None
+        if (doc and last is not None and spooled_kind(last[0]) == "patterns"
+                and len(last) < BATCH_LINES and size + n <= BATCH_BYTES):
+            last.append(f)
+            size += n
+        else:
+            runs.append([f])
+            size = n
+    return runs
+
+
 def route_of(job_id: str, kind: str) -> str:
-    return "/v1/patterns" if kind == "patterns" else f"/v1/jobs/{job_id}/{kind}"
+    return "/v1/patterns" if kind in ("patterns", "batch") else f"/v1/jobs/{job_id}/{kind}"
 
 
 def post_item(url: str, job_id: str, job_name: str | None, token: str | None, kind: str, body: bytes,
               attempts: int, timeout: float) -> str | None:
     """POST one item of `kind` for the job to the service at `url` (see post_with_retry)."""
-    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip", "X-Eroica-Job": job_id}
+    ctype = "application/x-ndjson" if kind == "batch" else "application/json"
+    headers = {"Content-Type": ctype, "Content-Encoding": "gzip", "X-Eroica-Job": job_id}
     if job_name:
         headers["X-Eroica-Job-Name"] = job_name
     if token:

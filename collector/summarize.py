@@ -8,7 +8,8 @@ from typing import cast
 import numpy as np
 
 from eroica.collector.critical import Execution, attribute, metric_by_key, per_step_critical
-from eroica.collector.facts import (
+from eroica.collector.sampler import SampleSeries
+from eroica.schema.patterns import (
     PER_STEP_SIGNALS,
     Category,
     CollectorGap,
@@ -22,7 +23,6 @@ from eroica.collector.facts import (
     StepTimes,
     WindowInfo,
 )
-from eroica.collector.sampler import SampleSeries
 
 MIN_BETA = 0.005            # functions below 0.5% of the critical path are dropped ...
 ALWAYS_KEEP = {Category.data, Category.gc, Category.communication, Category.region}  # ... except these

@@ -25,8 +25,8 @@ from typing import Any
 
 from eroica.collector.classify import classify_op, kernel_name
 from eroica.collector.critical import Execution, device_first
-from eroica.collector.facts import Category, CollectorGap
 from eroica.collector.hooks.light import LightRecorder
+from eroica.schema.patterns import Category, CollectorGap
 
 STEP_MARKER = "eroica.step"
 MAX_NAME = 200          # characters of an op or kernel name kept (kernel names can run to kilobytes)

@@ -8,7 +8,6 @@ import time
 from collections import deque
 
 from eroica.collector.critical import Execution
-from eroica.collector.facts import CollectorGap, JobInfo
 from eroica.collector.hooks.gc_hook import GcHook
 from eroica.collector.host_sampler import HostSamplerClient
 from eroica.collector.policy import TriggerPolicy
@@ -16,6 +15,7 @@ from eroica.collector.sampler_proc import SamplerClient
 from eroica.collector.summarize import WindowRecord
 from eroica.collector.sync import WindowPlan
 from eroica.collector.torch_ops import TorchOpsRecorder
+from eroica.schema.patterns import CollectorGap, JobInfo
 
 WINDOW_HOUR = 3600.0
 

@@ -17,10 +17,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from eroica.collector.facts import PER_STEP_SIGNALS, Category, MetricName, PatternsDoc
 from eroica.engine.groups import op_set, partition
 from eroica.engine.links import link_signature, own_link
 from eroica.engine.signals import GPU_SIGNALS, HW_SIGNALS
+from eroica.schema.patterns import PER_STEP_SIGNALS, Category, MetricName, PatternsDoc
 
 METRICS = list(MetricName)
 METRIC_CODE = {m: i for i, m in enumerate(METRICS)}

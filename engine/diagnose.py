@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from eroica.engine import VERSION, rule_cache
-from eroica.engine.diagnosis import Coverage, Diagnosis, PeerGroupInfo, StepSummary, WindowDiagnosis
 from eroica.engine.errors import RuleError
 from eroica.engine.findings import build_findings, unhealthy
-from eroica.engine.hang import localize
-from eroica.engine.history import add_gaps, mark_history
-from eroica.engine.load import WindowData, load_run
+from eroica.engine.hang import load_snapshots, localize_documents
+from eroica.engine.history import add_gaps, mark_history, start_step, summarize
+from eroica.engine.load import WindowData, load_run, window_of  # noqa: F401  (window_of: the entry's helper)
 from eroica.engine.peer import PeerAnalysis, analyze
 from eroica.engine.report_data import enrich, heatmap, step_series
 from eroica.engine.rules.ir import RuleIR
@@ -27,6 +28,8 @@ from eroica.engine.taxonomy import (  # noqa: F401  (re-exported: the CLI and th
     load_resolution,
     load_taxonomy,
 )
+from eroica.schema.diagnosis import Coverage, Diagnosis, PeerGroupInfo, StepSummary, WindowDiagnosis, WindowHistory
+from eroica.schema.hang import HangSnapshot
 
 
 def _coverage(w: WindowData) -> Coverage:
@@ -114,6 +117,21 @@ def compile_knowledge(opts: DiagnoseOptions) -> list[RuleIR]:
 
 
 def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
+    """A run directory's diagnosis: its windows' documents and its latest hang, read by the run
+    directory adapter (eroica.engine.load) and diagnosed as documents."""
+    opts = opts or DiagnoseOptions()
+    windows = load_run(Path(run_dir), opts.window, opts.doc_cache, opts.workers)
+    snaps = load_snapshots(Path(run_dir)) if Path(run_dir).is_dir() else []
+    return diagnose_documents(windows, opts=opts, hang_snapshots=snaps, run=str(run_dir))
+
+
+def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHistory] = (),
+                       hang_snapshots: Sequence[HangSnapshot | dict[str, Any]] = (),
+                       opts: DiagnoseOptions | None = None, run: str = "") -> Diagnosis:
+    """The engine's entry point: windows of pattern documents (`window_of` makes one from parsed
+    documents), the job's history as the `WindowHistory` summaries of its earlier windows (never
+    their documents), and a hang's snapshots. Each window's diagnosis carries its own summary for
+    the windows after it. Windows given together inform each other as history would."""
     opts = opts or DiagnoseOptions()
     rules = compile_knowledge(opts)
     taxonomy = load_taxonomy(site_dirs=opts.knowledge_dirs)
@@ -123,10 +141,13 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
                          "knowledge/taxonomy.yaml or your site's taxonomy.yaml (eroica rules lint says which rule)"])
     resolution = load_resolution()
     status = {r.id: r.status for r in rules}
-    windows = load_run(Path(run_dir), opts.window, opts.doc_cache, opts.workers)
     analyses = {w.window_id: analyze(w) for w in windows}
-    mark_history(windows, analyses)
-    add_gaps(windows, analyses)
+    known = list(history)
+    for w in sorted(windows, key=start_step):          # by step number: each sees those before it
+        a = analyses[w.window_id]
+        mark_history(w, a, known)
+        add_gaps(w, a)
+        known.append(summarize(w, a, ()))
     facts = {wid: list(a.facts) for wid, a in analyses.items() if a.facts}
     conclusions = evaluate(rules, facts, in_process=opts.in_process, site_dirs=opts.knowledge_dirs) if facts else {}
     out: list[WindowDiagnosis] = []
@@ -155,22 +176,25 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
                 # is concluded
                 healthy=why_not is None and not unhealthy(findings, taxonomy, resolution),
                 diagnosable=why_not is None, not_diagnosable_reason=why_not,
+                history=summarize(w, a, findings),
             )
         )
-    return Diagnosis(run_dir=str(run_dir), eroica_version=VERSION, rules_loaded=len(rules),
-                     windows=_across_windows(out, taxonomy, resolution),
-                     hang=localize(Path(run_dir)) if Path(run_dir).is_dir() else None)
+    return Diagnosis(run_dir=run, eroica_version=VERSION, rules_loaded=len(rules),
+                     windows=_across_windows(out, history, taxonomy, resolution),
+                     hang=localize_documents(hang_snapshots))
 
 
-def _across_windows(windows: list[WindowDiagnosis], taxonomy: dict[str, TaxonomyEntry],
-                    resolution: Resolution) -> list[WindowDiagnosis]:
-    """A cause that recurs on the same ranks window after window is surer than a one-off."""
-    n = len(windows)
+def _across_windows(windows: list[WindowDiagnosis], history: Sequence[WindowHistory],
+                    taxonomy: dict[str, TaxonomyEntry], resolution: Resolution) -> list[WindowDiagnosis]:
+    """A cause that recurs on the same ranks window after window (among those diagnosed together
+    and the earlier ones of `history`) is surer than a one-off."""
+    n = len(windows) + len(history)
     if n <= 1:
         return windows
     seen: dict[tuple[str, tuple[int, ...]], int] = {}
-    for w in windows:
-        for key in {(f.root_cause, tuple(f.ranks)) for f in w.findings}:
+    for keys in [*({(f.root_cause, tuple(f.ranks)) for f in w.findings} for w in windows),
+                 *({(f.root_cause, tuple(f.ranks)) for f in h.findings} for h in history)]:
+        for key in keys:
             seen[key] = seen.get(key, 0) + 1
     out = []
     for w in windows:

@@ -28,10 +28,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
-from eroica.engine.diagnosis import Finding
 from eroica.engine.errors import EngineError, RunDirError
 from eroica.engine.priors import PriorFit, PriorSample, fit_priors
 from eroica.engine.rules.loader import SAFE_LOADER, load_rules
+from eroica.schema.diagnosis import Finding
 
 
 class Expectation(BaseModel):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from eroica.engine.diagnosis import ConfidenceFactors, Finding, FindingCategory, SettingDeviation
 from eroica.engine.facts import (
     CategoryExcess,
     ConfigDeviation,
@@ -20,6 +19,7 @@ from eroica.engine.load import WindowData
 from eroica.engine.peer import PeerAnalysis
 from eroica.engine.rules.conclusion import Conclusion
 from eroica.engine.taxonomy import Resolution, TaxonomyEntry
+from eroica.schema.diagnosis import ConfidenceFactors, Finding, FindingCategory, SettingDeviation
 
 
 def _peer_factor(valid: bool, n: int) -> float:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from eroica.collector.facts import Category, PatternsDoc
+from eroica.schema.patterns import Category, PatternsDoc
 
 if TYPE_CHECKING:
     from eroica.engine.columns import WindowColumns

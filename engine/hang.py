@@ -20,67 +20,18 @@ import json
 import linecache
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
-
-from eroica.collector.hang import NATIVE_HEADER
 from eroica.engine.facts import HangState
 from eroica.engine.rules.conclusion import Conclusion
 from eroica.engine.rules.ir import RuleIR
 from eroica.engine.rules.runner import evaluate
+from eroica.schema.hang import NATIVE_HEADER, Category, Cause, HangFinding, HangFrame, HangRankState, HangSnapshot
 
 LIBRARY = ("/torch/", "/eroica/", "/threading.py", "/queue.py", "/selectors.py", "/socket.py", "/contextlib.py",
            "/multiprocessing/", "/site-packages/", "/lib/python3", "<frozen")
 CLUSTER_SECONDS = 180.0
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class HangFrame(Frozen):
-    file: str
-    line: int
-    function: str
-    code: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.function} ({Path(self.file).name}:{self.line}){f': {self.code}' if self.code else ''}"
-
-
-State = Literal["waiting_in_collective", "before_collective", "different_collective", "dead", "silent",
-                "link_down", "errored"]
-
-
-class HangRankState(Frozen):
-    rank: NonNegativeInt
-    state: State
-    last_step: int | None = None
-    seq: int | None = None
-    collective: str | None = None            # what it stands in: "all_reduce [1] at x.py:12" or "backward"
-    where: HangFrame | None = None           # its innermost frame in the user's code
-    in_data_loader: bool = False
-    waits_on_lock: bool = False
-    detail: str = ""
-
-
-Cause = Literal["hang_dataloader", "hang_user_code", "hang_desync", "rank_died", "hang_link", "hang_unknown"]
-Category = Literal["software", "hardware"]
-
-
-class HangFinding(Frozen):
-    root_cause: Cause
-    category: Category
-    ranks: list[NonNegativeInt]
-    where: HangFrame | None
-    confidence: float = Field(ge=0, le=1)
-    summary: str
-    evidence: list[str]
-    stalled_seconds: float
-    limit_seconds: float
-    states: list[HangRankState]
 
 
 def load_snapshots(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -285,6 +236,14 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
 
 def localize(run_dir: Path) -> HangFinding | None:
     return localize_snapshots(load_snapshots(run_dir))
+
+
+def localize_documents(snaps: Sequence[HangSnapshot | dict]) -> HangFinding | None:  # type: ignore[type-arg]
+    """The verdict on a hang's snapshots as documents: typed (eroica.schema.hang, as the service
+    validated them) or as read from a run directory (with faulthandler's dumps turned into ones);
+    the latest hang among them."""
+    return localize_snapshots(latest([s.model_dump(mode="json", by_alias=True) if isinstance(s, HangSnapshot) else s
+                                      for s in snaps]))
 
 
 def localize_snapshots(snaps: list[dict]) -> HangFinding | None:  # type: ignore[type-arg]

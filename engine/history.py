@@ -5,66 +5,108 @@ setting in an earlier window, when the job was clearly faster than now, shows th
 there before the slowdown: the difference cannot explain a slowdown that began later. Each window
 is compared with the windows of the same run that opened before it (by step number, never by wall
 clock).
+
+Earlier windows are read as their `WindowHistory` summaries (eroica.schema.diagnosis), never as
+their documents: a run directory's loader makes them as it goes, the service stores each with its
+window's diagnosis, so a job's k-th window costs what its first did.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 from eroica.engine.facts import ConfigDeviation, EvidenceGap, Fact
 from eroica.engine.load import WindowData
 from eroica.engine.peer import PeerAnalysis
-
-
-def _deviates(w: WindowData, a: PeerAnalysis, rank: int, key: str, value: str, peer_value: str) -> bool:
-    """In window `w`, did `rank` run with key=value while the majority of its group ran peer_value?"""
-    cols = w.columns
-    row = cols.row.get(rank)
-    if row is None or dict(cols.config[row]).get(key) != value:
-        return False
-    group = next((g.ranks for g in a.groups if rank in g.ranks), [])
-    votes = Counter(dict(cols.config[cols.row[p]]).get(key) for p in group if p != rank and p in cols.row)
-    total = sum(votes.values())
-    return bool(total) and votes.get(peer_value, 0) > total / 2
-
+from eroica.schema.diagnosis import (
+    HISTORY_DEVIATIONS_MAX,
+    ConfigSeen,
+    Finding,
+    FindingSeen,
+    WindowHistory,
+)
 
 FASTER_THEN_RATIO = 1.15     # the job's step now at least this many times the earlier window's
 
 
-def _job_step(a: PeerAnalysis) -> float:
+def job_step_seconds(a: PeerAnalysis) -> float:
     steps = sorted(row.step_seconds for row in a.rows.values())
     return steps[len(steps) // 2] if steps else 0.0
 
 
-def add_gaps(windows: list[WindowData], analyses: dict[str, PeerAnalysis]) -> None:
-    """State what each suspect rank (a rank some fact names) could not collect, as facts. Changes
-    `analyses[...].facts` in place."""
-    for w in windows:
-        a = analyses[w.window_id]
-        suspects = {f.rank for f in a.facts}
-        c = w.columns
-        a.facts = [*a.facts, *(EvidenceGap(rank=r, source=src, reason=why[:200])
-                               for r, gs in zip(c.ranks, c.gaps) if r in suspects
-                               for src, why in sorted(set(gs)))]
+def start_step(w: WindowData) -> int:
+    return int(w.columns.start_step.min()) if w.columns.ranks else 0
 
 
-def mark_history(windows: list[WindowData], analyses: dict[str, PeerAnalysis]) -> None:
-    """Mark each window's config deviations that an earlier window of the run already showed while
-    the job was clearly faster than now (`seen_while_healthy`). Changes `analyses[...].facts` in place."""
-    order = sorted(windows, key=lambda w: int(w.columns.start_step.min()) if w.columns.ranks else 0)
-    for k, w in enumerate(order):
-        a = analyses[w.window_id]
-        if not k or not any(isinstance(f, ConfigDeviation) for f in a.facts):
+def config_deviations(w: WindowData, a: PeerAnalysis) -> tuple[list[ConfigSeen], int]:
+    """Each (rank, key) where the rank's value differs from what a strict majority of the rest of its
+    peer group ran; at most HISTORY_DEVIATIONS_MAX, and how many more there were."""
+    cols = w.columns
+    out: list[ConfigSeen] = []
+    dropped = 0
+    for g in a.groups:
+        members = [r for r in g.ranks if r in cols.row]
+        if len(members) < 2:
             continue
-        now = _job_step(a)
-        facts: list[Fact] = []
-        for f in a.facts:
-            if isinstance(f, ConfigDeviation):
-                for e in order[:k]:
-                    ea = analyses[e.window_id]
-                    faster_then = 0 < _job_step(ea) * FASTER_THEN_RATIO <= now
-                    if faster_then and _deviates(e, ea, f.rank, f.key, f.value, f.peer_value):
-                        f = f.model_copy(update={"seen_while_healthy": True, "seen_in_window": e.window_id})
-                        break
-            facts.append(f)
-        a.facts = facts
+        configs = {r: dict(cols.config[cols.row[r]]) for r in members}
+        keys = sorted({k for c in configs.values() for k in c})
+        others = len(members) - 1
+        for key in keys:
+            votes = Counter(c.get(key) for c in configs.values())
+            top = votes.most_common(2)
+            for r in members:
+                value = configs[r].get(key)
+                if value is None:
+                    continue
+                for peer_value, n in top:
+                    n_others = n - (peer_value == value)
+                    if peer_value is not None and peer_value != value and n_others > others / 2:
+                        if len(out) < HISTORY_DEVIATIONS_MAX:
+                            out.append(ConfigSeen(rank=r, key=key, value=str(value), peer_value=str(peer_value)))
+                        else:
+                            dropped += 1
+    return out, dropped
+
+
+def summarize(w: WindowData, a: PeerAnalysis, findings: Sequence[Finding]) -> WindowHistory:
+    """What a later window needs of this one."""
+    devs, dropped = config_deviations(w, a)
+    seen = sorted({(f.root_cause, tuple(f.ranks)) for f in findings})
+    return WindowHistory(window=w.window_id, start_step=start_step(w), job_step_seconds=round(job_step_seconds(a), 6),
+                         config_deviations=devs, config_deviations_dropped=dropped,
+                         findings=[FindingSeen(root_cause=c, ranks=list(r)) for c, r in seen])
+
+
+def add_gaps(w: WindowData, a: PeerAnalysis) -> None:
+    """State what each suspect rank (a rank some fact names) could not collect, as facts. Changes
+    `a.facts` in place."""
+    suspects = {f.rank for f in a.facts}
+    c = w.columns
+    a.facts = [*a.facts, *(EvidenceGap(rank=r, source=src, reason=why[:200])
+                           for r, gs in zip(c.ranks, c.gaps) if r in suspects
+                           for src, why in sorted(set(gs)))]
+
+
+def mark_history(w: WindowData, a: PeerAnalysis, earlier: Sequence[WindowHistory]) -> None:
+    """Mark the window's config deviations that an earlier window of the run (`earlier`: summaries,
+    any order; only those that opened before `w` count) already showed while the job was clearly
+    faster than now (`seen_while_healthy`, with the first such window). Changes `a.facts` in place."""
+    mine = start_step(w)
+    before = sorted((h for h in earlier if h.start_step < mine), key=lambda h: h.start_step)
+    if not before or not any(isinstance(f, ConfigDeviation) for f in a.facts):
+        return
+    now = job_step_seconds(a)
+    faster = [h for h in before if 0 < h.job_step_seconds * FASTER_THEN_RATIO <= now]
+    seen: dict[tuple[int, str, str, str], str] = {}
+    for h in reversed(faster):            # the earliest window wins
+        for d in h.config_deviations:
+            seen[(d.rank, d.key, d.value, d.peer_value)] = h.window
+    facts: list[Fact] = []
+    for f in a.facts:
+        if isinstance(f, ConfigDeviation):
+            where = seen.get((f.rank, f.key, f.value, f.peer_value))
+            if where is not None:
+                f = f.model_copy(update={"seen_while_healthy": True, "seen_in_window": where})
+        facts.append(f)
+    a.facts = facts

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from eroica.collector.facts import Category, MetricName, PatternsDoc
 from eroica.engine.facts import Fact, LinkSignature
 from eroica.engine.signals import LARGE_GROUP
+from eroica.schema.patterns import Category, MetricName, PatternsDoc
 
 if TYPE_CHECKING:
     from eroica.engine.columns import WindowColumns

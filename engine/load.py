@@ -7,19 +7,20 @@ the other ranks are still diagnosed.
 from __future__ import annotations
 
 import gc
+import gzip
 import json
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from eroica.collector.facts import PATTERNS_SCHEMA, PatternsDoc
-from eroica.collector.run_files import PACKED_FILE, RANK_FILE, TRACE_FILE, is_pattern_file
 from eroica.engine.columns import ColumnsBuilder, WindowColumns, window_columns
 from eroica.engine.errors import RunDirError
+from eroica.schema.files import PACKED_FILE, RANK_FILE, TRACE_FILE, is_pattern_file
+from eroica.schema.patterns import PATTERNS_SCHEMA, PatternsDoc
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,112 @@ class WindowData:
     def world_size(self) -> int:
         sizes = self.columns.world_size
         return int(sizes.max()) if len(sizes) else 0
+
+
+class BlobStore(Mapping[int, PatternsDoc]):
+    """A window's documents by rank held as packs (JSON text, gzip'd or not, one document per line)
+    and parsed again when asked for: the service's worker keeps a 100,000-rank window as compressed
+    bytes and columns, not object trees. Documents given already parsed are kept as they are."""
+
+    def __init__(self, packs: Sequence[bytes] = (), cache_limit: int = 4096) -> None:
+        self.packs = packs
+        self._where: dict[int, tuple[int, int, str]] = {}      # rank -> (pack, line, name)
+        self._pinned: dict[int, PatternsDoc] = {}
+        self._cache: OrderedDict[int, PatternsDoc] = OrderedDict()
+        self.cache_limit = cache_limit
+
+    def add(self, rank: int, doc: PatternsDoc, where: tuple[int, int, str] | None) -> None:
+        if where is None:
+            self._pinned[rank] = doc
+            return
+        self._where[rank] = where
+        if len(self._cache) < self.cache_limit:
+            self._cache[rank] = doc
+
+    def __getitem__(self, rank: int) -> PatternsDoc:
+        doc = self._pinned.get(rank) or self._cache.get(rank)
+        if doc is not None:
+            return doc
+        pack, line, name = self._where[rank]
+        doc = parse_doc(pack_lines(self.packs[pack])[line], name, one_line=True)
+        self._cache[rank] = doc
+        if len(self._cache) > self.cache_limit:
+            self._cache.popitem(last=False)
+        return doc
+
+    def __contains__(self, rank: object) -> bool:
+        return rank in self._where or rank in self._pinned
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._pinned
+        yield from self._where
+
+    def __len__(self) -> int:
+        return len(self._where) + len(self._pinned)
+
+
+def pack_lines(pack: bytes) -> list[bytes]:
+    """A pack's documents: its non-empty lines (a document alone is a pack of one line)."""
+    text = gzip.decompress(pack) if pack[:2] == b"\x1f\x8b" else pack
+    return [ln for ln in text.split(b"\n") if ln.strip()]
+
+
+def window_of(window_id: str, docs: Iterable[PatternsDoc], cache_limit: int = 4096) -> WindowData:
+    """A window of parsed documents held in memory; a second document for a rank is a problem of the
+    window, named by its position."""
+    store = BlobStore((), cache_limit)
+    w = WindowData(window_id=window_id, docs=store)
+    builder = ColumnsBuilder()
+    for i, doc in enumerate(docs):
+        if doc.job.rank in store:
+            w.problems.append(LoadProblem(f"{window_id}[{i}]", "job.rank", f"duplicate rank {doc.job.rank}; first "
+                                          "one kept"))
+            continue
+        store.add(doc.job.rank, doc, None)
+        builder.add(doc)
+    w._columns = builder.build()
+    return w
+
+
+def window_of_packs(window_id: str, packs: Sequence[bytes], refs: Sequence[tuple[int, int]] | None = None,
+                    cache_limit: int = 4096) -> WindowData:
+    """A window of documents as JSON text: `packs` (gzip'd or not, one document per line) and the
+    (pack, line) of each document (None: every line of every pack). Each is parsed and validated
+    once into columns and kept as text (a pack is decompressed once here, and again only when a
+    document that left the cache is read). The engine's document entry point takes these; a line
+    that does not parse, or a second document for a rank, is a problem of the window, named by its
+    pack and line; the others are still diagnosed."""
+    store = BlobStore(packs, cache_limit)
+    w = WindowData(window_id=window_id, docs=store)
+    builder = ColumnsBuilder()
+    wanted: dict[int, list[int]] = {}
+    if refs is None:
+        wanted = {p: [] for p in range(len(packs))}        # [] : all lines
+    else:
+        for p, line in refs:
+            wanted.setdefault(p, []).append(line)
+    with _gc_paused():     # many objects, no cycles
+        for p, lines_wanted in wanted.items():
+            try:
+                lines = pack_lines(packs[p])
+            except (OSError, EOFError, IndexError) as exc:
+                w.problems.append(LoadProblem(f"{window_id}/pack {p}", "", f"cannot read: {exc!r}"))
+                continue
+            for line in lines_wanted or range(len(lines)):
+                where = f"{window_id}/pack {p}:{line + 1}"
+                if line >= len(lines):
+                    w.problems.append(LoadProblem(where, "", "no such line"))
+                    continue
+                doc = _parse_or_report(w, lambda: lines[line], where, one_line=True)  # noqa: B023
+                if doc is None:
+                    continue
+                if doc.job.rank in store:
+                    w.problems.append(LoadProblem(where, "job.rank", f"duplicate rank {doc.job.rank}; first one kept"))
+                    continue
+                store.add(doc.job.rank, doc, (p, line, where))
+                builder.add(doc)
+        w._columns = builder.build()
+    return w
 
 
 def parse_doc(text: str | bytes, where: str, one_line: bool = False) -> PatternsDoc:

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from eroica.collector.facts import Category
 from eroica.engine.columns import METRICS, WindowColumns, merged_key
 from eroica.engine.facts import (
     CategoryExcess,
@@ -44,6 +43,7 @@ from eroica.engine.robust import (
 from eroica.engine.signals import LARGE_GROUP, SignalTable, cap_ratio, host_cpu_facts, hw_signals, outlier_facts
 from eroica.engine.spikes import SPIKE_SIGNALS, kept_steps, scheduled_steps, spike_facts
 from eroica.engine.validity import validity
+from eroica.schema.patterns import Category
 
 SMALL_GROUP_MIN_RATIO = 1.1        # below 3 members: busy at least this much more than the other
 SUSPECT_T = 4.0                    # or: excess consistent across the window's steps (paired t statistic)

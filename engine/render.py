@@ -11,10 +11,10 @@ from pathlib import Path
 import jinja2
 
 from eroica.engine import FORMATS
-from eroica.engine.diagnosis import Diagnosis
 from eroica.engine.hang import render as render_hang
 from eroica.engine.render_html import window_pictures
 from eroica.engine.rule_cache import cache_dir
+from eroica.schema.diagnosis import Diagnosis
 
 
 def _ms(x: float | None) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from html import escape
 
-from eroica.engine.diagnosis import Heatmap, SignalComparison, StepSummary, WindowDiagnosis
+from eroica.schema.diagnosis import Heatmap, SignalComparison, StepSummary, WindowDiagnosis
 
 RED, BLUE, GREY, INK, FAINT = "#c0392b", "#2e6fb7", "#b8bec6", "#1d232b", "#eef1f4"
 MAX_BARS = 512              # per-rank bars beyond this are binned (the maximum of each bin)

@@ -10,7 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from eroica.engine.columns import METRICS, WindowColumns
-from eroica.engine.diagnosis import (
+from eroica.engine.load import WindowData
+from eroica.engine.peer import PeerAnalysis
+from eroica.engine.signals import GPU_SIGNALS, HW_SIGNALS, SignalTable
+from eroica.engine.spikes import kept_steps, scheduled_steps
+from eroica.schema.diagnosis import (
     Finding,
     FindingCost,
     Heatmap,
@@ -18,10 +22,6 @@ from eroica.engine.diagnosis import (
     SignalComparison,
     StepSeries,
 )
-from eroica.engine.load import WindowData
-from eroica.engine.peer import PeerAnalysis
-from eroica.engine.signals import GPU_SIGNALS, HW_SIGNALS, SignalTable
-from eroica.engine.spikes import kept_steps, scheduled_steps
 
 MAX_FUNCTIONS = 12          # heatmap columns
 MAX_RANK_ROWS = 32          # heatmap rows shown one per rank; the others become percentile rows

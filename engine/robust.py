@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from eroica.collector.facts import Category
 from eroica.engine.signals import LARGE_GROUP
+from eroica.schema.patterns import Category
 
 MAD_TO_SIGMA = 1.4826
 MIN_GROUP = 3                  # fewer peers than this: no valid peer group

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from eroica.collector.facts import Category, MetricName
 from eroica.engine.columns import METRICS
 from eroica.engine.groups import bimodal_split
 from eroica.engine.robust import MAD_TO_SIGMA, MIN_GROUP
+from eroica.schema.patterns import Category, MetricName
 
 if TYPE_CHECKING:
     from eroica.engine.peer import GroupView

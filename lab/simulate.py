@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from eroica.collector.facts import PATTERNS_SCHEMA, PER_STEP_SIGNALS, Category, MetricName, ProcessGroupInfo
+from eroica.schema.patterns import PATTERNS_SCHEMA, PER_STEP_SIGNALS, Category, MetricName, ProcessGroupInfo
 
 FAULTS = ("none", "dataloader_stall", "workload_imbalance", "gpu_throttled", "pcie_degraded", "nvlink_degraded",
           "gpu_hardware_error", "host_launch_bound")

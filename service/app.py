@@ -20,16 +20,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from eroica.engine.diagnosis import Diagnosis
 from eroica.engine.errors import RunDirError
 from eroica.engine.load import parse_doc
+from eroica.schema.diagnosis import Diagnosis
 from eroica.service import pages, store
+from eroica.service.bulk import BulkIngested, ingest_many, same, split_lines
 from eroica.service.db import make_engine, migrate
 from eroica.service.guard import Access, Guard
 from eroica.service.inputs import refusal
 from eroica.service.metrics import ServiceMetrics
 from eroica.service.recovery import assess
 from eroica.service.routes import api_router, issue_router
+from eroica.service.runs import retried
 from eroica.service.worker import Diagnoser
 
 log = logging.getLogger("eroica.service")
@@ -122,12 +124,38 @@ class Service:
             self.metrics.ingest_error("invalid")
             raise refusal(exc) from exc
         try:
-            got = store.ingest(self.eng, job_id, doc, body, name=name)
+            got = retried(lambda: store.ingest(self.eng, job_id, doc, body, name=name))
         except store.IngestError:
             self.metrics.ingest_error("refused")
             raise
         if got.created:
             self.metrics.documents.inc()
+        return got
+
+    def accept_many(self, job_id: str, body: bytes, where: str, name: str | None = None,
+                    packed: bytes | None = None) -> BulkIngested:
+        """Validate every line of a batch (one document per line), then store them all in one
+        transaction, or none: a refusal names the line. `packed`: the body gzip'd as it came, kept
+        as it is (not compressed again) when it is exactly `body`."""
+        docs = []
+        for n, line in split_lines(body):
+            try:
+                docs.append((n, parse_doc(line, f"{where}, line {n}", one_line=True), line))
+            except RunDirError as exc:
+                self.metrics.ingest_error("invalid")
+                raise store.IngestError(400 if exc.field not in ("schema",) else 422, f"line {n}: {exc.message}",
+                                        exc.field or "body") from exc
+            except ValidationError as exc:
+                self.metrics.ingest_error("invalid")
+                err = refusal(exc)
+                raise store.IngestError(err.status, f"line {n}: {err.message}", err.field) from exc
+        try:
+            keep = packed if packed is not None and same(packed, body) else None
+            got = retried(lambda: ingest_many(self.eng, job_id, docs, name=name, packed=keep))
+        except store.IngestError:
+            self.metrics.ingest_error("refused")
+            raise
+        self.metrics.documents.inc(got.created)
         return got
 
     @property
@@ -160,8 +188,9 @@ class Service:
         s = self.settings
         w: dict[str, Any] = {"window_id": pk, "job_id": "?"}
         try:
-            w, docs, history = store.window_docs(self.eng, pk)
-            text = self.diagnoser.run(w["window_id"], docs, history, s.knowledge_dirs, s.diagnosis_timeout_seconds)
+            w, packs, refs, history = store.window_docs(self.eng, pk)
+            text = self.diagnoser.run(w["window_id"], packs, refs, history, s.knowledge_dirs,
+                                      s.diagnosis_timeout_seconds)
             d = Diagnosis.model_validate_json(text)
             if store.store_diagnosis(self.eng, pk, s.name, d):
                 self.metrics.diagnosed(w, d, time.time())
@@ -183,12 +212,14 @@ def openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     from fastapi.openapi.utils import get_openapi
 
-    from eroica.collector.facts import PatternsDoc
-    from eroica.service.inputs import HangSnapshotIn, StepSummaryIn, TransitionIn
+    from eroica.schema.hang import HangSnapshot
+    from eroica.schema.patterns import PatternsDoc
+    from eroica.schema.steps import StepSeriesSummary
+    from eroica.service.inputs import TransitionIn
 
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-    for model in (PatternsDoc, StepSummaryIn, HangSnapshotIn, TransitionIn):
+    for model in (PatternsDoc, StepSeriesSummary, HangSnapshot, TransitionIn):
         js = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
         for name, sub in js.pop("$defs", {}).items():
             assert schemas.get(name, sub) == sub, f"two request schemas are named {name}"

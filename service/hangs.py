@@ -10,7 +10,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from eroica.engine.hang import HangFinding, latest, localize_snapshots
+from eroica.engine.hang import latest, localize_snapshots
+from eroica.schema.hang import HangFinding
 from eroica.service.db import hangs, issues, reading
 from eroica.service.inputs import parse_hang
 from eroica.service.lifecycle import open_issue

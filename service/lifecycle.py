@@ -11,7 +11,6 @@ reported on those ranks), so it becomes a regression case for the rules.
 
 from __future__ import annotations
 
-import gzip
 import json
 import time
 from typing import Any
@@ -19,8 +18,9 @@ from typing import Any
 import sqlalchemy as sa
 import yaml
 
-from eroica.engine.diagnosis import Diagnosis
+from eroica.schema.diagnosis import Diagnosis
 from eroica.service.db import documents, issues, jobs, reading, windows
+from eroica.service.docs import doc_texts
 from eroica.service.errors import IngestError
 from eroica.service.runs import insert_or_get
 
@@ -53,12 +53,13 @@ def _issue_of(c: sa.Connection, job_id: str, root_cause: str, ranks: str) -> Any
 def _devices(c: sa.Connection, pk: int, ranks: list[int]) -> list[str]:
     """The devices of a finding's ranks, as their documents say: "host/device" ("node-7/cuda:3")."""
     out = set()
-    for host, body in c.execute(sa.select(documents.c.host, documents.c.body).where(
-            documents.c.window_pk == pk, documents.c.rank.in_(ranks))):
+    hosts = dict(c.execute(sa.select(documents.c.rank, documents.c.host).where(
+        documents.c.window_pk == pk, documents.c.rank.in_(ranks))).all())
+    for rank, text in doc_texts(c, pk, ranks).items():
         try:
-            out.add(f"{host}/{json.loads(gzip.decompress(body))['job'].get('device', 'unknown')}")
+            out.add(f"{hosts[rank]}/{json.loads(text)['job'].get('device', 'unknown')}")
         except (OSError, ValueError, KeyError, TypeError):
-            out.add(f"{host}/unknown")
+            out.add(f"{hosts[rank]}/unknown")
     return sorted(out)
 
 
@@ -158,9 +159,7 @@ def export_false_positive(eng: sa.Engine, iid: int) -> dict[str, Any]:
             raise IngestError(409, f"issue {iid} is {row['state']}, not a false positive", "state")
         w = c.execute(sa.select(windows.c.window_id, windows.c.job_id).where(
             windows.c.pk == row["last_window_pk"])).one()
-        docs = [gzip.decompress(b).decode() for b in c.execute(
-            sa.select(documents.c.body).where(documents.c.window_pk == row["last_window_pk"])
-            .order_by(documents.c.rank)).scalars()]
+        docs = [t.decode() for _, t in sorted(doc_texts(c, row["last_window_pk"]).items())]
     ranks = [int(x) for x in row["ranks"].split(",")]
     why = next((h.get("why") for h in reversed(row["history"]) if h["state"] == "false_positive"), "")
     expected = {"expect": [], "must_not": [{"root_cause": row["root_cause"]}],

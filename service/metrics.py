@@ -21,7 +21,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from eroica.engine.diagnosis import Diagnosis
+from eroica.schema.diagnosis import Diagnosis
 from eroica.service.db import issues, reading, windows
 from eroica.service.fleet import week_summary
 

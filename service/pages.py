@@ -21,10 +21,10 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from eroica.engine.diagnosis import Diagnosis
 from eroica.engine.render import render
+from eroica.schema.diagnosis import Diagnosis
 from eroica.service import store
-from eroica.service.db import findings, issues, jobs, reading, steps, windows
+from eroica.service.db import findings, host_counts, hosts_of, issues, jobs, reading, steps, windows
 from eroica.service.fleet import host_ranking, week_summary
 from eroica.service.guard import COOKIE, SESSION_SECONDS, principal_of, read_limited
 from eroica.service.lifecycle import LINK_KINDS, state_of, transition
@@ -33,6 +33,7 @@ from eroica.service.routes import JobId, Key, window_json
 if TYPE_CHECKING:
     from eroica.service.app import Service
 
+HOSTS_LISTED = 100       # a job page names this many of its hosts, then says how many more
 _ENV = jinja2.Environment(
     loader=jinja2.FunctionLoader(lambda n: (resources.files("eroica.service") / "templates" / n).read_text()),
     autoescape=True, undefined=jinja2.StrictUndefined)
@@ -104,7 +105,9 @@ def router(svc: Service) -> APIRouter:
     @r.get("/", response_class=HTMLResponse)
     def fleet() -> HTMLResponse:
         with reading(eng) as c:
-            js = c.execute(sa.select(jobs).order_by(jobs.c.last_seen.desc()).limit(200)).mappings().all()
+            rows = c.execute(sa.select(jobs).order_by(jobs.c.last_seen.desc()).limit(200)).mappings().all()
+            counts = host_counts(c, [j["id"] for j in rows])
+            js = [{**j, "hosts_total": counts[j["id"]]} for j in rows]
             fs = c.execute(sa.select(findings).where(findings.c.confidence >= 0.5)
                            .order_by(findings.c.created_at.desc()).limit(500)).mappings().all()
             undelivered = c.execute(sa.select(issues).where(issues.c.alert_state == "failed")
@@ -123,9 +126,11 @@ def router(svc: Service) -> APIRouter:
     def job(job_id: JobId, request: Request) -> HTMLResponse:
         store.valid_job_id(job_id)
         with reading(eng) as c:
-            j = c.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
-            if j is None:
+            row = c.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
+            if row is None:
                 raise store.IngestError(404, f"no job {job_id!r}", "job")
+            hosts = hosts_of(c, [job_id])[job_id]
+            j = {**row, "hosts": hosts[:HOSTS_LISTED], "hosts_total": len(hosts)}
             ws = [window_json(w) for w in c.execute(sa.select(windows).where(windows.c.job_id == job_id)
                                                     .order_by(windows.c.start_step)).mappings()]
             series = [dict(s) for s in c.execute(sa.select(steps).where(steps.c.job_id == job_id)

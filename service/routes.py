@@ -12,12 +12,14 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from eroica.schema.steps import StepSeriesSummary
 from eroica.service import api_models as m
 from eroica.service import hangs, store
-from eroica.service.db import findings, issues, jobs, reading, steps, windows
+from eroica.service.bulk import BulkIngested
+from eroica.service.db import findings, hosts_of, issues, jobs, reading, steps, windows
 from eroica.service.fleet import drain_list, host_ranking, week_summary
-from eroica.service.guard import Principal, decode_body, principal_of, read_limited
-from eroica.service.inputs import MAX_INT, StepSummaryIn, TransitionIn, refusal
+from eroica.service.guard import NDJSON, Principal, decode_body, principal_of, read_limited
+from eroica.service.inputs import MAX_INT, TransitionIn, refusal
 from eroica.service.lifecycle import export_false_positive, state_of, transition
 from eroica.service.runs import JOB_ID, NAME_HEADER, name_of, valid_job_id
 
@@ -88,7 +90,18 @@ def api_router(svc: Service) -> APIRouter:
     async def post_patterns(request: Request) -> Response:
         job = valid_job_id(request.headers.get("x-eroica-job", ""), "x-eroica-job")
         name = job_name(request)
-        body = await job_body(request, svc.settings.max_body_bytes)
+        raw = await read_limited(request, svc.settings.max_body_bytes)
+        encoding = request.headers.get("content-encoding")
+        body = await run_in_threadpool(decode_body, raw, encoding, svc.settings.max_body_bytes)
+
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() == NDJSON:
+            def many() -> BulkIngested:
+                may_write(eng, principal_of(request), job, name)
+                return svc.accept_many(job, body, f"batch for job {job}", name=name,
+                                       packed=raw if (encoding or "").strip().lower() == "gzip" else None)
+            b = await run_in_threadpool(many)
+            return JSONResponse({"windows": b.windows, "created": b.created, "existing": b.existing},
+                                status_code=201 if b.created else 200)
 
         def work() -> store.Ingested:
             may_write(eng, principal_of(request), job, name)
@@ -96,13 +109,13 @@ def api_router(svc: Service) -> APIRouter:
         got = await run_in_threadpool(work)
         return JSONResponse({"window": got.window_pk, "created": got.created}, status_code=201 if got.created else 200)
 
-    @r.post("/jobs/{job_id}/steps", status_code=201, openapi_extra=_body("StepSummaryIn"))
+    @r.post("/jobs/{job_id}/steps", status_code=201, openapi_extra=_body("StepSeriesSummary"))
     async def post_steps(job_id: JobId, request: Request) -> dict[str, str]:
         valid_job_id(job_id)
         name = job_name(request)
         raw = await job_body(request, JOB_WRITE_BODY)
         try:
-            s = StepSummaryIn.model_validate_json(raw)
+            s = StepSeriesSummary.model_validate_json(raw)
         except ValidationError as exc:
             raise refusal(exc) from exc
 
@@ -113,7 +126,7 @@ def api_router(svc: Service) -> APIRouter:
         await run_in_threadpool(work)
         return {"status": "stored"}
 
-    @r.post("/jobs/{job_id}/hang", status_code=201, openapi_extra=_body("HangSnapshotIn"))
+    @r.post("/jobs/{job_id}/hang", status_code=201, openapi_extra=_body("HangSnapshot"))
     async def post_hang(job_id: JobId, request: Request) -> dict[str, Any]:
         """A rank's hang snapshot (its watchdog saw no step for too long): kept, and the job's hang
         localized now, while the job still waits; a confident verdict opens or updates its issue."""
@@ -154,7 +167,9 @@ def api_router(svc: Service) -> APIRouter:
             counts: dict[str, int] = dict(c.execute(
                 sa.select(findings.c.job_id, sa.func.count()).where(findings.c.confidence >= 0.5)
                 .group_by(findings.c.job_id)).all())
-        return [{**dict(j), "confident_findings": int(counts.get(j["id"], 0))} for j in rows]
+            hosts = hosts_of(c, [j["id"] for j in rows])
+        return [{**dict(j), "hosts": hosts[j["id"]], "confident_findings": int(counts.get(j["id"], 0))}
+                for j in rows]
 
     @r.get("/jobs/{job_id}", response_model=m.JobDetail)
     def get_job(job_id: JobId) -> dict[str, Any]:
@@ -165,7 +180,8 @@ def api_router(svc: Service) -> APIRouter:
                 raise store.IngestError(404, f"no job {job_id!r}", "job")
             ws = c.execute(sa.select(windows).where(windows.c.job_id == job_id).order_by(windows.c.start_step))
             series = c.execute(sa.select(steps).where(steps.c.job_id == job_id).order_by(steps.c.first_step))
-            return {**dict(j), "windows": [window_json(w) for w in ws.mappings()],
+            hosts = hosts_of(c, [job_id])[job_id]
+            return {**dict(j), "hosts": hosts, "windows": [window_json(w) for w in ws.mappings()],
                     "steps": [dict(s) for s in series.mappings()]}
 
     @r.get("/windows/{pk}", response_model=m.WindowDetail)

@@ -3,23 +3,46 @@
 A run (`jobs`) is created by whichever of its documents, step summaries or hang snapshots arrives
 first: `INSERT ... ON CONFLICT DO NOTHING` then the row read back locked (`FOR UPDATE` on
 PostgreSQL; SQLite's writers are serialized by `BEGIN IMMEDIATE`), so simultaneous first documents
-neither fail on the primary key nor lose a host from the hosts list. A run's job name is fixed by
+neither fail on the primary key nor lose a host (each host is a row of `job_hosts`, inserted the
+same way; a wide window's documents take no lock on the run's row). A run's job name is fixed by
 the first one that names it: a later different name is refused, so one token cannot move a run into
 another job's issues."""
 
 from __future__ import annotations
 
+import random
 import re
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from eroica.service.db import jobs
+from eroica.service.db import job_hosts, jobs
 from eroica.service.errors import IngestError
 
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 NAME_HEADER = "x-eroica-job-name"
+SEEN_EVERY_SECONDS = 5.0     # a run's last_seen is written at most this often by its documents
+
+
+RETRIED_STATES = ("40P01", "40001")    # PostgreSQL: deadlock detected, serialization failure
+T = TypeVar("T")
+
+
+def retried(work: Callable[[], T], attempts: int = 4) -> T:
+    """`work` (one transaction), run again when PostgreSQL aborted it to break a deadlock or a
+    serialization conflict between concurrent writers: the transaction did nothing, and running it
+    again is what PostgreSQL asks of the client."""
+    for attempt in range(attempts):
+        try:
+            return work()
+        except sa.exc.DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) not in RETRIED_STATES or attempt == attempts - 1:
+                raise
+            time.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def valid_job_id(job_id: str, field: str = "job") -> str:
@@ -62,10 +85,17 @@ def touch_run(c: sa.Connection, job_id: str, name: str | None, world: int, host:
     already has (409). The name is the run's own id until something names it."""
     if name is not None:
         valid_job_id(name, NAME_HEADER)
+    seen = c.execute(sa.select(jobs.c.world_size, jobs.c.name, jobs.c.last_seen, jobs.c.ended_at)
+                     .where(jobs.c.id == job_id)).first()
+    if seen is not None and seen.world_size == world and (not name or seen.name == name):
+        if host:                # a host's first document adds its row; no lock on the run's row
+            insert_ignore(c, job_hosts, {"job_id": job_id, "host": host, "first_seen": now}, ["job_id", "host"])
+        if seen.ended_at is None and now - seen.last_seen < SEEN_EVERY_SECONDS:
+            return              # nothing else to change: the hot path of a wide window
     insert_ignore(c, jobs, {"id": job_id, "name": name or job_id, "world_size": world, "hosts": [],
                             "first_seen": now, "last_seen": now}, ["id"])
-    job = c.execute(sa.select(jobs.c.world_size, jobs.c.hosts, jobs.c.name).where(jobs.c.id == job_id)
-                    .with_for_update()).one()
+    job = c.execute(sa.select(jobs.c.world_size, jobs.c.name).where(jobs.c.id == job_id)
+                    .with_for_update(key_share=True)).one()
     if job.world_size != world:
         raise IngestError(422, f"job {job_id!r} has world size {job.world_size}, this one says {world}", field)
     upd: dict[str, Any] = {"last_seen": now, "ended_at": None, "ended_by": None}
@@ -74,9 +104,9 @@ def touch_run(c: sa.Connection, job_id: str, name: str | None, world: int, host:
             raise IngestError(409, f"run {job_id!r} belongs to job {job.name!r}, not {name!r}: a run's job name "
                                    "cannot change", NAME_HEADER)
         upd["name"] = name
-    if host and host not in (job.hosts or []):
-        upd["hosts"] = sorted({*(job.hosts or []), host})
     c.execute(jobs.update().where(jobs.c.id == job_id).values(**upd))
+    if host:
+        insert_ignore(c, job_hosts, {"job_id": job_id, "host": host, "first_seen": now}, ["job_id", "host"])
 
 
 def name_of(c: sa.Connection, job_id: str) -> str | None:

@@ -16,9 +16,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from eroica.collector.facts import PatternsDoc
-from eroica.engine.diagnosis import Diagnosis
+from eroica.schema.diagnosis import Diagnosis
+from eroica.schema.patterns import PatternsDoc
 from eroica.service.db import diagnoses, documents, findings, issues, jobs, reading, steps, windows
+from eroica.service.docs import window_packs
 from eroica.service.errors import IngestError
 from eroica.service.lifecycle import OPEN_STATES, RESEND, record_findings
 from eroica.service.runs import JOB_ID, insert_ignore, touch_run, valid_job_id
@@ -45,7 +46,7 @@ def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: floa
     rank, world = doc.job.rank, doc.job.world_size
     if rank >= world:
         raise IngestError(422, f"rank {rank} is outside the job's world of {world}", "job.rank")
-    digest = hashlib.sha256(text).hexdigest()
+    digest = hashlib.sha256(text.strip()).hexdigest()     # as a batch's line is hashed (eroica.service.bulk)
     win = doc.window
     with eng.begin() as c:
         touch_run(c, job_id, name, world, doc.job.hostname, now, "job.world_size")
@@ -54,7 +55,7 @@ def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: floa
             "end_step": win.end_step, "trigger": win.trigger, "status": "collecting", "ranks_reported": 0,
             "first_doc_at": now, "last_doc_at": now, "attempts": 0}, ["job_id", "window_id"])
         w = c.execute(sa.select(windows).where(windows.c.job_id == job_id, windows.c.window_id == win.window_id)
-                      .with_for_update()).mappings().one()
+                      .with_for_update(key_share=True)).mappings().one()
         pk = w["pk"]
         if not insert_ignore(c, documents, {"window_pk": pk, "rank": rank, "sha256": digest,
                                             "body": gzip.compress(text, 1), "host": doc.job.hostname,
@@ -113,19 +114,18 @@ def claim(eng: sa.Engine, worker: str, now: float | None = None, lease_seconds: 
     return int(pk) if pk is not None else None
 
 
-def window_docs(eng: sa.Engine, pk: int) -> tuple[dict[str, Any], list[bytes], list[list[bytes]]]:
-    """A window's row, its documents, and the documents of the job's earlier windows (its history,
-    oldest first)."""
+def window_docs(eng: sa.Engine, pk: int) -> tuple[dict[str, Any], list[bytes], list[tuple[int, int]], list[str]]:
+    """A window's row, its documents as packs and each rank's (pack, line) there (eroica.service.docs),
+    and the history summaries (WindowHistory JSON) of the job's earlier windows that were diagnosed,
+    oldest first: never their documents."""
     with reading(eng) as c:
         w = dict(c.execute(sa.select(windows).where(windows.c.pk == pk)).mappings().one())
-        earlier = c.execute(sa.select(windows.c.pk, windows.c.window_id).where(
-            windows.c.job_id == w["job_id"], windows.c.start_step < w["start_step"])
-            .order_by(windows.c.start_step)).all()
-
-        def docs(p: int) -> list[bytes]:
-            return [gzip.decompress(b) for b in c.execute(
-                sa.select(documents.c.body).where(documents.c.window_pk == p).order_by(documents.c.rank)).scalars()]
-        return w, docs(pk), [docs(p) for p, _ in earlier]
+        packs, refs = window_packs(c, pk)
+        history = [h for h in c.execute(
+            sa.select(diagnoses.c.history).join(windows, windows.c.pk == diagnoses.c.window_pk).where(
+                windows.c.job_id == w["job_id"], windows.c.start_step < w["start_step"],
+                diagnoses.c.history.is_not(None)).order_by(windows.c.start_step)).scalars()]
+        return w, packs, refs, history
 
 
 def store_diagnosis(eng: sa.Engine, pk: int, worker: str, d: Diagnosis, now: float | None = None) -> bool:
@@ -134,13 +134,14 @@ def store_diagnosis(eng: sa.Engine, pk: int, worker: str, d: Diagnosis, now: flo
     (wd,) = d.windows
     with eng.begin() as c:
         w = c.execute(sa.select(windows.c.claimed_by, windows.c.status, windows.c.job_id)
-                      .where(windows.c.pk == pk).with_for_update()).first()
+                      .where(windows.c.pk == pk).with_for_update(key_share=True)).first()
         if w is None or w.claimed_by != worker or w.status != "claimed":
             return False
         c.execute(findings.delete().where(findings.c.window_pk == pk))
         c.execute(diagnoses.delete().where(diagnoses.c.window_pk == pk))
         c.execute(diagnoses.insert().values(window_pk=pk, body=gzip.compress(d.model_dump_json(by_alias=True).encode()),
-                                            healthy=wd.healthy, diagnosable=wd.diagnosable, created_at=now))
+                                            healthy=wd.healthy, diagnosable=wd.diagnosable, created_at=now,
+                                            history=wd.history.model_dump_json() if wd.history else None))
         for f in wd.findings:
             c.execute(findings.insert().values(
                 window_pk=pk, job_id=w.job_id, root_cause=f.root_cause, category=f.category.value, ranks=f.ranks,
@@ -160,7 +161,7 @@ def release(eng: sa.Engine, pk: int, worker: str, error: str, max_attempts: int 
     Returns the window's new status ("" when the claim was no longer this worker's)."""
     with eng.begin() as c:
         w = c.execute(sa.select(windows.c.attempts, windows.c.claimed_by, windows.c.status)
-                      .where(windows.c.pk == pk).with_for_update()).first()
+                      .where(windows.c.pk == pk).with_for_update(key_share=True)).first()
         if w is None or w.claimed_by != worker or w.status != "claimed":
             return ""
         if final or w.attempts >= max_attempts:

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from eroica.collector.sink import read_meta, spooled_kind
+from eroica.schema.steps import StepSeriesSummary
 from eroica.service import hangs, store
 from eroica.service.errors import IngestError
-from eroica.service.inputs import StepSummaryIn, refusal
+from eroica.service.inputs import refusal
 from eroica.service.runs import JOB_ID
 
 if TYPE_CHECKING:
@@ -113,9 +114,11 @@ class Watcher:
             body = gzip.decompress(f.read_bytes())
             if kind == "patterns":
                 stored = int(self.svc.accept(job, body, str(f), name=name).created)
+            elif kind == "batch":
+                stored = self.svc.accept_many(job, body, str(f), name=name).created
             elif kind == "steps":
                 try:
-                    s = StepSummaryIn.model_validate_json(body)
+                    s = StepSeriesSummary.model_validate_json(body)
                 except ValidationError as exc:
                     raise refusal(exc) from exc
                 store.add_steps(self.svc.eng, job, s.first_step, s.last_step, s.median_seconds, s.p90_seconds,

@@ -1,10 +1,10 @@
 """Diagnosing one window, in a worker process (the engine's memory and any native crash stay there).
 
-The window's documents and those of the job's earlier windows (its history: a setting a rank had
-while the job was healthy cannot explain a later slowdown) are written as packed files to a
-temporary run directory and diagnosed as `eroica diagnose` would; the window's own diagnosis comes
-back as JSON text. The directories are named by the worker (`w<n>-s0`, in step order), never from
-request data, and the window's own id is put back into the result.
+The window's documents go to the engine as documents (eroica.engine.diagnose.diagnose_documents),
+with the job's history as the stored summaries of its earlier windows (eroica.schema.diagnosis
+`WindowHistory`): nothing is written to disk, no earlier window's documents are read again, and a
+job's k-th window costs what its first did. The window's diagnosis, which carries its own summary
+for the windows after it, comes back as JSON text.
 
 A worker that dies (an OOM kill, a native crash) or a diagnosis that runs past its time does not
 stop the service: the pool is rebuilt and the caller decides what becomes of the window.
@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-
-from eroica.collector.gather import PACKED_NAME
 
 
 class DiagnosisTimeout(Exception):
@@ -30,19 +27,20 @@ class WorkerDied(Exception):
     """The worker process died under the diagnosis (killed, out of memory, a native crash)."""
 
 
-def diagnose_window(window_id: str, docs: list[bytes], history: list[list[bytes]], knowledge_dirs: list[str]) -> str:
-    """The eroica.diagnosis/v1 JSON of the window of `docs` alone, named `window_id` (the earlier
-    windows of `history`, oldest first, inform it and are not reported)."""
-    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+def diagnose_window(window_id: str, packs: list[bytes], refs: list[tuple[int, int]] | None, history: list[str],
+                    knowledge_dirs: list[str]) -> str:
+    """The eroica.diagnosis/v1 JSON of the window of the documents in `packs` (gzip'd or not, one
+    document per line; `refs`: the (pack, line) of each, or None for every line), named `window_id`;
+    `history`: the `WindowHistory` JSON of the job's earlier windows."""
+    from eroica.engine.diagnose import DiagnoseOptions, diagnose_documents
+    from eroica.engine.load import window_of_packs
+    from eroica.schema.diagnosis import WindowHistory
 
-    with tempfile.TemporaryDirectory(prefix="eroica-serve-") as tmp:
-        names = [f"w{i:06d}-s0" for i in range(len(history) + 1)]
-        for name, ds in zip(names, [*history, docs]):
-            (Path(tmp) / name).mkdir()
-            (Path(tmp) / name / PACKED_NAME).write_bytes(b"".join(d.rstrip(b"\n") + b"\n" for d in ds))
-        d = diagnose(Path(tmp), DiagnoseOptions(in_process=True, knowledge_dirs=[Path(k) for k in knowledge_dirs]))
-    mine = [w.model_copy(update={"window": window_id}) for w in d.windows if w.window == names[-1]]
-    return d.model_copy(update={"windows": mine, "run_dir": window_id}).model_dump_json(by_alias=True)
+    d = diagnose_documents([window_of_packs(window_id, packs, refs)],
+                           history=[WindowHistory.model_validate_json(h) for h in history],
+                           opts=DiagnoseOptions(in_process=True, knowledge_dirs=[Path(k) for k in knowledge_dirs]),
+                           run=window_id)
+    return d.model_dump_json(by_alias=True)
 
 
 class Diagnoser:
@@ -56,15 +54,15 @@ class Diagnoser:
     def _new_pool(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
 
-    def run(self, window_id: str, docs: list[bytes], history: list[list[bytes]], knowledge_dirs: list[str],
-            timeout: float) -> str:
+    def run(self, window_id: str, packs: list[bytes], refs: list[tuple[int, int]] | None, history: list[str],
+            knowledge_dirs: list[str], timeout: float) -> str:
         """The diagnosis's JSON; WorkerDied or DiagnosisTimeout (the pool rebuilt either way), or the
         engine's own exception."""
         try:
-            fut = self.pool.submit(diagnose_window, window_id, docs, history, knowledge_dirs)
+            fut = self.pool.submit(diagnose_window, window_id, packs, refs, history, knowledge_dirs)
         except (BrokenProcessPool, RuntimeError):       # it broke between two windows: rebuild and go on
             self.restart()
-            fut = self.pool.submit(diagnose_window, window_id, docs, history, knowledge_dirs)
+            fut = self.pool.submit(diagnose_window, window_id, packs, refs, history, knowledge_dirs)
         try:
             return fut.result(timeout=timeout)
         except concurrent.futures.TimeoutError:

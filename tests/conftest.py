@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from patterns_factory import make_doc
 
-from eroica.collector.facts import PatternsDoc
+from eroica.schema.patterns import PatternsDoc
 
 
 @pytest.fixture

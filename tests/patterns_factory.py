@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eroica.collector.facts import (
+from eroica.schema.patterns import (
     Category,
     CollectorGap,
     CollectorOverhead,

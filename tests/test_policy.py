@@ -9,7 +9,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).parents[1]
-LAYERS = {"collector": 0, "engine": 1, "assistant": 2, "service": 3, "lab": 4, "cli": 5}   # lab: test jobs, not product
+LAYERS = {"schema": -1, "collector": 0, "engine": 1, "assistant": 2, "service": 3, "lab": 4, "cli": 5}  # lab: test jobs
+# documents are the interface: the engine reads what the collector writes through eroica.schema alone
+NOT_IMPORTED = {"engine": {"collector"}, "assistant": {"collector"}}
 
 
 def test_every_package_folder_is_declared() -> None:
@@ -40,6 +42,7 @@ def test_imports_flow_one_way_and_durable_rules_is_imported_once() -> None:
                     parts = n.split(".")
                     if parts[0] == "eroica" and len(parts) > 1 and parts[1] in LAYERS:
                         assert LAYERS[parts[1]] <= level, f"{py}: {folder} must not import {n}"
+                        assert parts[1] not in NOT_IMPORTED.get(folder, set()), f"{py}: {folder} must not import {n}"
     assert sorted(set(durable_importers)) == ["engine/rules/_durable.py"]
 
 

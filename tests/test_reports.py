@@ -27,7 +27,7 @@ EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", re.IGNORECA
 
 
 def test_the_committed_schemas_are_the_generated_ones() -> None:
-    for kind in ("diagnosis", "patterns"):
+    for kind in ("diagnosis", "patterns", "hang", "steps"):
         committed = json.loads((ROOT / "docs" / "schema" / f"eroica.{kind}.v1.schema.json").read_text())
         assert committed == schema(kind), f"regenerate: eroica schema {kind} > docs/schema/eroica.{kind}.v1.schema.json"
 

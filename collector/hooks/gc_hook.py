@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from eroica.collector.critical import Execution
-from eroica.collector.facts import Category
+from eroica.schema.patterns import Category
 
 
 class GcHook:

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from eroica.collector.critical import Execution
-from eroica.collector.facts import Category
+from eroica.schema.patterns import Category
 
 BACKWARD = "autograd.backward"
 DDP_FORWARD = "DistributedDataParallel.forward"

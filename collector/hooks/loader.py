@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any, cast
 
-from eroica.collector.facts import Category
+from eroica.schema.patterns import Category
 
 
 class TimedLoader:

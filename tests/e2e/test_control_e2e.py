@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from eroica.cli.main import main
-from eroica.collector.facts import PatternsDoc
 from eroica.lab.launch import free_port, launch
+from eroica.schema.patterns import PatternsDoc
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e

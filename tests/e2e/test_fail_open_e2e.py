@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from host_helper_support import wait_gone
 
-from eroica.collector.facts import PatternsDoc
 from eroica.collector.host_sampler import LINGER_SECONDS
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.lab.launch import launch
+from eroica.schema.patterns import PatternsDoc
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e

@@ -1,13 +1,16 @@
-"""Without a shared filesystem: the ranks gather their patterns to rank 0 over a separate gloo
-group of the job's own torch.distributed, and rank 0 writes one packed file per window."""
+"""Without a shared filesystem: the ranks gather their patterns to a leader (rank 0, or each host's
+lowest rank) over a separate gloo group of the job's own torch.distributed, and the leader writes
+one packed file per window."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 from retry import twice
 
+from eroica.collector.gather import host_file
 from eroica.engine.diagnose import diagnose
 from eroica.lab.launch import launch
 
@@ -15,17 +18,20 @@ pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e
 
 
-def test_patterns_gathered_to_rank_0_are_diagnosed(tmp_path: Path) -> None:
-    twice(check, tmp_path)
+@pytest.mark.parametrize("scope", ["1", "host"])
+def test_patterns_gathered_to_a_leader_are_diagnosed(tmp_path: Path, scope: str) -> None:
+    twice(lambda p: check(p, scope), tmp_path)
 
 
-def check(tmp_path: Path) -> None:
+def check(tmp_path: Path, scope: str) -> None:
     res = launch(tmp_path, fault="dataloader_stall", fault_rank="2", fault_step=25, steps=100,
-                 env={"EROICA_GATHER": "1"}, progress=False)
+                 env={"EROICA_GATHER": scope}, progress=False)
     assert res.ok, res.returncodes
     (wdir,) = [d for d in tmp_path.iterdir() if d.is_dir() and d.name.startswith("w")]
-    assert sorted(p.name for p in wdir.iterdir()) == ["pack-gathered.jsonl"]      # no per-rank files
-    assert len((wdir / "pack-gathered.jsonl").read_text().splitlines()) == 4
+    # no per-rank files: rank 0 for the job, or the host's lowest rank (here all four share one host)
+    name = "pack-gathered.jsonl" if scope == "1" else host_file(socket.gethostname())
+    assert sorted(p.name for p in wdir.iterdir()) == [name]
+    assert len((wdir / name).read_text().splitlines()) == 4
     (w,) = diagnose(tmp_path).windows
     assert w.coverage.ranks_reported == [0, 1, 2, 3]
     top = w.findings[0]

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from service_support import SERVE_TOKEN, get, serve
 
-from eroica.engine.hang import HangFinding, localize
+from eroica.engine.hang import localize
 from eroica.lab.launch import JobResult, launch
 from eroica.lab.netns import available as netns_available
+from eroica.schema.hang import HangFinding
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e

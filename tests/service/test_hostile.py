@@ -68,7 +68,7 @@ def test_the_worker_never_builds_a_path_from_a_window_id(tmp_path: Path) -> None
     from eroica.service.worker import diagnose_window
 
     target = tmp_path / "escaped"
-    out = json.loads(diagnose_window(str(target), incident_docs("INC-0017"), [], []))
+    out = json.loads(diagnose_window(str(target), incident_docs("INC-0017"), None, [], []))
     assert out["windows"][0]["window"] == str(target) and not target.exists()
 
 

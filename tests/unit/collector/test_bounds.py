@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from eroica.collector import Monitor, TriggerPolicy
-from eroica.collector.facts import PatternsDoc
 from eroica.collector.proc_sources import SchedStat
 from eroica.collector.sampler import HardwareSampler
 from eroica.collector.writer import PatternWriter
+from eroica.schema.patterns import PatternsDoc
 
 torch = pytest.importorskip("torch")
 

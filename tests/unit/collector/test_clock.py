@@ -15,12 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eroica.collector.critical import Execution
-from eroica.collector.facts import Category as C
-from eroica.collector.facts import JobInfo
 from eroica.collector.kineto import write_doc
 from eroica.collector.sampler import SampleSeries
 from eroica.collector.summarize import WindowRecord, summarize
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.schema.patterns import Category as C
+from eroica.schema.patterns import JobInfo
 
 MS = 1_000_000
 STEPS = 8

@@ -19,8 +19,8 @@ from eroica.collector.control import (
     apply_change,
     publish,
 )
-from eroica.collector.facts import PatternsDoc
 from eroica.collector.sync import LocalStore
+from eroica.schema.patterns import PatternsDoc
 
 torch = pytest.importorskip("torch")
 POLICY = TriggerPolicy(control_poll_steps=2, control_lead_steps=4, window_steps=3, lead_steps=7)

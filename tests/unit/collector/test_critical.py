@@ -1,7 +1,7 @@
 import numpy as np
 
 from eroica.collector.critical import Execution, attribute, metric_by_key, per_step_critical
-from eroica.collector.facts import Category as C
+from eroica.schema.patterns import Category as C
 
 
 def keyed(seg):  # type: ignore[no-untyped-def]
@@ -61,7 +61,7 @@ def test_metric_is_overlap_weighted_per_key() -> None:
 
 def test_on_a_gpu_rank_device_work_holds_the_critical_path_and_host_work_fills_its_idle_gaps() -> None:
     from eroica.collector.critical import device_first
-    from eroica.collector.facts import Category
+    from eroica.schema.patterns import Category
 
     dev = [Execution(0, 40, Category.kernel, "gemm"), Execution(40, 70, Category.communication, "ncclKernel")]
     host = [Execution(10, 90, Category.compute, "aten::launch_ahead"),     # runs ahead while the device works

@@ -15,10 +15,10 @@ import torch.distributed as dist
 from torch.autograd.profiler import record_function
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from eroica.collector.facts import Category, JobInfo, PatternsDoc
 from eroica.collector.hooks.light import BACKWARD, SAME_STEPS, LightRecorder
 from eroica.collector.summarize import WindowRecord, summarize
 from eroica.collector.torch_ops import TorchOpsRecorder
+from eroica.schema.patterns import Category, JobInfo, PatternsDoc
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from eroica.collector.critical import Segments, metric_by_key
-from eroica.collector.facts import Category
+from eroica.schema.patterns import Category
 
 
 def _definition(seg: Segments, t: np.ndarray, rate: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from eroica.collector import Monitor, TriggerPolicy
-from eroica.collector.facts import PatternsDoc
 from eroica.collector.monitor import JUDGE_EVERY_STEPS
+from eroica.schema.patterns import PatternsDoc
 
 torch = pytest.importorskip("torch")
 

@@ -1,9 +1,9 @@
 import pytest
 from patterns_factory import make_doc
 
-from eroica.collector.facts import ConfigFact
 from eroica.collector.privacy import Privacy, agree_salt, level_from
 from eroica.collector.sync import LocalStore
+from eroica.schema.patterns import ConfigFact
 
 
 def test_one_salt_per_job_so_peers_still_compare() -> None:

@@ -6,11 +6,11 @@ import time
 
 import numpy as np
 
-from eroica.collector.facts import CollectorGap
 from eroica.collector.proc_sources import SchedStat
 from eroica.collector.sampler import HardwareSampler, default_sources
 from eroica.collector.sampler_proc import SamplerClient
 from eroica.collector.summarize import hardware_summary
+from eroica.schema.patterns import CollectorGap
 
 
 def busy(seconds: float) -> None:

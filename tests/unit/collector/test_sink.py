@@ -81,8 +81,13 @@ def test_a_dead_service_costs_nothing_and_the_spool_is_sent_when_it_is_back(tmp_
     assert all("spooled" in e for e in sink.messages())
     with _listening(port):
         assert sink.submit('{"n": 3}') and sink.close(30)
-        assert sorted(json.loads(b)["n"] for p, _, b in Recorder.got if p == "/v1/patterns") == [1, 2, 3]
-        assert [p for p, _, _ in Recorder.got if p != "/v1/patterns"] == ["/v1/jobs/job/end"]   # each to its route
+        assert sorted(json.loads(ln)["n"] for p, _, b in Recorder.got if p == "/v1/patterns"
+                      for ln in b.splitlines()) == [1, 2, 3]
+        # the two spooled documents went back as one batch (one per line), before the end, then the third
+        (p1, h1, b1) = Recorder.got[0]
+        assert (p1, h1["Content-Type"], b1.splitlines()) == ("/v1/patterns", "application/x-ndjson",
+                                                             [b'{"n": 1}', b'{"n": 2}'])
+        assert [p for p, _, _ in Recorder.got] == ["/v1/patterns", "/v1/jobs/job/end", "/v1/patterns"]
         assert list((tmp_path / "spool").glob("*.json.gz")) == []
 
 
@@ -95,6 +100,46 @@ def test_a_refusal_is_not_retried_or_spooled_and_says_why(tmp_path: Path) -> Non
         assert len(Recorder.got) == 1 and not (tmp_path / "spool").exists()
         (err,) = sink.messages()
         assert err.startswith("refused:") and "HTTP 422" in err
+
+
+def test_a_refused_spooled_batch_is_sent_again_one_by_one_and_only_the_bad_one_is_dropped(tmp_path: Path) -> None:
+    class Picky(Recorder):
+        def do_POST(self) -> None:  # noqa: N802
+            body = gzip.decompress(self.rfile.read(int(self.headers["Content-Length"])))
+            Recorder.got.append((self.path, dict(self.headers), body))
+            self.send_response(422 if b"bad" in body else 201)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    Recorder.got = []
+    port = _port()
+    sink = PatternSink(f"http://127.0.0.1:{port}", "job", tmp_path / "spool", attempts=1, timeout_seconds=1)
+    assert sink.submit('{"n": 1}') and sink.submit('{"bad": 2}') and sink.submit('{"n": 3}') and sink.flush(30)
+    srv = ThreadingHTTPServer(("127.0.0.1", port), Picky)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert sink.submit_end() and sink.close(30)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    bodies = [b for _, _, b in Recorder.got]
+    assert bodies[0].count(b"\n") == 3                       # the batch, refused as a whole
+    assert bodies[1:4] == [b'{"n": 1}', b'{"bad": 2}', b'{"n": 3}']    # then each alone
+    assert sink.sent == 3 and any("HTTP 422" in m for m in sink.messages())
+    assert list((tmp_path / "spool").glob("*.json.gz")) == []
+
+
+def test_a_leaders_batch_goes_in_requests_of_at_most_batch_lines(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from eroica.collector import sink as sink_mod
+
+    monkeypatch.setattr(sink_mod, "BATCH_LINES", 4)
+    Recorder.got, Recorder.status = [], 201
+    port = _port()
+    with _listening(port):
+        sink = PatternSink(f"http://127.0.0.1:{port}", "job", tmp_path / "spool")
+        assert sink.submit_batch("".join(f'{{"n": {i}}}\n' for i in range(10))) and sink.close(10)
+    assert [len(b.splitlines()) for _, _, b in Recorder.got] == [4, 4, 2]
+    assert {h["Content-Type"] for _, h, _ in Recorder.got} == {"application/x-ndjson"} and sink.sent == 3
 
 
 def test_the_sinks_job_id_is_one_per_run_and_never_a_shared_placeholder(tmp_path: Path) -> None:

@@ -3,10 +3,10 @@ import json
 import numpy as np
 
 from eroica.collector.critical import Execution
-from eroica.collector.facts import Category as C
-from eroica.collector.facts import CollectorGap, JobInfo, MetricName, PatternsDoc
 from eroica.collector.sampler import SampleSeries
 from eroica.collector.summarize import WindowRecord, summarize
+from eroica.schema.patterns import Category as C
+from eroica.schema.patterns import CollectorGap, JobInfo, MetricName, PatternsDoc
 
 MS = 1_000_000
 

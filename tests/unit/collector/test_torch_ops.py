@@ -26,8 +26,8 @@ def test_a_plain_optimizer_step_and_other_wrappers_are_unchanged() -> None:
 
 def test_the_wrappers_own_time_while_a_collective_is_in_flight_is_the_wait_for_it() -> None:
     from eroica.collector.critical import Execution
-    from eroica.collector.facts import Category
     from eroica.collector.torch_ops import _yield_to_collectives
+    from eroica.schema.patterns import Category
 
     execs = [Execution(0, 5, Category.compute, "Optimizer.step#SGD.step"),
              Execution(5, 40, Category.compute, "DistributedDataParallel.forward"),

@@ -120,7 +120,7 @@ def test_simulated_documents_are_exactly_valid_pattern_documents(tmp_path: Path)
     files do not depend on how many processes wrote them."""
     import json
 
-    from eroica.collector.facts import PatternsDoc
+    from eroica.schema.patterns import PatternsDoc
 
     for workers, d in ((1, tmp_path / "one"), (2, tmp_path / "two")):
         simulate(d, 96, "host_launch_bound", seed=7, tp=4, pp=3, packed=False, workers=workers)

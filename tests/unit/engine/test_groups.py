@@ -1,10 +1,10 @@
 from patterns_factory import make_doc
 
-from eroica.collector.facts import ProcessGroupInfo
 from eroica.engine.columns import window_columns
 from eroica.engine.groups import peer_groups
 from eroica.engine.load import WindowData
 from eroica.engine.peer import analyze
+from eroica.schema.patterns import ProcessGroupInfo
 
 
 def with_groups(doc, groups):  # type: ignore[no-untyped-def]

@@ -178,8 +178,8 @@ def _restore_excepthook():  # type: ignore[no-untyped-def]
 
 def test_the_hang_is_in_every_report_format_and_json_stays_one_document(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     from eroica.cli.main import main
-    from eroica.engine.diagnosis import Diagnosis
     from eroica.engine.render import render as render_report
+    from eroica.schema.diagnosis import Diagnosis
 
     lock = [{"file": "/job/metrics.py", "line": 8, "function": "flush", "code": "with METRICS_LOCK:"}]
     f = run(tmp_path, [waiting(0, 97), waiting(1, 97), snap(2, 96, lock), waiting(3, 97)])

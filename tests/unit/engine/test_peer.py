@@ -86,8 +86,8 @@ def test_an_intermittent_stall_is_found_through_its_category() -> None:
 def test_a_steady_capped_link_is_named_in_a_communication_bound_group() -> None:
     from patterns_factory import fn
 
-    from eroica.collector.facts import Category
     from eroica.engine.facts import LinkSignature
+    from eroica.schema.patterns import Category
 
     docs = []
     for r in range(4):

@@ -6,14 +6,15 @@ from __future__ import annotations
 import numpy as np
 from patterns_factory import STEPS, fn, make_doc
 
-from eroica.collector.facts import Category, PatternsDoc
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.facts import ConfigDeviation, RankSlowness, StepSpike
-from eroica.engine.history import mark_history
+from eroica.engine.history import mark_history, summarize
 from eroica.engine.load import WindowData
 from eroica.engine.peer import analyze
 from eroica.engine.spikes import kept_steps, scheduled_steps
 from eroica.engine.validity import work_dispersion
+from eroica.schema.diagnosis import WindowHistory
+from eroica.schema.patterns import Category, PatternsDoc
 
 
 def window(docs, wid: str = "w000-s30"):  # type: ignore[no-untyped-def]
@@ -137,25 +138,37 @@ def test_a_config_difference_the_rank_had_while_healthy_cannot_explain_a_later_s
         return out
 
     early, late = window(docs("w000-s15", False), "w000-s15"), window(docs("w001-s56", True), "w001-s56")
-    analyses = {w.window_id: analyze(w) for w in (early, late)}
-    mark_history([late, early], analyses)
-    (dev,) = [f for f in analyses["w001-s56"].facts if isinstance(f, ConfigDeviation)]
+    # the earlier window is read as its summary only: the documents are never needed again
+    healthy_then = summarize(early, analyze(early), ())
+    assert [(d.rank, d.key, d.value, d.peer_value) for d in healthy_then.config_deviations] == [
+        (3, "cpu.affinity_count", "1", "2")]
+    a = analyze(late)
+    mark_history(late, a, [healthy_then])
+    (dev,) = [f for f in a.facts if isinstance(f, ConfigDeviation)]
     assert dev.seen_while_healthy and dev.seen_in_window == "w000-s15"
+    # a summary that went through JSON (as the service stores it) says the same
+    a = analyze(late)
+    mark_history(late, a, [WindowHistory.model_validate_json(healthy_then.model_dump_json())])
+    assert [f for f in a.facts if isinstance(f, ConfigDeviation)][0].seen_while_healthy
     # the earlier window was as slow as now: it says nothing about what began later
     same = window(docs("w000-s15", True), "w000-s15")
-    analyses = {w.window_id: analyze(w) for w in (same, late)}
-    mark_history([same, late], analyses)
-    (dev,) = [f for f in analyses["w001-s56"].facts if isinstance(f, ConfigDeviation)]
+    a = analyze(late)
+    mark_history(late, a, [summarize(same, analyze(same), ())])
+    (dev,) = [f for f in a.facts if isinstance(f, ConfigDeviation)]
     assert not dev.seen_while_healthy
+    # a later window is not history
+    a = analyze(early)
+    mark_history(early, a, [summarize(late, analyze(late), ())])
+    assert not any(f.seen_while_healthy for f in a.facts if isinstance(f, ConfigDeviation))
     # without the healthy window the same difference is a lead
-    alone = {"w001-s56": analyze(late)}
-    mark_history([late], alone)
-    (dev,) = [f for f in alone["w001-s56"].facts if isinstance(f, ConfigDeviation)]
+    a = analyze(late)
+    mark_history(late, a, [])
+    (dev,) = [f for f in a.facts if isinstance(f, ConfigDeviation)]
     assert not dev.seen_while_healthy
 
 
 def make_cfg(key: str, value: str):  # type: ignore[no-untyped-def]
-    from eroica.collector.facts import ConfigFact
+    from eroica.schema.patterns import ConfigFact
 
     return ConfigFact(key=key, value=value)
 

@@ -57,7 +57,7 @@ def spiky_job():  # type: ignore[no-untyped-def]
     sits 5 s in D state once, at the window's step 33, while the others wait in all_reduce."""
     from patterns_factory import STEPS, make_doc
 
-    from eroica.collector.facts import Category
+    from eroica.schema.patterns import Category
 
     spike = 3
     docs = []

@@ -1,5 +1,5 @@
 """The names of a run directory's files, in one place: the collector writes them, the engine reads
-them, and the CLI tells a run directory from profiler traces by them (without importing either)."""
+them, the service and the CLI tell a run directory from profiler traces by them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.json$")                  # one rank's pattern document
 TRACE_FILE = re.compile(r"^rank-(\d+)\.trace\.json$")          # its bounded raw trace, when kept
+PACKED_NAME = "pack-gathered.jsonl"                            # rank 0's file of a gathered window
 PACKED_FILE = re.compile(r"^(?:host|pack)-[\w.-]+\.jsonl$")     # many ranks' documents, one per line
 
 

@@ -7,7 +7,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
-from eroica.engine.hang import HangFinding
+from eroica.schema.hang import HangFinding
 
 DIAGNOSIS_SCHEMA: Final = "eroica.diagnosis/v1"
 
@@ -154,6 +154,37 @@ class PeerGroupInfo(Frozen):
     reason: str
 
 
+HISTORY_DEVIATIONS_MAX: Final = 4096     # config deviations a window's history summary keeps
+
+
+class ConfigSeen(Frozen):
+    """A rank that ran with `key=value` while most of its peer group ran `peer_value`."""
+
+    rank: NonNegativeInt
+    key: str
+    value: str
+    peer_value: str
+
+
+class FindingSeen(Frozen):
+    root_cause: str
+    ranks: list[NonNegativeInt]
+
+
+class WindowHistory(Frozen):
+    """What a later window of the same run needs of this one, instead of its documents: the job's
+    step time then, the settings in which ranks differed from their peers, and what was found.
+    A later window's config deviation that this window already showed while the job was clearly
+    faster cannot explain the later slowdown; a cause found again on the same ranks is surer."""
+
+    window: str
+    start_step: NonNegativeInt
+    job_step_seconds: float = Field(ge=0)          # the median rank's step time in the window
+    config_deviations: list[ConfigSeen] = Field(default_factory=list, max_length=HISTORY_DEVIATIONS_MAX)
+    config_deviations_dropped: NonNegativeInt = 0  # past HISTORY_DEVIATIONS_MAX: not kept
+    findings: list[FindingSeen] = Field(default_factory=list)
+
+
 class WindowDiagnosis(Frozen):
     window: str
     start_step: NonNegativeInt
@@ -171,6 +202,9 @@ class WindowDiagnosis(Frozen):
     heatmap: Heatmap | None = None
     step_series: StepSeries | None = None
     raw_traces: dict[str, str] = Field(default_factory=dict)   # rank -> bounded Chrome-trace file
+    # what a later window of the run reads of this one (eroica.engine.history), so that it is never
+    # loaded again
+    history: WindowHistory | None = None
 
 
 class Diagnosis(Frozen):

@@ -1,0 +1,155 @@
+"""The hang documents: a rank's watchdog snapshot (`eroica.hang/v1`, what eroica.collector.hang
+writes and the service accepts) and the engine's verdict on a hang (`HangFinding`).
+
+The snapshot is typed down to the fields the engine reads and bounded (every string has a length,
+every number fits its column); fields the collector adds later are dropped, not refused.
+A native dump (`hang-native/rank-<R>.txt`) starts with a JSON header padded to NATIVE_HEADER bytes,
+then faulthandler's text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+
+from eroica.schema.patterns import MAX_STEP, MAX_WORLD_SIZE
+
+HANG_SCHEMA: Final = "eroica.hang/v1"
+NATIVE_HEADER: Final = 512                 # bytes of JSON header before faulthandler's text
+MAX_INT = 2**31 - 1
+Step = Field(ge=0, le=MAX_STEP)
+
+
+class _Part(BaseModel):
+    # the collector may add fields to a part; those the engine reads are typed, the rest are dropped
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class Frame(_Part):
+    file: str = Field(max_length=4096)
+    line: int = Field(ge=0, le=MAX_INT)
+    function: str = Field(max_length=1024)
+    code: str = Field("", max_length=1024)
+
+
+class CollectiveCall(_Part):
+    """The last collective a rank entered or completed through torch.distributed's Python API."""
+
+    op: str = Field(max_length=128)
+    seq: int | None = Field(None, ge=0, le=2**62)
+    shape: list[int] | None = Field(None, max_length=64)
+    dtype: str | None = Field(None, max_length=64)
+    file: str = Field(max_length=4096)
+    line: int = Field(ge=0, le=MAX_INT)
+    function: str = Field(max_length=1024)
+    wall_time: float | None = None
+
+
+class FlightRecord(_Part):
+    """One entry of torch's Flight Recorder, as the collector keeps it."""
+
+    seq: int | None = Field(None, ge=0, le=2**62)
+    op: str | None = Field(None, max_length=128)
+    sizes: list[list[int]] | None = Field(None, max_length=64)
+    state: str | None = Field(None, max_length=64)
+    pg: str | int | None = None
+
+
+class Nic(_Part):
+    operstate: str = Field("unknown", max_length=16)
+    rx_bytes_per_second: float | None = None
+    tx_bytes_per_second: float | None = None
+
+
+class PeerView(_Part):
+    step: int | None = Field(None, ge=0, le=MAX_STEP)
+    heartbeat: None = None
+    heartbeat_age_seconds: float | None = None
+    host: str | None = Field(None, max_length=255)
+    pid: int | None = Field(None, ge=0, le=MAX_INT)
+    process_alive: bool | None = None
+    error: str | None = Field(None, max_length=1000)
+
+
+class HangSnapshot(_Part):
+    """One rank's snapshot, as its watchdog writes it (eroica.collector.hang)."""
+
+    schema_: Literal["eroica.hang/v1"] = Field(alias="schema")
+    job: str = Field("", max_length=256)
+    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE)
+    world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
+    host: str | None = Field(None, max_length=255)
+    pid: int | None = Field(None, ge=0, le=MAX_INT)
+    wall_time: float = Field(ge=0, lt=1e11)
+    last_step: int = Step
+    stalled_seconds: float = Field(ge=0, lt=1e9)
+    limit_seconds: float = Field(ge=0, lt=1e9)
+    median_step_seconds: float | None = Field(None, ge=0, lt=1e9)
+    error: str | None = Field(None, max_length=4000)
+    stack: list[Frame] = Field(max_length=200)
+    stack_gap: str | None = Field(None, max_length=1000)
+    seq: int | None = Field(None, ge=0, le=2**62)
+    last_entered: CollectiveCall | None = None
+    last_completed: CollectiveCall | None = None
+    flight_recorder: list[FlightRecord] | None = Field(None, max_length=64)
+    process_cpu_ratio: float | None = None
+    nics: dict[str, Nic] = Field(default_factory=dict, max_length=256)
+    peers: dict[str, PeerView] = Field(default_factory=dict, max_length=4096)
+    peers_wall_time: float | None = None
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _rank_in_world(self) -> HangSnapshot:
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is not in 0..world_size-1 ({self.world_size})")
+        return self
+
+
+# ---------------------------------------------------------------- the verdict
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HangFrame(Frozen):
+    file: str
+    line: int
+    function: str
+    code: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.function} ({Path(self.file).name}:{self.line}){f': {self.code}' if self.code else ''}"
+
+
+State = Literal["waiting_in_collective", "before_collective", "different_collective", "dead", "silent",
+                "link_down", "errored"]
+
+
+class HangRankState(Frozen):
+    rank: NonNegativeInt
+    state: State
+    last_step: int | None = None
+    seq: int | None = None
+    collective: str | None = None            # what it stands in: "all_reduce [1] at x.py:12" or "backward"
+    where: HangFrame | None = None           # its innermost frame in the user's code
+    in_data_loader: bool = False
+    waits_on_lock: bool = False
+    detail: str = ""
+
+
+Cause = Literal["hang_dataloader", "hang_user_code", "hang_desync", "rank_died", "hang_link", "hang_unknown"]
+Category = Literal["software", "hardware"]
+
+
+class HangFinding(Frozen):
+    root_cause: Cause
+    category: Category
+    ranks: list[NonNegativeInt]
+    where: HangFrame | None
+    confidence: float = Field(ge=0, le=1)
+    summary: str
+    evidence: list[str]
+    stalled_seconds: float
+    limit_seconds: float
+    states: list[HangRankState]
