@@ -10,6 +10,7 @@ text is kept once, compressed, with each document's row pointing at its line (er
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import time
@@ -24,7 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from eroica.schema.patterns import PatternsDoc
 from eroica.service.db import batches, documents, windows
 from eroica.service.errors import IngestError
-from eroica.service.runs import insert_ignore, touch_run, valid_job_id
+from eroica.service.runs import touch_run, valid_job_id
 
 MAX_LINES = 4096          # documents per batch (a host has at most a few dozen ranks)
 
@@ -56,60 +57,59 @@ def same(packed: bytes, body: bytes) -> bool:
 
 
 def ingest_many(eng: sa.Engine, job_id: str, docs: list[tuple[int, PatternsDoc, bytes]], now: float | None = None,
-                name: str | None = None, packed: bytes | None = None) -> BulkIngested:
+                name: str | None = None, packed: bytes | None = None, alone: bool = False) -> BulkIngested:
     """Store a batch of (line, document, its JSON text) of run `job_id` in one transaction. `packed`:
-    the whole body gzip'd, when it came so (its non-empty lines are `docs`, in order), kept as is."""
+    the whole body gzip'd, when it came so (its non-empty lines are `docs`, in order), kept as is.
+    `alone`: one document uploaded by itself, kept in its own row (no batch row)."""
     now = time.time() if now is None else now
     valid_job_id(job_id)
     world = docs[0][1].job.world_size
     by_window: dict[str, list[tuple[int, PatternsDoc, bytes]]] = defaultdict(list)
     seen: dict[tuple[str, int], int] = {}
+    where = (lambda n: "") if alone else (lambda n: f"line {n}: ")  # noqa: E731
     for line, doc, text in docs:
         if doc.job.world_size != world:
-            raise IngestError(422, f"line {line}: world size {doc.job.world_size}, line {docs[0][0]} says {world}",
+            raise IngestError(422, f"{where(line)}world size {doc.job.world_size}, line {docs[0][0]} says {world}",
                               "job.world_size")
         if doc.job.rank >= world:
-            raise IngestError(422, f"line {line}: rank {doc.job.rank} is outside the job's world of {world}",
+            raise IngestError(422, f"{where(line)}rank {doc.job.rank} is outside the job's world of {world}",
                               "job.rank")
         key = (doc.window.window_id, doc.job.rank)
         if key in seen:
-            raise IngestError(422, f"line {line}: rank {doc.job.rank} of window {key[0]} again (line {seen[key]})",
+            raise IngestError(422, f"{where(line)}rank {doc.job.rank} of window {key[0]} again (line {seen[key]})",
                               "job.rank")
         seen[key] = line
         by_window[doc.window.window_id].append((line, doc, text))
-    dialect = postgresql if eng.dialect.name == "postgresql" else sqlite
+    st = _statements(eng.dialect.name)
     created = existing = 0
     pks: list[int] = []
-    # the batch is kept once, as its lines (a document's `line` is its index among them)
-    index = {line: i for i, (line, _, _) in enumerate(docs)}
-    if packed is None:
+    index = {line: i for i, (line, _, _) in enumerate(docs)}   # a document's line: its index among the batch's
+    if not alone and packed is None:
         packed = gzip.compress(b"".join(text.strip() + b"\n" for _, _, text in docs), 1)
     with eng.begin() as c:
-        batch_pk = c.execute(batches.insert().values(body=packed, received_at=now).returning(batches.c.pk)).scalar_one()
+        batch_pk = None if alone else c.execute(st.batch, {"body": packed, "received_at": now}).scalar_one()
         for host in sorted({d.job.hostname for _, d, _ in docs}):
             touch_run(c, job_id, name, world, host, now, "job.world_size")
         for wid, items in by_window.items():
-            win = items[0][1].window
-            locked = (sa.select(windows).where(windows.c.job_id == job_id, windows.c.window_id == wid)
-                      .with_for_update(key_share=True))
-            w = c.execute(locked).mappings().first()
+            w = c.execute(st.window, {"job": job_id, "wid": wid}).mappings().first()
             if w is None:              # the window's first documents (or another replica's, at the same moment)
-                insert_ignore(c, windows, {
+                win = items[0][1].window
+                c.execute(st.new_window, {
                     "job_id": job_id, "window_id": wid, "world_size": world, "start_step": win.start_step,
                     "end_step": win.end_step, "trigger": win.trigger, "status": "collecting", "ranks_reported": 0,
-                    "first_doc_at": now, "last_doc_at": now, "attempts": 0}, ["job_id", "window_id"])
-                w = c.execute(locked).mappings().one()
+                    "first_doc_at": now, "last_doc_at": now, "attempts": 0})
+                w = c.execute(st.window, {"job": job_id, "wid": wid}).mappings().one()
             pk = w["pk"]
             pks.append(pk)
             rows = {doc.job.rank: {"window_pk": pk, "rank": doc.job.rank,
-                                   "sha256": hashlib.sha256(text.strip()).hexdigest(), "body": None,
-                                   "batch_pk": batch_pk, "line": index[line], "host": doc.job.hostname,
-                                   "received_at": now}
+                                   "sha256": hashlib.sha256(text.strip()).hexdigest(),
+                                   "body": gzip.compress(text, 1) if alone else None,
+                                   "batch_pk": batch_pk, "line": None if alone else index[line],
+                                   "host": doc.job.hostname, "received_at": now}
                     for line, doc, text in items}
             ranks = list(rows)
             # executemany: one compiled statement, sent as multi-row INSERTs (SQLAlchemy's insertmanyvalues)
-            stmt = dialect.insert(documents).on_conflict_do_nothing(index_elements=["window_pk", "rank"])
-            stored = set(c.execute(stmt.returning(documents.c.rank), [rows[r] for r in ranks]).scalars())
+            stored = set(c.execute(st.documents, [rows[r] for r in ranks]).scalars())
             again = [r for r in ranks if r not in stored]
             if again:
                 old = {r: h for r, h in c.execute(sa.select(documents.c.rank, documents.c.sha256).where(
@@ -117,16 +117,42 @@ def ingest_many(eng: sa.Engine, job_id: str, docs: list[tuple[int, PatternsDoc, 
                 for line, doc, _ in items:
                     r = doc.job.rank
                     if r in old and old[r] != rows[r]["sha256"]:
-                        raise IngestError(409, f"line {line}: window {wid} already has a different document for "
-                                               f"rank {r}; nothing of this batch was stored", "job.rank")
+                        raise IngestError(409, f"{where(line)}window {wid} already has a different document for "
+                                               f"rank {r}" + ("" if alone else "; nothing of this batch was stored"),
+                                          "job.rank")
             created += len(stored)
             existing += len(again)
             if stored:
                 upd = _window_update(w, items, len(stored), now)
                 c.execute(windows.update().where(windows.c.pk == pk).values(**upd))
-        if not created:            # all of it was here already: keep nothing of this copy
+        if batch_pk is not None and not created:      # all of it was here already: keep nothing of this copy
             c.execute(batches.delete().where(batches.c.pk == batch_pk))
     return BulkIngested(created, existing, pks)
+
+
+@dataclass(frozen=True)
+class _Statements:
+    """The ingestion's statements, built once per dialect and executed with parameters (building a
+    statement costs more than running it on a small row)."""
+
+    batch: Any
+    window: Any
+    new_window: Any
+    documents: Any
+
+
+@functools.cache
+def _statements(dialect_name: str) -> _Statements:
+    dialect = postgresql if dialect_name == "postgresql" else sqlite
+    return _Statements(
+        batch=batches.insert().returning(batches.c.pk),
+        window=(sa.select(windows).where(windows.c.job_id == sa.bindparam("job"),
+                                         windows.c.window_id == sa.bindparam("wid"))
+                .with_for_update(key_share=True)),
+        new_window=dialect.insert(windows).on_conflict_do_nothing(index_elements=["job_id", "window_id"]),
+        documents=(dialect.insert(documents).on_conflict_do_nothing(index_elements=["window_pk", "rank"])
+                   .returning(documents.c.rank)),
+    )
 
 
 def _window_update(w: Any, items: list[tuple[int, PatternsDoc, bytes]], n: int, now: float) -> dict[str, Any]:

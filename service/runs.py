@@ -10,6 +10,7 @@ another job's issues."""
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import time
@@ -78,6 +79,15 @@ def upsert(c: sa.Connection, table: sa.Table, values: dict[str, Any], keys: list
                                          set_={k: stmt.excluded[k] for k in values if k not in keys}))
 
 
+@functools.cache
+def _run_statements(dialect_name: str) -> tuple[Any, Any]:
+    """touch_run's hot statements, built once (see eroica.service.bulk)."""
+    dialect = postgresql if dialect_name == "postgresql" else sqlite
+    seen = sa.select(jobs.c.world_size, jobs.c.name, jobs.c.last_seen, jobs.c.ended_at).where(
+        jobs.c.id == sa.bindparam("job"))
+    return seen, dialect.insert(job_hosts).on_conflict_do_nothing(index_elements=["job_id", "host"])
+
+
 def touch_run(c: sa.Connection, job_id: str, name: str | None, world: int, host: str | None, now: float,
               field: str) -> None:
     """Create the run or mark it seen (alive again, its host added). A world size that differs from
@@ -85,11 +95,11 @@ def touch_run(c: sa.Connection, job_id: str, name: str | None, world: int, host:
     already has (409). The name is the run's own id until something names it."""
     if name is not None:
         valid_job_id(name, NAME_HEADER)
-    seen = c.execute(sa.select(jobs.c.world_size, jobs.c.name, jobs.c.last_seen, jobs.c.ended_at)
-                     .where(jobs.c.id == job_id)).first()
+    seen_q, host_q = _run_statements(c.dialect.name)
+    seen = c.execute(seen_q, {"job": job_id}).first()
     if seen is not None and seen.world_size == world and (not name or seen.name == name):
         if host:                # a host's first document adds its row; no lock on the run's row
-            insert_ignore(c, job_hosts, {"job_id": job_id, "host": host, "first_seen": now}, ["job_id", "host"])
+            c.execute(host_q, {"job_id": job_id, "host": host, "first_seen": now})
         if seen.ended_at is None and now - seen.last_seen < SEEN_EVERY_SECONDS:
             return              # nothing else to change: the hot path of a wide window
     insert_ignore(c, jobs, {"id": job_id, "name": name or job_id, "world_size": world, "hosts": [],

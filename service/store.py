@@ -9,7 +9,6 @@ Every write is one short transaction. Claims work on SQLite and PostgreSQL alike
 from __future__ import annotations
 
 import gzip
-import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,8 @@ import sqlalchemy as sa
 
 from eroica.schema.diagnosis import Diagnosis
 from eroica.schema.patterns import PatternsDoc
-from eroica.service.db import diagnoses, documents, findings, issues, jobs, reading, steps, windows
+from eroica.service.bulk import ingest_many
+from eroica.service.db import diagnoses, findings, issues, jobs, reading, steps, windows
 from eroica.service.docs import window_packs
 from eroica.service.errors import IngestError
 from eroica.service.lifecycle import OPEN_STATES, RESEND, record_findings
@@ -40,43 +40,9 @@ def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: floa
            name: str | None = None) -> Ingested:
     """Store one rank's document of one window of run `job_id` of job `name` (the run's id when none).
     The same document again is a no-op; another document for a rank already stored is refused (409);
-    a rank outside the window's world is refused (422)."""
-    now = time.time() if now is None else now
-    valid_job_id(job_id)
-    rank, world = doc.job.rank, doc.job.world_size
-    if rank >= world:
-        raise IngestError(422, f"rank {rank} is outside the job's world of {world}", "job.rank")
-    digest = hashlib.sha256(text.strip()).hexdigest()     # as a batch's line is hashed (eroica.service.bulk)
-    win = doc.window
-    with eng.begin() as c:
-        touch_run(c, job_id, name, world, doc.job.hostname, now, "job.world_size")
-        insert_ignore(c, windows, {
-            "job_id": job_id, "window_id": win.window_id, "world_size": world, "start_step": win.start_step,
-            "end_step": win.end_step, "trigger": win.trigger, "status": "collecting", "ranks_reported": 0,
-            "first_doc_at": now, "last_doc_at": now, "attempts": 0}, ["job_id", "window_id"])
-        w = c.execute(sa.select(windows).where(windows.c.job_id == job_id, windows.c.window_id == win.window_id)
-                      .with_for_update(key_share=True)).mappings().one()
-        pk = w["pk"]
-        if not insert_ignore(c, documents, {"window_pk": pk, "rank": rank, "sha256": digest,
-                                            "body": gzip.compress(text, 1), "host": doc.job.hostname,
-                                            "received_at": now}, ["window_pk", "rank"]):
-            old = c.execute(sa.select(documents.c.sha256).where(documents.c.window_pk == pk,
-                                                                documents.c.rank == rank)).scalar()
-            if old != digest:
-                raise IngestError(409, f"window {win.window_id} already has a different document for rank "
-                                       f"{rank}", "job.rank")
-            return Ingested(pk, False)
-        update: dict[str, Any] = {"ranks_reported": windows.c.ranks_reported + 1, "last_doc_at": now}
-        opened = win.opened_unix_seconds
-        if opened is not None and (w["window_opened_at"] is None or opened < w["window_opened_at"]):
-            update["window_opened_at"] = opened
-        closed = win.closed_unix_seconds
-        if closed is not None and (w["window_closed_at"] is None or closed > w["window_closed_at"]):
-            update["window_closed_at"] = closed
-        if w["status"] in ("done", "failed"):
-            update.update(status="ready", attempts=0)      # a late rank: diagnose the window again with it
-        c.execute(windows.update().where(windows.c.pk == pk).values(**update))
-    return Ingested(pk, True)
+    a rank outside the window's world is refused (422). (A batch of one: eroica.service.bulk.)"""
+    got = ingest_many(eng, job_id, [(1, doc, text)], now, name, alone=True)
+    return Ingested(got.windows[0], bool(got.created))
 
 
 def mark_ready(eng: sa.Engine, grace_seconds: float, now: float | None = None) -> int:
