@@ -153,9 +153,46 @@ def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conc
                       for f in facts if isinstance(f, ConfigDeviation)],
             sites={k[5:]: v for k, v in (w.columns.config[row] if row is not None else ()) if k.startswith("site.")},
         ))
-    findings = _same_cause(explain_away(findings, taxonomy, resolution))
+    findings = _host_wide(_same_cause(explain_away(findings, taxonomy, resolution)), w)
     findings.sort(key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
     return findings
+
+
+def _host_wide(findings: list[Finding], w: WindowData) -> list[Finding]:
+    """A cause found on every rank of one host (a host of two or more ranks, on a job of more than one
+    host) is that host's problem: one finding for the host, not one per rank. A cause on some of a
+    host's ranks stays theirs."""
+    c = w.columns
+    on_host: dict[str, set[int]] = {}
+    for r, h in zip(c.ranks, c.hostname):
+        on_host.setdefault(h, set()).add(r)
+    if len(on_host) < 2:
+        return findings
+    out: list[Finding] = []
+    by: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        if len(f.hosts) == 1 and len(on_host.get(f.hosts[0], ())) >= 2:
+            by.setdefault((f.root_cause, f.hosts[0]), []).append(f)
+        else:
+            out.append(f)
+    for (_, host), fs in by.items():
+        ranks = sorted({r for f in fs for r in f.ranks})
+        if set(ranks) != on_host[host]:
+            out.extend(fs)
+            continue
+        fs.sort(key=lambda f: (-f.confidence, f.ranks))
+        top = fs[0]
+        evidence = [f"every rank of host {host} ({', '.join(map(str, ranks))}) shows it: the host's problem"]
+        for f in fs:
+            evidence += [e for e in f.evidence if e not in evidence]
+        out.append(top.model_copy(update={
+            "ranks": ranks, "scope": "host", "evidence": evidence,
+            "summary": f"host {host}: {top.summary}",
+            "excess_seconds_per_step": max(f.excess_seconds_per_step for f in fs),
+            "rule_ids": sorted({r for f in fs for r in f.rule_ids}),
+            "rule_status": {k: v for f in fs for k, v in f.rule_status.items()},
+            "settings": [s for f in fs for s in f.settings]}))
+    return out
 
 
 def _same_cause(findings: list[Finding]) -> list[Finding]:

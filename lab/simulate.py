@@ -276,7 +276,8 @@ def _write_hosts(args: tuple[Path, Layout, str, list[int], list[int], list[int],
 
 
 def simulate(out: Path, ranks: int, fault: str, seed: int = 0, pp: int = 1, packed: bool = False,
-             tp: int = 1, ep: int = 1, culprits_total: int = 1, workers: int | None = None) -> dict[str, object]:
+             tp: int = 1, ep: int = 1, culprits_total: int = 1, workers: int | None = None,
+             culprits: list[int] | None = None) -> dict[str, object]:
     """`packed`: one `host-<name>.jsonl` per host (one document per line) instead of a file per rank;
     `culprits_total`: how many ranks the fault hits (the same fault on each); `workers`: processes
     (default: every core for a large fleet). Each rank's noise comes from its own seed, so the files
@@ -285,7 +286,10 @@ def simulate(out: Path, ranks: int, fault: str, seed: int = 0, pp: int = 1, pack
 
     lay = Layout(ranks, tp=tp, pp=pp, ep=ep)
     rng = random.Random(seed)
-    culprits = [] if fault == "none" else sorted(rng.sample(range(ranks), culprits_total))
+    if culprits is None:       # `culprits`: the ranks the fault hits, chosen (e.g. every rank of one host)
+        culprits = [] if fault == "none" else sorted(rng.sample(range(ranks), culprits_total))
+    else:
+        culprits = sorted(set(culprits))
     seeds = [seed * 1_000_003 + r for r in range(ranks)]
     n = workers or (os.cpu_count() or 1 if ranks >= PARALLEL_MIN_RANKS else 1)
     # shares of whole hosts (a packed file is one host's ranks)

@@ -98,6 +98,9 @@ class Finding(Frozen):
     # where the culprit's code is, as its collector recorded it (`step`, `loader`, `region.<name>` ->
     # "path:line"); empty when the privacy level hid paths or the run predates it
     sites: dict[str, str] = Field(default_factory=dict)
+    # "host": every rank of one host (two or more) showed this cause, so it is the host's problem (its
+    # link, its CPUs, its cgroup), named once; "rank": the ranks named, not their host
+    scope: Literal["rank", "host"] = "rank"
 
 
 class Coverage(Frozen):
