@@ -3,7 +3,6 @@ fleet), and the schema's versioned migrations (Alembic, `service/migrations/`)."
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -190,36 +189,10 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-class _WriterTurns:
-    """This process's writers to one SQLite file take turns on a lock of their own before SQLite's.
-
-    SQLite's busy handler waits by sleeping (1, 2, 5 ... 100 ms) and polling: under many concurrent
-    writers the write lock is free most of the time while they sleep (8 uploading threads stored
-    about 300 batches/s that way). A thread waiting here is woken the moment the writer before it
-    is done. The turn is held from BEGIN IMMEDIATE until the connection goes back to the pool (after
-    its COMMIT or ROLLBACK); other processes (another replica on the same file) still meet SQLite's
-    own lock and its busy handler."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()      # released at check-in, which may be on another thread (gc)
-
-    def begin(self, conn: Any) -> None:
-        if conn.get_execution_options().get("eroica_read"):
-            conn.exec_driver_sql("BEGIN")      # a read takes no lock and, in WAL mode, never waits
-            return
-        rec = conn.connection._connection_record     # the pooled connection: released at its check-in
-        if not rec.info.get("eroica_turn"):          # its next transaction before check-in keeps the turn
-            self.lock.acquire()
-            rec.info["eroica_turn"] = True
-        try:   # a write takes the write lock at once (no upgrade deadlocks)
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-        except BaseException:
-            self.release(None, rec)
-            raise
-
-    def release(self, _dbapi_conn: Any, rec: Any) -> None:
-        if rec.info.pop("eroica_turn", False):
-            self.lock.release()
+def _sqlite_begin(conn: Any) -> None:
+    # a write takes the write lock at once (no upgrade deadlocks); a read (`reading`) takes none and,
+    # in WAL mode, never waits for a writer
+    conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get("eroica_read") else "BEGIN IMMEDIATE")
 
 
 def reading(eng: sa.Engine) -> sa.Connection:
@@ -235,10 +208,8 @@ def make_engine(url: str) -> sa.Engine:
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
     if url.startswith("sqlite"):
         eng = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
-        turns = _WriterTurns()
         sa.event.listen(eng, "connect", _sqlite_pragmas)
-        sa.event.listen(eng, "begin", turns.begin)
-        sa.event.listen(eng.pool, "checkin", turns.release)
+        sa.event.listen(eng, "begin", _sqlite_begin)
         return eng
     return sa.create_engine(url, pool_pre_ping=True)
 

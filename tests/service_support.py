@@ -131,15 +131,17 @@ SERVE_TOKEN = "e2e-token"
 
 
 @contextlib.contextmanager
-def serve(tmp: Path, *args: str) -> Iterator[str]:
-    """`eroica serve` as a user runs it, until the block ends."""
+def serve(tmp: Path, *args: str, host: str = "127.0.0.1") -> Iterator[str]:
+    """`eroica serve` as a user runs it, until the block ends (on `host`: another address than the
+    loopback one, e.g. a simulated hosts' bridge)."""
     port = free_port()
     (tmp / "token").write_text(SERVE_TOKEN)
     eroica = Path(sys.executable).parent / "eroica"
     log = (tmp / "serve.log").open("w")
     p = subprocess.Popen([str(eroica), "serve", "--data", str(tmp / "data"), "--port", str(port), "--token-file",
-                          str(tmp / "token"), "--grace-seconds", "10", *args], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+                          str(tmp / "token"), "--grace-seconds", "10", "--host", host, *args], stdout=log,
+                         stderr=subprocess.STDOUT)
+    url = f"http://{host}:{port}"
     try:
         deadline = time.time() + 60
         while True:

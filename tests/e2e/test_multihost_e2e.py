@@ -1,0 +1,167 @@
+"""Many hosts, proven on one machine: 4 simulated hosts (each its own network namespace, hostname,
+/tmp, /etc/hosts and cpu cgroup: eroica.lab.hosts) x 2 ranks, one multi-node `torchrun` (c10d
+rendezvous) attached by `eroica run`, sending to one `eroica serve` over the hosts' links.
+
+- every host runs its own sampler helper; the service lists the job's four hosts;
+- a host-wide fault (host 2's cgroup throttled) is named once, as that host's problem, and the
+  drain list proposes that host;
+- a rank-local fault on a two-rank host names the rank, not its host;
+- the time from the fault to the stored finding, through the service, is reported."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from service_support import SERVE_TOKEN, get, serve
+
+from eroica.lab.hosts import Hosts, available
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).parents[2]
+OK, WHY = available()
+HOSTS, PER_HOST = 4, 2
+
+
+@contextlib.contextmanager
+def cluster(tmp: Path) -> Iterator[tuple[Hosts, str]]:
+    hosts = Hosts(HOSTS, tmp / "hosts").create()
+    try:
+        with serve(tmp, "--drain-min-jobs", "1", host=hosts.bridge_ip) as url:
+            yield hosts, url
+    finally:
+        assert hosts.cleanup() == []
+
+
+def start_job(hosts: Hosts, url: str, tmp: Path, job: str, steps: int, *script: str) -> list[subprocess.Popen[bytes]]:
+    port = 29400 + int(hosts.tag, 16) % 500
+    procs = []
+    for i in range(HOSTS):
+        out = tmp / f"h{i}" / job           # the same run name on every host: one job id at the service
+        out.parent.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "eroica.cli.main", "run", "--out", str(out), "--sink", url, "--job", job, "--",
+                sys.executable, "-m", "torch.distributed.run", "--nnodes", str(HOSTS), "--nproc-per-node",
+                str(PER_HOST), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.name(0)}:{port}",
+                "--rdzv-id", f"{job}-{hosts.tag}", "--max-restarts", "0", "--monitor-interval", "1",
+                str(ROOT / "examples" / "train_ddp.py"), "--steps", str(steps), *script]
+        env = {**os.environ, "EROICA_SINK_TOKEN": SERVE_TOKEN, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
+               "PYTHONUNBUFFERED": "1"}
+        with (tmp / f"h{i}-{job}.log").open("wb") as log:     # the child keeps its own copy of the handle
+            procs.append(subprocess.Popen(hosts.command(i, argv, keep=[tmp, ROOT]), env=env, stdout=log,
+                                          stderr=subprocess.STDOUT))
+    return procs
+
+
+def until(cond: Callable[[], Any], timeout: float, procs: list[subprocess.Popen[bytes]], tmp: Path) -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            got = cond()
+        except TimeoutError:       # the service shares 2 cores with 8 ranks starting up: ask again
+            got = None
+        if got:
+            return got
+        if all(p.poll() is not None for p in procs):
+            got = cond()
+            if got:
+                return got
+            logs = "\n".join(f.read_text(errors="replace")[-1500:] for f in sorted(tmp.glob("h*-*.log")))
+            raise AssertionError(f"the job ended first: {[p.returncode for p in procs]}\n{logs}")
+        time.sleep(0.5)
+    raise AssertionError(f"not within {timeout} s")
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def job_id(url: str, name: str) -> str | None:
+    jobs = get(url + "/v1/jobs")
+    assert isinstance(jobs, list)
+    return next((j["id"] for j in jobs if j["name"] == name), None)
+
+
+def helpers_by_host(hosts: Hosts) -> dict[int, int]:
+    """Sampler helper processes on each host (found by the host's cgroup)."""
+    out = {}
+    for i in range(HOSTS):
+        n = 0
+        for pid in hosts.pids(i):
+            with contextlib.suppress(psutil.Error):
+                if "sampler_proc" in " ".join(psutil.Process(pid).cmdline()) or "host_sampler" in " ".join(
+                        psutil.Process(pid).cmdline()):
+                    n += 1
+        out[i] = n
+    return out
+
+
+@pytest.mark.skipif(not OK, reason=WHY)
+def test_a_host_wide_fault_is_the_hosts_problem_named_once_and_the_host_is_proposed_for_draining(
+        tmp_path: Path) -> None:
+    with cluster(tmp_path) as (hosts, url):
+        procs = start_job(hosts, url, tmp_path, "mh-host", 400)
+        try:
+            jid = until(lambda: job_id(url, "mh-host"), 240, procs, tmp_path)
+            # healthy first: the detector learns the job's step time from its own history
+            until(lambda: len((get(f"{url}/v1/jobs/{jid}") or {}).get("steps", [])) >= 2, 240, procs, tmp_path)
+            t_fault = time.time()
+            hosts.throttle(2, 0.25)           # host 2's cgroup: both its ranks starve together
+            helpers: dict[int, int] = {}
+
+            def found() -> Any:
+                for i, n in helpers_by_host(hosts).items():      # the helpers live while windows are open
+                    helpers[i] = max(helpers.get(i, 0), n)
+                return next((f for f in get(f"{url}/v1/findings?job={jid}&min_confidence=0.5") or []
+                             if f["hosts"] == [hosts.name(2)]), None)
+            f = until(found, 300, procs, tmp_path)
+            t_found = time.time()
+            job = get(f"{url}/v1/jobs/{jid}")
+            drain = get(f"{url}/v1/drain")
+            d = get(f"{url}/v1/windows/{f['window_pk']}/diagnosis")
+        finally:
+            stop(procs)
+    print(f"host-wide fault to stored finding: {t_found - t_fault:.1f} s ({f['root_cause']}, ranks {f['ranks']})")
+    assert isinstance(job, dict) and job["hosts"] == sorted(hosts.name(i) for i in range(HOSTS))
+    assert job["world_size"] == HOSTS * PER_HOST
+    assert helpers == {i: 1 for i in range(HOSTS)}, helpers             # one sampler helper per host
+    assert f["category"] == "hardware" and f["root_cause"] in ("cpu_throttled", "cpu_contention"), f
+    assert len(f["ranks"]) == PER_HOST                                  # named once, for the host's two ranks
+    assert isinstance(d, dict)
+    (wf,) = [x for x in d["windows"][0]["findings"] if x["root_cause"] == f["root_cause"]]
+    assert wf["scope"] == "host" and wf["summary"].startswith(f"host {hosts.name(2)}:")
+    assert isinstance(drain, dict) and hosts.name(2) in [h["host"] for h in drain["hosts"]], drain
+
+
+@pytest.mark.skipif(not OK, reason=WHY)
+def test_a_rank_local_fault_on_a_two_rank_host_names_the_rank_not_the_host(tmp_path: Path) -> None:
+    with cluster(tmp_path) as (hosts, url):
+        procs = start_job(hosts, url, tmp_path, "mh-rank", 400, "--fault", "dataloader_stall", "--fault-rank", "5",
+                          "--fault-step", "40")
+        try:
+            jid = until(lambda: job_id(url, "mh-rank"), 240, procs, tmp_path)
+            f = until(lambda: next((f for f in get(f"{url}/v1/findings?job={jid}&min_confidence=0.5") or []
+                                    if f["root_cause"] == "dataloader_stall"), None), 400, procs, tmp_path)
+            d = get(f"{url}/v1/windows/{f['window_pk']}/diagnosis")
+        finally:
+            stop(procs)
+    assert f["ranks"] == [5], f
+    assert isinstance(d, dict)
+    (wf,) = [x for x in d["windows"][0]["findings"] if x["root_cause"] == "dataloader_stall"]
+    assert wf["scope"] == "rank" and len(wf["hosts"]) == 1
