@@ -272,7 +272,8 @@ class HangState(Fact):
     """Where one rank stands in a hang, beside its peers (eroica.engine.hang): `state` is one of
     waiting_in_collective, before_collective (it never reached the collective most ranks wait in),
     different_collective (it ran ahead, or stands in another collective or shape), dead (its process
-    is gone), silent (no snapshot), link_down, errored (its collective failed)."""
+    is gone), gone (no snapshot, and its heartbeat stopped while the others' kept coming: died or cut
+    off, seen across hosts), silent (no snapshot), link_down, errored (its collective failed)."""
 
     kind: Literal["hang_state"] = "hang_state"
     state: str

@@ -158,6 +158,7 @@ def _down(s: dict) -> set[str]:  # type: ignore[type-arg]
     return {n for n, v in (s.get("nics") or {}).items() if n != "lo" and v.get("operstate") == "down"}
 
 
+GONE_SECONDS = 15.0       # a heartbeat (every 2 s from a living rank's watchdog) this old: the rank is gone
 SILENT_LISTED = 1024      # silent ranks stated one by one; past it, only those a peer said something of
 
 
@@ -188,15 +189,24 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
     at_mode = [s for s in snaps if s.get("seq") == mode]
     current = {id(s): _current(s) for s in snaps}                  # where each rank stands, once
     majority = Counter(current[id(s)] for s in at_mode).most_common(1)[0][0] if at_mode else None
+    # the store works: some peer's heartbeat is fresh (the watchdogs of hung but living ranks keep beating)
+    alive_beats = any(v.get("heartbeat_age_seconds") is not None and v["heartbeat_age_seconds"] < GONE_SECONDS / 2
+                      for view in views for v in view.values() if isinstance(v, dict))
     for r in _ranks_to_state(world, by, views):
         s = by.get(r)
         if s is None:
             seen = [v.get(str(r), {}) for v in views]
             gone = [v for v in seen if v.get("process_alive") is False]
             ages = [v["heartbeat_age_seconds"] for v in seen if v.get("heartbeat_age_seconds") is not None]
+            host = next((v.get("host") for v in seen if v.get("host")), None)
             if gone:
-                out.append(HangRankState(rank=r, state="dead", detail=f"its process (pid {gone[0].get('pid')}) is "
-                                         f"gone from {gone[0].get('host')}; it wrote no snapshot"))
+                out.append(HangRankState(rank=r, state="dead", host=host, detail=f"its process (pid "
+                                         f"{gone[0].get('pid')}) is gone from {gone[0].get('host')}; it wrote no "
+                                         "snapshot"))
+            elif ages and min(ages) > GONE_SECONDS and alive_beats:
+                out.append(HangRankState(rank=r, state="gone", host=host, detail=f"its heartbeat stopped "
+                                         f"{min(ages):.0f} s ago on {host or 'its host'} while the others' kept "
+                                         "coming: its process died or its host is cut off"))
             else:
                 out.append(HangRankState(rank=r, state="silent", detail="no snapshot" + (
                     f"; its last heartbeat was {min(ages):.0f} s old" if ages else "; no heartbeat in the store")))
@@ -206,7 +216,7 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
         loader = any("/torch/utils/data/" in f["file"] for f in stack)
         lock = bool(where and ("lock" in where.code.lower() or "acquire" in where.code.lower()))
         common = dict(rank=r, last_step=s.get("last_step"), seq=s.get("seq"), where=where, in_data_loader=loader,
-                      waits_on_lock=lock, collective=current[id(s)])
+                      waits_on_lock=lock, collective=current[id(s)], host=s.get("host"))
         down = [n for n in _down(s) if sum(n in _down(o) for o in snaps if o is not s) < (len(snaps) - 1) / 2]
         err = f"; then its collective failed: {s['error'][:200]}" if s.get("error") else ""
         if s.get("native"):
@@ -257,9 +267,13 @@ def localize_snapshots(snaps: list[dict]) -> HangFinding | None:  # type: ignore
           + (f" ({s.detail})" if s.detail else "") for s in st]
 
     def finding(cause: Cause, cat: Category, culprits: list[HangRankState], conf: float, summary: str) -> HangFinding:
+        hosts = sorted({c.host for c in culprits if c.host})
+        others = {s.host for s in st if s.host and s.rank not in {c.rank for c in culprits}}
+        if len(hosts) == 1 and hosts[0] not in others and len({s.host for s in st if s.host}) > 1:
+            summary = f"host {hosts[0]}: {summary}"      # every rank of that host, and no other: the host's
         return HangFinding(root_cause=cause, category=cat, ranks=[c.rank for c in culprits],
                            where=culprits[0].where if culprits else None, confidence=conf, summary=summary,
-                           evidence=ev, stalled_seconds=stalled, limit_seconds=limit, states=st)
+                           evidence=ev, stalled_seconds=stalled, limit_seconds=limit, states=st, hosts=hosts)
     best = _conclusions(st)
     if not best:
         return finding("hang_unknown", "software", [], 0.3, "Every rank waits in the same collective and no rank "

@@ -122,7 +122,7 @@ class HangFrame(Frozen):
         return f"{self.function} ({Path(self.file).name}:{self.line}){f': {self.code}' if self.code else ''}"
 
 
-State = Literal["waiting_in_collective", "before_collective", "different_collective", "dead", "silent",
+State = Literal["waiting_in_collective", "before_collective", "different_collective", "dead", "gone", "silent",
                 "link_down", "errored"]
 
 
@@ -136,6 +136,7 @@ class HangRankState(Frozen):
     in_data_loader: bool = False
     waits_on_lock: bool = False
     detail: str = ""
+    host: str | None = None                  # where it ran, as it or its peers' view of the store said
 
 
 Cause = Literal["hang_dataloader", "hang_user_code", "hang_desync", "rank_died", "hang_link", "hang_unknown"]
@@ -153,3 +154,4 @@ class HangFinding(Frozen):
     stalled_seconds: float
     limit_seconds: float
     states: list[HangRankState]
+    hosts: list[str] = Field(default_factory=list)     # the culprits' hosts

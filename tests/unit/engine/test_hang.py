@@ -191,3 +191,22 @@ def test_the_hang_is_in_every_report_format_and_json_stays_one_document(tmp_path
     assert main(["diagnose", str(tmp_path), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)              # one JSON document, the hang inside it
     assert doc["hang"]["root_cause"] == "hang_user_code" and doc["windows"] == []
+
+
+def test_a_host_cut_off_is_named_across_hosts_by_its_aged_heartbeats(tmp_path: Path) -> None:
+    """4 hosts x 2 ranks: host3's ranks wrote nothing (their link is down) and their heartbeats in the
+    store stopped 40 s ago, while every other rank's kept coming; no peer is on their host to check
+    a pid. The verdict names host3's ranks, as that host's problem."""
+    def view(me: int) -> dict[str, Any]:
+        return {str(r): {"step": 30, "heartbeat_age_seconds": 40.0 if r >= 6 else 1.2, "host": f"host{r // 2}",
+                         "pid": 100 + r, "process_alive": None} for r in range(8) if r != me}
+    snaps = [snap(r, 96, [TORCH_WAIT, BACKWARD], world_size=8, host=f"host{r // 2}", peers=view(r))
+             for r in range(6)]
+    f = run(tmp_path, snaps)
+    assert (f.root_cause, f.ranks, f.hosts, f.category) == ("rank_died", [6, 7], ["host3"], "hardware")
+    assert f.summary.startswith("host host3:") and "stopped beating" in f.summary
+    # the same ranks silent with fresh heartbeats (a slow writer, not a dead host): not named
+    for s in snaps:
+        s["peers"] = {k: {**v, "heartbeat_age_seconds": 1.0} for k, v in s["peers"].items()}
+    quiet = run(tmp_path / "fresh", snaps)
+    assert quiet.root_cause != "rank_died"
