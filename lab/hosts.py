@@ -12,38 +12,28 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eroica.lab.errors import FaultSetupError
+from eroica.lab.netns import _run, add_namespace, remove_networks
+from eroica.lab.netns import available as netns_available
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 
 
 def available() -> tuple[bool, str]:
-    """Whether hosts can be simulated here (root, iproute2, nsenter/unshare, cgroup v1 cpu)."""
-    for tool in ("ip", "tc", "nsenter", "unshare", "mount"):
+    """Whether hosts can be simulated here (network namespaces, nsenter/unshare, root, cgroup v1 cpu)."""
+    for tool in ("nsenter", "unshare", "mount"):
         if shutil.which(tool) is None:
             return False, f"{tool} is not installed"
     if os.geteuid() != 0:
         return False, "simulated hosts need root (namespaces, mounts, cgroups)"
     if not os.access(CPU_ROOT, os.W_OK):
         return False, "cgroup v1 cpu controller not writable at /sys/fs/cgroup/cpu"
-    probe = f"eroica-probe-{uuid.uuid4().hex[:6]}"
-    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if r.returncode != 0:
-        return False, f"cannot create network namespaces: {r.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return True, ""
-
-
-def _run(*cmd: str) -> None:
-    r = subprocess.run(list(cmd), capture_output=True, text=True)
-    if r.returncode != 0:
-        raise FaultSetupError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+    return netns_available()
 
 
 @dataclass
@@ -82,18 +72,8 @@ class Hosts:
             self.cgroups.append(parent)
             (parent / "cpu.shares").write_text("1024")   # the hosts together weigh what the service does
             for i in range(self.n):
-                ns, host_if, ns_if = f"eroica-{self.tag}-h{i}", f"erhv{self.tag}{i}", f"erhp{self.tag}{i}"
-                _run("ip", "netns", "add", ns)
-                self.namespaces.append(ns)
-                _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-                self.host_ifaces.append(host_if)
-                _run("ip", "link", "set", ns_if, "netns", ns)
-                _run("ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "name", "eth0")
-                _run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{self.ip(i)}/24", "dev", "eth0")
-                _run("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
-                _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-                _run("ip", "link", "set", host_if, "master", self.bridge)
-                _run("ip", "link", "set", host_if, "up")
+                add_namespace(f"eroica-{self.tag}-h{i}", f"erhv{self.tag}{i}", f"erhp{self.tag}{i}", self.ip(i),
+                              self.bridge, self.namespaces, self.host_ifaces)
                 cg = parent / f"h{i}"
                 cg.mkdir()
                 self.cgroups.append(cg)
@@ -145,17 +125,9 @@ class Hosts:
                 pass
 
     def cleanup(self) -> list[str]:
-        problems = []
         for i in range(len(self.cgroups) - 1):
             self.kill(i)
-        for ns in self.namespaces:
-            r = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True)
-            if r.returncode != 0:
-                problems.append(f"could not delete netns {ns}: {r.stderr.strip()}")
-        for host_if in self.host_ifaces:
-            subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        if self.bridge:
-            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        problems = remove_networks(self.namespaces, self.host_ifaces, self.bridge)
         for cg in reversed(self.cgroups):
             for _ in range(50):
                 try:
@@ -167,7 +139,6 @@ class Hosts:
                             os.kill(int(p), signal.SIGKILL)
                         except OSError:
                             pass
-                    import time
                     time.sleep(0.1)
             else:
                 problems.append(f"could not remove cgroup {cg}")

@@ -34,6 +34,37 @@ def _run(*cmd: str) -> None:
         raise FaultSetupError(f"{' '.join(cmd)}: {r.stderr.strip()}")
 
 
+def add_namespace(ns: str, host_if: str, ns_if: str, ip: str, bridge: str, namespaces: list[str],
+                  host_ifaces: list[str]) -> None:
+    """A network namespace `ns` whose one interface (`eth0`, address `ip`/24) is a veth pair's end,
+    the other end (`host_if`) on `bridge`; each made is recorded (for cleanup) as soon as it exists."""
+    _run("ip", "netns", "add", ns)
+    namespaces.append(ns)
+    _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+    host_ifaces.append(host_if)
+    _run("ip", "link", "set", ns_if, "netns", ns)
+    _run("ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "name", "eth0")
+    _run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
+    _run("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
+    _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+    _run("ip", "link", "set", host_if, "master", bridge)
+    _run("ip", "link", "set", host_if, "up")
+
+
+def remove_networks(namespaces: list[str], host_ifaces: list[str], bridge: str) -> list[str]:
+    """Delete what add_namespace made (and the bridge); what could not be removed, in words."""
+    problems = []
+    for ns in namespaces:
+        r = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True)
+        if r.returncode != 0:
+            problems.append(f"could not delete netns {ns}: {r.stderr.strip()}")
+    for host_if in host_ifaces:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+    if bridge:
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+    return problems
+
+
 @dataclass
 class RankNetworks:
     world_size: int
@@ -53,18 +84,8 @@ class RankNetworks:
             _run("ip", "link", "add", self.bridge, "type", "bridge")
             _run("ip", "link", "set", self.bridge, "up")
             for r in range(self.world_size):
-                ns, host_if, ns_if = f"eroica-{self.tag}-r{r}", f"erv{self.tag}{r}", f"erp{self.tag}{r}"
-                _run("ip", "netns", "add", ns)
-                self.namespaces.append(ns)
-                _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-                self.host_ifaces.append(host_if)
-                _run("ip", "link", "set", ns_if, "netns", ns)
-                _run("ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "name", "eth0")
-                _run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{self.ip(r)}/24", "dev", "eth0")
-                _run("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
-                _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-                _run("ip", "link", "set", host_if, "master", self.bridge)
-                _run("ip", "link", "set", host_if, "up")
+                add_namespace(f"eroica-{self.tag}-r{r}", f"erv{self.tag}{r}", f"erp{self.tag}{r}", self.ip(r),
+                              self.bridge, self.namespaces, self.host_ifaces)
         except Exception:
             self.cleanup()
             raise
@@ -88,14 +109,6 @@ class RankNetworks:
         return ["ip", "netns", "exec", self.namespaces[rank]]
 
     def cleanup(self) -> list[str]:
-        problems = []
-        for ns in self.namespaces:
-            r = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True)
-            if r.returncode != 0:
-                problems.append(f"could not delete netns {ns}: {r.stderr.strip()}")
-        for host_if in self.host_ifaces:
-            subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        if self.bridge:
-            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        problems = remove_networks(self.namespaces, self.host_ifaces, self.bridge)
         self.namespaces, self.host_ifaces, self.bridge = [], [], ""
         return problems
