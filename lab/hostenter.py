@@ -1,8 +1,8 @@
 """`python -m eroica.lab.hostenter --hostname H --cgroup CG --tmp DIR --hosts-file F [--keep P ...] -- CMD`:
 become a simulated host (eroica.lab.hosts) and exec CMD. Run inside fresh UTS and mount namespaces
 (`unshare --uts --mount --propagation private`): it sets the hostname, joins the host's cgroup,
-mounts the host's own directory on /tmp (the kept paths under /tmp mounted back) and its hosts file
-on /etc/hosts. Nothing here outlives the namespaces."""
+mounts the host's own directory on /tmp (the kept paths under /tmp mounted back, through a staging
+tmpfs on /mnt) and its hosts file on /etc/hosts. Nothing here outlives the namespaces."""
 
 from __future__ import annotations
 
@@ -33,14 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     keep = {k for k in keep if k.startswith("/tmp/") and Path(k).exists()}
     kept = sorted(k for k in keep if not any(k != o and k.startswith(o + "/") for o in keep))
     subprocess.run(["mount", "--bind", a.hosts_file, "/etc/hosts"], check=True)    # before /tmp is covered
-    old = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY)
+    # the machine's /tmp stays reachable at a staging point (a path walk from an old /tmp handle would
+    # cross into the new mount), then the host's own directory covers /tmp and the kept paths come back
+    stage = next(d for d in ("/mnt", "/media", "/srv", "/opt") if Path(d).is_dir())
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", stage], check=True)
+    Path(stage, "tmp").mkdir()
+    subprocess.run(["mount", "--bind", "/tmp", f"{stage}/tmp"], check=True)
     subprocess.run(["mount", "--bind", a.tmp, "/tmp"], check=True)
     for k in kept:
-        target = Path(k)
-        target.mkdir(parents=True, exist_ok=True)
-        rel = os.path.relpath(k, "/tmp")
-        subprocess.run(["mount", "--bind", f"/proc/{os.getpid()}/fd/{old}/{rel}", k], check=True, pass_fds=(old,))
-    os.close(old)
+        Path(k).mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "--bind", f"{stage}/tmp/{os.path.relpath(k, '/tmp')}", k], check=True)
     os.execvp(cmd[0], cmd)
     return 127
 
