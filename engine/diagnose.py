@@ -14,7 +14,7 @@ from eroica.engine.errors import RuleError
 from eroica.engine.findings import build_findings, unhealthy
 from eroica.engine.hang import load_snapshots, localize_documents
 from eroica.engine.history import add_gaps, mark_history, start_step, summarize
-from eroica.engine.load import WindowData, load_run, window_of  # noqa: F401  (window_of: the entry's helper)
+from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
 from eroica.engine.report_data import enrich, heatmap, step_series
 from eroica.engine.rules.ir import RuleIR
@@ -128,7 +128,7 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
 def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHistory] = (),
                        hang_snapshots: Sequence[HangSnapshot | dict[str, Any]] = (),
                        opts: DiagnoseOptions | None = None, run: str = "") -> Diagnosis:
-    """The engine's entry point: windows of pattern documents (`window_of` makes one from parsed
+    """The engine's entry point: windows of pattern documents (`window_of_packs` makes one from their
     documents), the job's history as the `WindowHistory` summaries of its earlier windows (never
     their documents), and a hang's snapshots. Each window's diagnosis carries its own summary for
     the windows after it. Windows given together inform each other as history would."""

@@ -10,7 +10,7 @@ import gc
 import gzip
 import json
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +56,13 @@ class DocStore(Mapping[int, PatternsDoc]):
         if doc is not None:
             self._cache.move_to_end(rank)
             return doc
+        doc = self._read(rank)
+        self._cache[rank] = doc
+        if len(self._cache) > self.cache_limit:
+            self._cache.popitem(last=False)
+        return doc
+
+    def _read(self, rank: int) -> PatternsDoc:
         path, off, length = self._where[rank]
         with open(path, "rb") as fh:
             fh.seek(off)
@@ -63,9 +70,6 @@ class DocStore(Mapping[int, PatternsDoc]):
         doc = parse_doc(text, path if length < 0 else f"{path}@{off}")
         if doc.job.rank != rank:
             raise RunDirError(f"changed since it was loaded: rank {doc.job.rank} where rank {rank} was", path=path)
-        self._cache[rank] = doc
-        if len(self._cache) > self.cache_limit:
-            self._cache.popitem(last=False)
         return doc
 
     def __contains__(self, rank: object) -> bool:
@@ -101,69 +105,24 @@ class WindowData:
         return int(sizes.max()) if len(sizes) else 0
 
 
-class BlobStore(Mapping[int, PatternsDoc]):
-    """A window's documents by rank held as packs (JSON text, gzip'd or not, one document per line)
-    and parsed again when asked for: the service's worker keeps a 100,000-rank window as compressed
-    bytes and columns, not object trees. Documents given already parsed are kept as they are."""
+class BlobStore(DocStore):
+    """A window's documents held as packs (JSON text, gzip'd or not, one document per line) and
+    parsed again from them when asked for: the service's worker keeps a 100,000-rank window as
+    compressed bytes and columns, not object trees. `add` takes (pack, line, name) as where."""
 
     def __init__(self, packs: Sequence[bytes] = (), cache_limit: int = 4096) -> None:
+        super().__init__(cache_limit)
         self.packs = packs
-        self._where: dict[int, tuple[int, int, str]] = {}      # rank -> (pack, line, name)
-        self._pinned: dict[int, PatternsDoc] = {}
-        self._cache: OrderedDict[int, PatternsDoc] = OrderedDict()
-        self.cache_limit = cache_limit
 
-    def add(self, rank: int, doc: PatternsDoc, where: tuple[int, int, str] | None) -> None:
-        if where is None:
-            self._pinned[rank] = doc
-            return
-        self._where[rank] = where
-        if len(self._cache) < self.cache_limit:
-            self._cache[rank] = doc
-
-    def __getitem__(self, rank: int) -> PatternsDoc:
-        doc = self._pinned.get(rank) or self._cache.get(rank)
-        if doc is not None:
-            return doc
+    def _read(self, rank: int) -> PatternsDoc:
         pack, line, name = self._where[rank]
-        doc = parse_doc(pack_lines(self.packs[pack])[line], name, one_line=True)
-        self._cache[rank] = doc
-        if len(self._cache) > self.cache_limit:
-            self._cache.popitem(last=False)
-        return doc
-
-    def __contains__(self, rank: object) -> bool:
-        return rank in self._where or rank in self._pinned
-
-    def __iter__(self) -> Iterator[int]:
-        yield from self._pinned
-        yield from self._where
-
-    def __len__(self) -> int:
-        return len(self._where) + len(self._pinned)
+        return parse_doc(pack_lines(self.packs[int(pack)])[line], str(name), one_line=True)
 
 
 def pack_lines(pack: bytes) -> list[bytes]:
     """A pack's documents: its non-empty lines (a document alone is a pack of one line)."""
     text = gzip.decompress(pack) if pack[:2] == b"\x1f\x8b" else pack
     return [ln for ln in text.split(b"\n") if ln.strip()]
-
-
-def window_of(window_id: str, docs: Iterable[PatternsDoc], cache_limit: int = 4096) -> WindowData:
-    """A window of parsed documents held in memory; a second document for a rank is a problem of the
-    window, named by its position."""
-    store = BlobStore((), cache_limit)
-    w = WindowData(window_id=window_id, docs=store)
-    builder = ColumnsBuilder()
-    for i, doc in enumerate(docs):
-        if doc.job.rank in store:
-            w.problems.append(LoadProblem(f"{window_id}[{i}]", "job.rank", f"duplicate rank {doc.job.rank}; first "
-                                          "one kept"))
-            continue
-        store.add(doc.job.rank, doc, None)
-        builder.add(doc)
-    w._columns = builder.build()
-    return w
 
 
 def window_of_packs(window_id: str, packs: Sequence[bytes], refs: Sequence[tuple[int, int]] | None = None,
@@ -201,7 +160,7 @@ def window_of_packs(window_id: str, packs: Sequence[bytes], refs: Sequence[tuple
                 if doc.job.rank in store:
                     w.problems.append(LoadProblem(where, "job.rank", f"duplicate rank {doc.job.rank}; first one kept"))
                     continue
-                store.add(doc.job.rank, doc, (p, line, where))
+                store.add(doc.job.rank, (p, line, where), doc)     # type: ignore[arg-type]
                 builder.add(doc)
         w._columns = builder.build()
     return w

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from eroica.schema.hang import HangSnapshot
-from eroica.schema.patterns import MAX_STEP
+from eroica.schema.hang import MAX_INT, HangSnapshot  # noqa: F401  (routes read MAX_INT here)
 from eroica.service.errors import IngestError
-
-MAX_INT = 2**31 - 1
-Step = Field(ge=0, le=MAX_STEP)
 
 
 class In(BaseModel):

@@ -97,11 +97,11 @@ def touch_run(c: sa.Connection, job_id: str, name: str | None, world: int, host:
         valid_job_id(name, NAME_HEADER)
     seen_q, host_q = _run_statements(c.dialect.name)
     seen = c.execute(seen_q, {"job": job_id}).first()
-    if seen is not None and seen.world_size == world and (not name or seen.name == name):
-        if host:                # a host's first document adds its row; no lock on the run's row
-            c.execute(host_q, {"job_id": job_id, "host": host, "first_seen": now})
-        if seen.ended_at is None and now - seen.last_seen < SEEN_EVERY_SECONDS:
-            return              # nothing else to change: the hot path of a wide window
+    known = seen is not None and seen.world_size == world and (not name or seen.name == name)
+    if known and host:          # a host's first document adds its row; no lock on the run's row
+        c.execute(host_q, {"job_id": job_id, "host": host, "first_seen": now})
+    if known and seen is not None and seen.ended_at is None and now - seen.last_seen < SEEN_EVERY_SECONDS:
+        return                  # nothing else to change: the hot path of a wide window
     insert_ignore(c, jobs, {"id": job_id, "name": name or job_id, "world_size": world, "hosts": [],
                             "first_seen": now, "last_seen": now}, ["id"])
     job = c.execute(sa.select(jobs.c.world_size, jobs.c.name).where(jobs.c.id == job_id)
@@ -115,7 +115,7 @@ def touch_run(c: sa.Connection, job_id: str, name: str | None, world: int, host:
                                    "cannot change", NAME_HEADER)
         upd["name"] = name
     c.execute(jobs.update().where(jobs.c.id == job_id).values(**upd))
-    if host:
+    if host and not known:
         insert_ignore(c, job_hosts, {"job_id": job_id, "host": host, "first_seen": now}, ["job_id", "host"])
 
 

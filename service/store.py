@@ -86,7 +86,7 @@ def window_docs(eng: sa.Engine, pk: int) -> tuple[dict[str, Any], list[bytes], l
     oldest first: never their documents."""
     with reading(eng) as c:
         w = dict(c.execute(sa.select(windows).where(windows.c.pk == pk)).mappings().one())
-        packs, refs = window_packs(c, pk)
+        packs, refs, _ = window_packs(c, pk)
         history = [h for h in c.execute(
             sa.select(diagnoses.c.history).join(windows, windows.c.pk == diagnoses.c.window_pk).where(
                 windows.c.job_id == w["job_id"], windows.c.start_step < w["start_step"],
