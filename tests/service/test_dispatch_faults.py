@@ -48,10 +48,12 @@ def add_window(svc: Service, job: str) -> None:
 
 
 class Killer:
-    """Sends `sig` to each diagnosis worker process that appears (up to `times` of them), once it has
-    run `after` seconds: the worker is mid-import or mid-diagnosis, as a real OOM kill would find it."""
+    """Sends `sig` to each diagnosis worker process as soon as it appears (up to `times` of them),
+    while it is still starting: an OOM kill can find a worker at any point, and only a signal sent
+    before it can finish makes the outcome certain (the engine diagnoses this window in well under a
+    second, so a signal sent later raced the diagnosis and sometimes lost)."""
 
-    def __init__(self, svc: Service, sig: int, times: int, after: float = 0.3) -> None:
+    def __init__(self, svc: Service, sig: int, times: int, after: float = 0.0) -> None:
         self.svc, self.sig, self.times, self.after = svc, sig, times, after
         self.hit: list[int] = []
         self._stop = threading.Event()
@@ -114,7 +116,7 @@ def test_a_hung_diagnosis_is_ended_at_its_timeout_and_the_dispatch_goes_on(tmp_p
     svc = service(tmp_path, diagnosis_timeout_seconds=20.0)
     add_window(svc, "job-1")
     svc.start()
-    killer = Killer(svc, signal.SIGSTOP, times=1, after=0.5)      # stopped: alive, never answers
+    killer = Killer(svc, signal.SIGSTOP, times=1)      # stopped: alive, never answers
     try:
         until(lambda: killer.hit)
         (w,) = until(lambda: [r for r in rows(svc) if r.status == "done"], 180)
