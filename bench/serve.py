@@ -12,7 +12,8 @@
 3. Fleet: a 100,000-rank window as 12,500 host documents to two replicas on one PostgreSQL: first
    upload to stored diagnosis, peak memory per replica, and that it was diagnosed once.
 
-Usage: python bench/serve.py [--ranks N] [--fleet-ranks M] [--windows K]
+Usage: python bench/serve.py [--ranks N] [--fleet-ranks M] [--windows K] [--http-processes P]
+(0 skips a part)
 """
 
 from __future__ import annotations
@@ -136,12 +137,15 @@ def simulated(tmp: Path, ranks: int) -> list[bytes]:
     return [f.read_bytes() for f in sorted(sim.rglob("host-*.jsonl"))]
 
 
-def scale(hosts: list[bytes], db: str, batched: bool, replicas: int, tmp: Path) -> dict[str, object]:
-    """Upload one window (8 concurrent clients, spread over the replicas): one document per request,
-    or one host's ranks per request; documents/s, first upload to stored diagnosis, peak memory."""
+def scale(hosts: list[bytes], db: str, batched: bool, replicas: int, tmp: Path,
+          processes: int = 1) -> dict[str, object]:
+    """Upload one window (8 concurrent clients, spread over the replicas, each with `processes` HTTP
+    processes): one document per request, or one host's ranks per request; documents/s, first upload
+    to stored diagnosis, peak memory."""
     from load_support import Replica
     reps = [Replica(tmp, db, f"r{i}", extra=["--max-body-bytes", str(64 << 20), "--diagnosis-timeout-seconds",
-                                              "1200"]).start() for i in range(replicas)]
+                                              "1200", "--http-processes", str(processes)]).start()
+            for i in range(replicas)]
     try:
         items = hosts if batched else [ln for h in hosts for ln in h.splitlines() if ln.strip()]
         n_docs = sum(h.count(b"\n") for h in hosts)
@@ -170,11 +174,14 @@ def main() -> int:
     ap.add_argument("--fleet-ranks", type=int, default=100_000, help="the fleet window, as host batches on "
                     "PostgreSQL with two replicas (0: skip)")
     ap.add_argument("--windows", type=int, default=20)
+    ap.add_argument("--http-processes", type=int, default=2, help="HTTP processes per replica beside the one-process "
+                    "runs, and in the fleet run (serve --http-processes)")
     args = ap.parse_args()
-    ttd = sorted(time_to_diagnosis(args.windows))
-    p = lambda q: ttd[min(len(ttd) - 1, int(q * len(ttd)))]  # noqa: E731
-    print(f"time to diagnosis over {len(ttd)} recorded 4-rank windows (last document acknowledged -> diagnosis "
-          f"stored): p50 {statistics.median(ttd):.2f} s, p95 {p(0.95):.2f} s, max {ttd[-1]:.2f} s", flush=True)
+    if args.windows:
+        ttd = sorted(time_to_diagnosis(args.windows))
+        p = lambda q: ttd[min(len(ttd) - 1, int(q * len(ttd)))]  # noqa: E731
+        print(f"time to diagnosis over {len(ttd)} recorded 4-rank windows (last document acknowledged -> diagnosis "
+              f"stored): p50 {statistics.median(ttd):.2f} s, p95 {p(0.95):.2f} s, max {ttd[-1]:.2f} s", flush=True)
 
     def show(name: str, r: dict[str, object]) -> None:
         print(f"{name}: {r['documents']} rank documents in {r['requests']} requests, uploaded in {r['upload_s']} s "
@@ -182,23 +189,26 @@ def main() -> int:
               f"({r['status']}, stored {r['diagnoses_stored']}x{', ' + str(r['error']) if r['error'] else ''}); "
               f"peak RSS per replica {r['peak_rss_mb']} MB", flush=True)
 
+    # one rank per request (before batching), one host per request in one process, and in N processes
+    ways = [(False, 1), (True, 1), (True, args.http_processes)] if args.http_processes > 1 else [(False, 1), (True, 1)]
     with tempfile.TemporaryDirectory() as tmp:
-        hosts = simulated(Path(tmp), args.ranks)
-        for kind in ("sqlite", "postgresql"):
+        hosts = simulated(Path(tmp), args.ranks) if args.ranks else []
+        for kind in ("sqlite", "postgresql") if hosts else ():
             if kind == "postgresql" and not PG:
                 print("postgresql: skipped (no initdb/pg_ctl)")
                 continue
-            for batched in (False, True):
+            for batched, procs in ways:
                 with tempfile.TemporaryDirectory() as run, (
                         postgres() if kind == "postgresql" else contextlib.nullcontext(f"sqlite:///{run}/e.db")) as db:
                     how = "one host (8 ranks) per request" if batched else "one rank per request"
-                    show(f"{kind}, {args.ranks} ranks, {how}", scale(hosts, db, batched, 1, Path(run)))
+                    show(f"{kind}, {args.ranks} ranks, {how}, {procs} HTTP process{'es' if procs > 1 else ''}",
+                         scale(hosts, db, batched, 1, Path(run), procs))
     if args.fleet_ranks and PG:
         with tempfile.TemporaryDirectory() as tmp:
             hosts = simulated(Path(tmp), args.fleet_ranks)
             with postgres() as db:
-                show(f"postgresql, 2 replicas, {args.fleet_ranks} ranks as {len(hosts)} host documents",
-                     scale(hosts, db, True, 2, Path(tmp)))
+                show(f"postgresql, 2 replicas x {args.http_processes} HTTP processes, {args.fleet_ranks} ranks as "
+                     f"{len(hosts)} host documents", scale(hosts, db, True, 2, Path(tmp), args.http_processes))
     return 0
 
 

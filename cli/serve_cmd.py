@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,6 +42,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
     p.add_argument("--knowledge", action="append", default=[], help="a site knowledge directory, as for diagnose")
     p.add_argument("--workers", type=int, default=1, help="diagnosis worker processes (default 1)")
+    p.add_argument("--parse-processes", type=int, default=0,
+                   help="processes that parse a wide window's documents for its diagnosis (default 0: the "
+                        "cores, up to 8)")
+    p.add_argument("--http-processes", type=int, default=1,
+                   help="processes answering uploads and pages on the one port (default 1; one takes ~200 host "
+                        "uploads/s: give a fleet's replica one per core it may use)")
     p.add_argument("--drain-min-jobs", type=int, default=3,
                    help="a host is on the drain list when confident hardware findings name it in this many jobs")
     p.add_argument("--job-silent-seconds", type=float, default=900.0,
@@ -70,9 +78,26 @@ SWITCH_INTERVAL_SECONDS = 0.0005
 
 
 def run(args: argparse.Namespace) -> int:
+    from eroica.service.processes import shared_metrics
+
+    if args.http_processes < 1:
+        print(f"eroica serve: --http-processes must be at least 1, got {args.http_processes}", file=sys.stderr)
+        return 2
+    with shared_metrics(args.http_processes):      # before the service's modules import prometheus_client
+        return _run(args)
+
+
+def _serve_one(settings: Any, sock: socket.socket) -> None:
     import uvicorn
 
-    from eroica.service.app import Settings, create_app
+    from eroica.service.app import create_app
+
+    uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning")).run(sockets=[sock])
+
+
+def _run(args: argparse.Namespace) -> int:
+    from eroica.service.app import Settings
+    from eroica.service.processes import listening_socket, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.db:
@@ -131,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
                         read_token=args.read_token, job_silent_seconds=args.job_silent_seconds,
                         max_body_bytes=args.max_body_bytes, grace_seconds=args.grace_seconds,
                         watch=list(args.watch), knowledge_dirs=list(args.knowledge), workers=args.workers,
+                        parse_processes=args.parse_processes,
                         job_tokens=job_tokens, allowed_hosts=[*args.allowed_host, *_bind_names(args.host)],
                         diagnosis_timeout_seconds=args.diagnosis_timeout_seconds,
                         watch_reconcile_seconds=args.watch_reconcile_seconds)
@@ -139,5 +165,9 @@ def run(args: argparse.Namespace) -> int:
     # write turn gets back to it between its statements without waiting behind another request's
     # validation (8 uploading threads: see bench/serve.py)
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
-    return 0
+    try:
+        sock = listening_socket(args.host, args.port)
+    except OSError as exc:
+        print(f"eroica serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    return serve(settings, sock, args.http_processes, _serve_one)

@@ -126,42 +126,114 @@ def pack_lines(pack: bytes) -> list[bytes]:
 
 
 def window_of_packs(window_id: str, packs: Sequence[bytes], refs: Sequence[tuple[int, int]] | None = None,
-                    cache_limit: int = 4096) -> WindowData:
+                    cache_limit: int = 4096, workers: int = 1) -> WindowData:
     """A window of documents as JSON text: `packs` (gzip'd or not, one document per line) and the
     (pack, line) of each document (None: every line of every pack). Each is parsed and validated
     once into columns and kept as text (a pack is decompressed once here, and again only when a
     document that left the cache is read). The engine's document entry point takes these; a line
     that does not parse, or a second document for a rank, is a problem of the window, named by its
-    pack and line; the others are still diagnosed."""
-    store = BlobStore(packs, cache_limit)
-    w = WindowData(window_id=window_id, docs=store)
-    builder = ColumnsBuilder()
+    pack and line; the others are still diagnosed. `workers` > 1: a wide window's packs are parsed
+    in that many processes (forked; this one is one of them) and their columns merged in pack order."""
     wanted: dict[int, list[int]] = {}
     if refs is None:
         wanted = {p: [] for p in range(len(packs))}        # [] : all lines
     else:
         for p, line in refs:
             wanted.setdefault(p, []).append(line)
+    items = sorted(wanted.items())
+    total = sum(len(packs[p]) for p, _ in items)
+    if workers > 1 and total >= PARALLEL_MIN_PACK_BYTES and len(items) >= workers:
+        w = _packs_parallel(window_id, packs, items, cache_limit, workers)
+        if w is not None:
+            return w
+    store = BlobStore(packs, cache_limit)
+    w = WindowData(window_id=window_id, docs=store)
+    builder = ColumnsBuilder()
     with _gc_paused():     # many objects, no cycles
-        for p, lines_wanted in wanted.items():
-            try:
-                lines = pack_lines(packs[p])
-            except (OSError, EOFError, IndexError) as exc:
-                w.problems.append(LoadProblem(f"{window_id}/pack {p}", "", f"cannot read: {exc!r}"))
+        _load_packs(w, packs, items, builder)
+        w._columns = builder.build()
+    return w
+
+
+PARALLEL_MIN_PACK_BYTES = 4 << 20     # stored (compressed) bytes below which one process parses a window
+
+
+def _load_packs(w: WindowData, packs: Sequence[bytes], items: list[tuple[int, list[int]]],
+                builder: ColumnsBuilder) -> None:
+    store = w.docs
+    assert isinstance(store, DocStore)
+    window_id = w.window_id
+    for p, lines_wanted in items:
+        try:
+            lines = pack_lines(packs[p])
+        except (OSError, EOFError, IndexError) as exc:
+            w.problems.append(LoadProblem(f"{window_id}/pack {p}", "", f"cannot read: {exc!r}"))
+            continue
+        for line in lines_wanted or range(len(lines)):
+            where = f"{window_id}/pack {p}:{line + 1}"
+            if line >= len(lines):
+                w.problems.append(LoadProblem(where, "", "no such line"))
                 continue
-            for line in lines_wanted or range(len(lines)):
-                where = f"{window_id}/pack {p}:{line + 1}"
-                if line >= len(lines):
-                    w.problems.append(LoadProblem(where, "", "no such line"))
-                    continue
-                doc = _parse_or_report(w, lambda: lines[line], where, one_line=True)  # noqa: B023
-                if doc is None:
-                    continue
-                if doc.job.rank in store:
-                    w.problems.append(LoadProblem(where, "job.rank", f"duplicate rank {doc.job.rank}; first one kept"))
-                    continue
-                store.add(doc.job.rank, (p, line, where), doc)     # type: ignore[arg-type]
-                builder.add(doc)
+            doc = _parse_or_report(w, lambda: lines[line], where, one_line=True)  # noqa: B023
+            if doc is None:
+                continue
+            if doc.job.rank in store:
+                w.problems.append(LoadProblem(where, "job.rank", f"duplicate rank {doc.job.rank}; first one kept"))
+                continue
+            store.add(doc.job.rank, (p, line, where), doc)     # type: ignore[arg-type]
+            builder.add(doc)
+
+
+_SHARED_PACKS: Sequence[bytes] = ()     # a forked parser's view of the window's packs (never pickled)
+
+
+def _share_packs(packs: Sequence[bytes]) -> None:
+    global _SHARED_PACKS
+    _SHARED_PACKS = packs
+
+
+def _packs_part(window_id: str, items: list[tuple[int, list[int]]]) -> tuple[ColumnsBuilder, WindowData]:
+    w = WindowData(window_id=window_id, docs=BlobStore(_SHARED_PACKS, 0))
+    builder = ColumnsBuilder()
+    with _gc_paused():
+        _load_packs(w, _SHARED_PACKS, items, builder)
+    return builder.seal(), w
+
+
+def _packs_parallel(window_id: str, packs: Sequence[bytes], items: list[tuple[int, list[int]]], cache_limit: int,
+                    workers: int) -> WindowData | None:
+    """None when a rank appears in two shares (the one-process load reports the duplicate)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    total = sum(len(packs[p]) for p, _ in items)
+    shares: list[list[tuple[int, list[int]]]] = [[] for _ in range(workers)]
+    acc, k = 0, 0
+    for item in items:                        # contiguous shares of about equal bytes, in pack order
+        if acc >= total * (k + 1) / workers and k < workers - 1:
+            k += 1
+        shares[k].append(item)
+        acc += len(packs[item[0]])
+    # forked with the packs as an initializer's argument: a fork copies them by reference, not by pickle
+    with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork"),
+                             initializer=_share_packs, initargs=(packs,)) as pool:
+        futures = [pool.submit(_packs_part, window_id, share) for share in shares[1:]]
+        store = BlobStore(packs, cache_limit)
+        w = WindowData(window_id=window_id, docs=store)
+        builder = ColumnsBuilder()
+        with _gc_paused():
+            _load_packs(w, packs, shares[0], builder)
+            parts = [fut.result() for fut in futures]
+    for b, part in parts:
+        pstore = part.docs
+        assert isinstance(pstore, DocStore)
+        if any(r in store for r in pstore):
+            return None
+        for r in pstore:
+            store.add(r, pstore._where[r], None)
+        builder.merge(b)
+        w.problems += part.problems
+    with _gc_paused():
         w._columns = builder.build()
     return w
 

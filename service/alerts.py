@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eroica.collector.sink import post_with_retry
-from eroica.service.db import issues, jobs, reading
+from eroica.service.db import issues, jobs, reading, writing
 
 log = logging.getLogger("eroica.service")
 SCHEMA = "eroica.alerts/v1"
@@ -134,7 +134,7 @@ class Deliverer:
 
     def _claim(self, iid: int, now: float) -> dict[str, Any] | None:
         """This replica's claim on the issue's alert, and the issue as claimed; None when another has it."""
-        with self.eng.begin() as c:
+        with writing(self.eng) as c:
             got = c.execute(issues.update().where(issues.c.id == iid, self._due(now)).values(
                 alert_claimed_by=self.name, alert_claim_until=now + self.CLAIM_SECONDS)).rowcount
             if not got:
@@ -170,7 +170,7 @@ class Deliverer:
                            "alert_next_at": time.time() + self.cfg.retry_seconds * 2 ** min(attempts - 1, 6)}
             if done:    # still dirty if the issue changed while its alert was on the wire
                 upd["alert_dirty"] = issues.c.alert_version != i["alert_version"]
-            with self.eng.begin() as c:
+            with writing(self.eng) as c:
                 c.execute(issues.update().where(issues.c.id == iid, issues.c.alert_claimed_by == self.name)
                           .values(alert_claimed_by=None, alert_claim_until=None, **upd))
         return len(ids)

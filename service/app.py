@@ -24,7 +24,7 @@ from eroica.engine.errors import RunDirError
 from eroica.engine.load import parse_doc
 from eroica.schema.diagnosis import Diagnosis
 from eroica.service import pages, store
-from eroica.service.bulk import BulkIngested, ingest_many, same, split_lines
+from eroica.service.bulk import BulkIngested, ingest_many, split_lines
 from eroica.service.db import make_engine, migrate
 from eroica.service.guard import Access, Guard
 from eroica.service.inputs import refusal
@@ -57,6 +57,8 @@ class Settings:
     allowed_hosts: list[str] = field(default_factory=list)     # Host names beyond this machine's own ("*": any)
     diagnosis_timeout_seconds: float = 300.0  # a diagnosis running longer is ended (its worker too) and retried
     max_attempts: int = 3                    # a window whose diagnosis failed this often fails for good
+    parse_processes: int = 0                 # processes parsing a wide window's documents (0: the cores, up to 8)
+    background: bool = True                  # runs the dispatch, watcher and alerts (False: an extra HTTP process)
 
     def __post_init__(self) -> None:
         if self.job_silent_seconds <= 0:
@@ -86,7 +88,10 @@ class Service:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        self.diagnoser = Diagnoser(self.settings.workers)
+        if not self.settings.background:       # an extra HTTP process of the replica: requests only
+            return
+        self.diagnoser = Diagnoser(self.settings.workers,
+                                   self.settings.parse_processes or min(8, os.cpu_count() or 1))
         self._threads = [threading.Thread(target=self._dispatch, name="eroica-dispatch", daemon=True)]
         if self.settings.watch:
             from eroica.service.watch import Watcher
@@ -135,8 +140,8 @@ class Service:
     def accept_many(self, job_id: str, body: bytes, where: str, name: str | None = None,
                     packed: bytes | None = None) -> BulkIngested:
         """Validate every line of a batch (one document per line), then store them all in one
-        transaction, or none: a refusal names the line. `packed`: the body gzip'd as it came, kept
-        as it is (not compressed again) when it is exactly `body`."""
+        transaction, or none: a refusal names the line. `packed`: the body as it came, exactly one
+        gzip member of `body` (`guard.unpack_body` says when), kept as it is, not compressed again."""
         docs = []
         for n, line in split_lines(body):
             try:
@@ -150,8 +155,7 @@ class Service:
                 err = refusal(exc)
                 raise store.IngestError(err.status, f"line {n}: {err.message}", err.field) from exc
         try:
-            keep = packed if packed is not None and same(packed, body) else None
-            got = retried(lambda: ingest_many(self.eng, job_id, docs, name=name, packed=keep))
+            got = retried(lambda: ingest_many(self.eng, job_id, docs, name=name, packed=packed))
         except store.IngestError:
             self.metrics.ingest_error("refused")
             raise

@@ -14,7 +14,6 @@ import functools
 import gzip
 import hashlib
 import time
-import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from eroica.schema.patterns import PatternsDoc
-from eroica.service.db import batches, documents, windows
+from eroica.service.db import batches, documents, windows, writing
 from eroica.service.errors import IngestError
 from eroica.service.runs import touch_run, valid_job_id
 
@@ -45,15 +44,6 @@ def split_lines(body: bytes) -> list[tuple[int, bytes]]:
     if len(lines) > MAX_LINES:
         raise IngestError(413, f"{len(lines)} documents in one batch; at most {MAX_LINES}", "body")
     return lines
-
-
-def same(packed: bytes, body: bytes) -> bool:
-    """`packed` is a gzip of exactly `body` (every member: a second member would be lines nobody
-    validated)."""
-    try:
-        return gzip.decompress(packed) == body
-    except (OSError, EOFError, zlib.error):
-        return False
 
 
 def ingest_many(eng: sa.Engine, job_id: str, docs: list[tuple[int, PatternsDoc, bytes]], now: float | None = None,
@@ -86,20 +76,19 @@ def ingest_many(eng: sa.Engine, job_id: str, docs: list[tuple[int, PatternsDoc, 
     index = {line: i for i, (line, _, _) in enumerate(docs)}   # a document's line: its index among the batch's
     if not alone and packed is None:
         packed = gzip.compress(b"".join(text.strip() + b"\n" for _, _, text in docs), 1)
-    with eng.begin() as c:
+    with writing(eng) as c:
         batch_pk = None if alone else c.execute(st.batch, {"body": packed, "received_at": now}).scalar_one()
         for host in sorted({d.job.hostname for _, d, _ in docs}):
             touch_run(c, job_id, name, world, host, now, "job.world_size")
         for wid, items in by_window.items():
-            w = c.execute(st.window, {"job": job_id, "wid": wid}).mappings().first()
-            if w is None:              # the window's first documents (or another replica's, at the same moment)
+            pk = c.execute(st.window, {"job": job_id, "wid": wid}).scalar()
+            if pk is None:             # the window's first documents (or another replica's, at the same moment)
                 win = items[0][1].window
                 c.execute(st.new_window, {
                     "job_id": job_id, "window_id": wid, "world_size": world, "start_step": win.start_step,
                     "end_step": win.end_step, "trigger": win.trigger, "status": "collecting", "ranks_reported": 0,
                     "first_doc_at": now, "last_doc_at": now, "attempts": 0})
-                w = c.execute(st.window, {"job": job_id, "wid": wid}).mappings().one()
-            pk = w["pk"]
+                pk = c.execute(st.window, {"job": job_id, "wid": wid}).scalar_one()
             pks.append(pk)
             rows = {doc.job.rank: {"window_pk": pk, "rank": doc.job.rank,
                                    "sha256": hashlib.sha256(text.strip()).hexdigest(),
@@ -122,9 +111,8 @@ def ingest_many(eng: sa.Engine, job_id: str, docs: list[tuple[int, PatternsDoc, 
                                           "job.rank")
             created += len(stored)
             existing += len(again)
-            if stored:
-                upd = _window_update(w, items, len(stored), now)
-                c.execute(windows.update().where(windows.c.pk == pk).values(**upd))
+            if stored:                 # the window's row is locked here, by this one statement, until commit
+                c.execute(st.window_update, _window_update(pk, items, len(stored), now))
         if batch_pk is not None and not created:      # all of it was here already: keep nothing of this copy
             c.execute(batches.delete().where(batches.c.pk == batch_pk))
     return BulkIngested(created, existing, pks)
@@ -139,30 +127,42 @@ class _Statements:
     window: Any
     new_window: Any
     documents: Any
+    window_update: Any
 
 
 @functools.cache
 def _statements(dialect_name: str) -> _Statements:
     dialect = postgresql if dialect_name == "postgresql" else sqlite
+    w = windows.c
+    opened, closed = (sa.cast(sa.bindparam(k, type_=sa.Float), sa.Float) for k in ("opened", "closed"))
+    finished = w.status.in_(("done", "failed"))
+    # one UPDATE, its new values computed from the row's own (the earliest open, the latest close,
+    # late ranks sending a diagnosed window back to be diagnosed again with them), so the row lock
+    # it takes is held only from this statement to the commit: uploads of one window's hosts
+    # serialize on that, not on their whole transactions
+    update = (windows.update().where(w.pk == sa.bindparam("window")).values(
+        ranks_reported=w.ranks_reported + sa.bindparam("n", type_=sa.Integer),
+        last_doc_at=sa.bindparam("now", type_=sa.Float),
+        window_opened_at=sa.case((opened.is_(None), w.window_opened_at),
+                                 (sa.or_(w.window_opened_at.is_(None), opened < w.window_opened_at), opened),
+                                 else_=w.window_opened_at),
+        window_closed_at=sa.case((closed.is_(None), w.window_closed_at),
+                                 (sa.or_(w.window_closed_at.is_(None), closed > w.window_closed_at), closed),
+                                 else_=w.window_closed_at),
+        status=sa.case((finished, "ready"), else_=w.status),
+        attempts=sa.case((finished, 0), else_=w.attempts)))
     return _Statements(
         batch=batches.insert().returning(batches.c.pk),
-        window=(sa.select(windows).where(windows.c.job_id == sa.bindparam("job"),
-                                         windows.c.window_id == sa.bindparam("wid"))
-                .with_for_update(key_share=True)),
+        window=sa.select(w.pk).where(w.job_id == sa.bindparam("job"), w.window_id == sa.bindparam("wid")),
         new_window=dialect.insert(windows).on_conflict_do_nothing(index_elements=["job_id", "window_id"]),
         documents=(dialect.insert(documents).on_conflict_do_nothing(index_elements=["window_pk", "rank"])
                    .returning(documents.c.rank)),
+        window_update=update,
     )
 
 
-def _window_update(w: Any, items: list[tuple[int, PatternsDoc, bytes]], n: int, now: float) -> dict[str, Any]:
-    update: dict[str, Any] = {"ranks_reported": windows.c.ranks_reported + n, "last_doc_at": now}
+def _window_update(pk: int, items: list[tuple[int, PatternsDoc, bytes]], n: int, now: float) -> dict[str, Any]:
     opened = [d.window.opened_unix_seconds for _, d, _ in items if d.window.opened_unix_seconds is not None]
-    if opened and (w["window_opened_at"] is None or min(opened) < w["window_opened_at"]):
-        update["window_opened_at"] = min(opened)
     closed = [d.window.closed_unix_seconds for _, d, _ in items if d.window.closed_unix_seconds is not None]
-    if closed and (w["window_closed_at"] is None or max(closed) > w["window_closed_at"]):
-        update["window_closed_at"] = max(closed)
-    if w["status"] in ("done", "failed"):
-        update.update(status="ready", attempts=0)       # late ranks: diagnose the window again with them
-    return update
+    return {"window": pk, "n": n, "now": now, "opened": min(opened) if opened else None,
+            "closed": max(closed) if closed else None}

@@ -3,6 +3,12 @@ fleet), and the schema's versioned migrations (Alembic, `service/migrations/`)."
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import threading
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -197,9 +203,56 @@ def _sqlite_begin(conn: Any) -> None:
 
 def reading(eng: sa.Engine) -> sa.Connection:
     """A connection for reads only: on SQLite its transactions take no write lock, so a read is never
-    queued behind a writer (nor behind a writer's busy wait). Writes go through `eng.begin()`: on
+    queued behind a writer (nor behind a writer's busy wait). Writes go through `writing(eng)`: on
     SQLite a write through this connection could meet SQLITE_BUSY instead of waiting its turn."""
     return eng.execution_options(eroica_read=True).connect()
+
+
+class _Writers:
+    """This process's turn at SQLite's one write lock: a lock among its threads and, across the
+    processes of a replica (`serve --http-processes`), an flock on a file beside the database. SQLite's
+    own busy handler puts a waiting writer to sleep for up to 100 ms a try, so under many concurrent
+    uploads its lock sat free while the writers slept; these hand it on the moment the holder commits."""
+
+    def __init__(self, db_path: str | None) -> None:
+        self.lock = threading.RLock()
+        self.depth = 0
+        self.fd = os.open(db_path + ".writer-lock", os.O_RDWR | os.O_CREAT, 0o600) if db_path else None
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        with self.lock:
+            self.depth += 1
+            try:
+                if self.depth == 1 and self.fd is not None:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                if self.depth == 1 and self.fd is not None:
+                    fcntl.flock(self.fd, fcntl.LOCK_UN)
+                self.depth -= 1
+
+
+_WRITERS: weakref.WeakKeyDictionary[sa.Engine, _Writers] = weakref.WeakKeyDictionary()
+_WRITERS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def writing(eng: sa.Engine) -> Iterator[sa.Connection]:
+    """A write transaction: `eng.begin()`, on SQLite in this process's turn (`_Writers`)."""
+    if eng.dialect.name != "sqlite":
+        with eng.begin() as c:
+            yield c
+        return
+    with _WRITERS_LOCK:
+        w = _WRITERS.get(eng)
+        if w is None:
+            path = eng.url.database
+            w = _WRITERS[eng] = _Writers(path if path and path != ":memory:" else None)
+            if w.fd is not None:
+                weakref.finalize(eng, os.close, w.fd)
+    with w.turn(), eng.begin() as c:
+        yield c
 
 
 def make_engine(url: str) -> sa.Engine:
@@ -224,7 +277,7 @@ def migrate(eng: sa.Engine) -> None:
     serialized by the database itself."""
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    with eng.begin() as conn:
+    with writing(eng) as conn:
         if eng.dialect.name == "postgresql":
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
         cfg.attributes["connection"] = conn

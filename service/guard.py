@@ -262,9 +262,15 @@ async def read_limited(request: Request, limit: int) -> bytes:
 
 def decode_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
     """The body, gunzipped when it says so, never more than `limit` bytes once decompressed."""
+    return unpack_body(raw, encoding, limit)[0]
+
+
+def unpack_body(raw: bytes, encoding: str | None, limit: int) -> tuple[bytes, bytes | None]:
+    """(the body, `raw` when it is exactly one gzip member of the body, else None): a body that came
+    compressed can be kept as it came, never with a second member nobody read."""
     enc = (encoding or "").lower().strip()
     if enc in ("", "identity"):
-        return raw
+        return raw, None
     if enc != "gzip":
         raise IngestError(415, f"Content-Encoding {enc[:40]!r} is not supported (gzip or none)", "content-encoding")
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -276,4 +282,4 @@ def decode_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
         raise IngestError(413, f"body over {limit} bytes once decompressed", "body")
     if not d.eof:
         raise IngestError(400, "Content-Encoding gzip, but the gzip stream is truncated", "body")
-    return out
+    return out, (None if d.unused_data else raw)

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from eroica.engine.hang import latest, localize_snapshots
 from eroica.schema.hang import HangFinding
-from eroica.service.db import hangs, issues, reading
+from eroica.service.db import hangs, issues, reading, writing
 from eroica.service.inputs import parse_hang
 from eroica.service.lifecycle import open_issue
 from eroica.service.runs import touch_run, upsert
@@ -31,13 +31,13 @@ def add(eng: sa.Engine, job_id: str, doc: dict[str, Any], name: str | None = Non
     """Keep the rank's snapshot, localize the job's latest hang, fold a confident verdict into its issue.
     A snapshot whose world size is not the run's is refused (422, `world_size`)."""
     now = time.time() if now is None else now
-    with eng.begin() as c:                 # the write: short, the engine is not run holding it
+    with writing(eng) as c:                 # the write: short, the engine is not run holding it
         touch_run(c, job_id, name, int(doc["world_size"]), doc.get("host"), now, "world_size")
         upsert(c, hangs, {"job_id": job_id, "rank": doc["rank"], "wall_time": float(doc["wall_time"]), "body": doc,
                           "at": now}, ["job_id", "rank"])
     f = current(eng, job_id)
     if f is not None and f.ranks and f.confidence >= CONFIDENT:
-        with eng.begin() as c:
+        with writing(eng) as c:
             _issue(c, job_id, f, now)
     return f
 

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 import yaml
 
 from eroica.schema.diagnosis import Diagnosis
-from eroica.service.db import documents, issues, jobs, reading, windows
+from eroica.service.db import documents, issues, jobs, reading, windows, writing
 from eroica.service.docs import doc_texts
 from eroica.service.errors import IngestError
 from eroica.service.runs import insert_or_get
@@ -133,7 +133,7 @@ def transition(eng: sa.Engine, iid: int, state: str, who: str, why: str | None =
             raise IngestError(422, f"link kind must be one of {', '.join(LINK_KINDS)}", "kind")
     if state == "false_positive" and not why:
         raise IngestError(422, "closing as a false positive needs the reason (it becomes a regression case)", "why")
-    with eng.begin() as c:
+    with writing(eng) as c:
         row = c.execute(sa.select(issues).where(issues.c.id == iid)).mappings().first()
         if row is None:
             raise IngestError(404, f"no issue {iid}", "issue")

@@ -5,6 +5,7 @@ medians to detect, localize and mitigate, accelerator-hours given back)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from eroica.schema.diagnosis import Diagnosis
@@ -82,7 +84,10 @@ class _Loop(Collector):
 class ServiceMetrics:
     def __init__(self, eng: sa.Engine) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
+        # several HTTP processes (`serve --http-processes`): each counts in its own file of the
+        # replica's directory, and a scrape, whichever process answers it, sums them all
+        shared = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        r = None if shared else self.registry
         self.documents = Counter("eroica_documents_ingested", "Pattern documents stored", registry=r)
         self.errors = Counter("eroica_ingest_errors", "Documents or windows refused or failed", ["reason"],
                               registry=r)
@@ -97,8 +102,10 @@ class ServiceMetrics:
                              registry=r)
         self.fixed = Counter("eroica_findings_recovered", "Issues closed as recovered by the job's own step series",
                              ["root_cause"], registry=r)
-        r.register(_Queue(eng))
-        r.register(_Loop(eng))
+        if shared:
+            MultiProcessCollector(self.registry, path=shared)
+        self.registry.register(_Queue(eng))
+        self.registry.register(_Loop(eng))
 
     def ingest_error(self, reason: str) -> None:
         self.errors.labels(reason=reason).inc()

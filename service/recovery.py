@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
-from eroica.service.db import diagnoses, issues, jobs, reading, steps, windows
+from eroica.service.db import diagnoses, issues, jobs, reading, steps, windows, writing
 from eroica.service.lifecycle import OPEN_STATES, transition
 
 RECOVERY_BAND = 0.10          # within 10% of the healthy step: the detector's own noise band is wider
@@ -134,7 +134,7 @@ def assess(eng: sa.Engine, now: float | None = None) -> list[int]:
         m = measure(*got) if got is not None else None
         if m is None or m == i["recovery"]:
             continue
-        with eng.begin() as c:
+        with writing(eng) as c:
             c.execute(issues.update().where(issues.c.id == i["id"]).values(recovery=m))
         if m["recovered"]:
             way = f"{m['given_back_ratio']:.0%} of the way; " if m["given_back_ratio"] is not None else ""

@@ -18,7 +18,7 @@ from eroica.service import hangs, store
 from eroica.service.bulk import BulkIngested
 from eroica.service.db import findings, hosts_of, issues, jobs, reading, steps, windows
 from eroica.service.fleet import drain_list, host_ranking, week_summary
-from eroica.service.guard import NDJSON, Principal, decode_body, principal_of, read_limited
+from eroica.service.guard import NDJSON, Principal, decode_body, principal_of, read_limited, unpack_body
 from eroica.service.inputs import MAX_INT, TransitionIn, refusal
 from eroica.service.lifecycle import export_false_positive, state_of, transition
 from eroica.service.runs import JOB_ID, NAME_HEADER, name_of, valid_job_id
@@ -92,18 +92,20 @@ def api_router(svc: Service) -> APIRouter:
         name = job_name(request)
         raw = await read_limited(request, svc.settings.max_body_bytes)
         encoding = request.headers.get("content-encoding")
-        body = await run_in_threadpool(decode_body, raw, encoding, svc.settings.max_body_bytes)
+        limit = svc.settings.max_body_bytes
 
+        # one hop to a worker thread for all of it: decompressing, parsing, the transaction
         if request.headers.get("content-type", "").split(";")[0].strip().lower() == NDJSON:
             def many() -> BulkIngested:
+                body, packed = unpack_body(raw, encoding, limit)
                 may_write(eng, principal_of(request), job, name)
-                return svc.accept_many(job, body, f"batch for job {job}", name=name,
-                                       packed=raw if (encoding or "").strip().lower() == "gzip" else None)
+                return svc.accept_many(job, body, f"batch for job {job}", name=name, packed=packed)
             b = await run_in_threadpool(many)
             return JSONResponse({"windows": b.windows, "created": b.created, "existing": b.existing},
                                 status_code=201 if b.created else 200)
 
         def work() -> store.Ingested:
+            body = decode_body(raw, encoding, limit)
             may_write(eng, principal_of(request), job, name)
             return svc.accept(job, body, f"upload for job {job}", name=name)
         got = await run_in_threadpool(work)

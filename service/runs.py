@@ -83,8 +83,9 @@ def upsert(c: sa.Connection, table: sa.Table, values: dict[str, Any], keys: list
 def _run_statements(dialect_name: str) -> tuple[Any, Any]:
     """touch_run's hot statements, built once (see eroica.service.bulk)."""
     dialect = postgresql if dialect_name == "postgresql" else sqlite
-    seen = sa.select(jobs.c.world_size, jobs.c.name, jobs.c.last_seen, jobs.c.ended_at).where(
-        jobs.c.id == sa.bindparam("job"))
+    listed = sa.exists().where(job_hosts.c.job_id == sa.bindparam("job"), job_hosts.c.host == sa.bindparam("host"))
+    seen = sa.select(jobs.c.world_size, jobs.c.name, jobs.c.last_seen, jobs.c.ended_at,
+                     listed.label("host_listed")).where(jobs.c.id == sa.bindparam("job"))
     return seen, dialect.insert(job_hosts).on_conflict_do_nothing(index_elements=["job_id", "host"])
 
 
@@ -96,9 +97,10 @@ def touch_run(c: sa.Connection, job_id: str, name: str | None, world: int, host:
     if name is not None:
         valid_job_id(name, NAME_HEADER)
     seen_q, host_q = _run_statements(c.dialect.name)
-    seen = c.execute(seen_q, {"job": job_id}).first()
+    seen = c.execute(seen_q, {"job": job_id, "host": host or ""}).first()
     known = seen is not None and seen.world_size == world and (not name or seen.name == name)
-    if known and host:          # a host's first document adds its row; no lock on the run's row
+    # a host's first document adds its row (no lock on the run's row); later ones find it listed
+    if known and host and seen is not None and not seen.host_listed:
         c.execute(host_q, {"job_id": job_id, "host": host, "first_seen": now})
     if known and seen is not None and seen.ended_at is None and now - seen.last_seen < SEEN_EVERY_SECONDS:
         return                  # nothing else to change: the hot path of a wide window

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from eroica.schema.diagnosis import Diagnosis
 from eroica.schema.patterns import PatternsDoc
 from eroica.service.bulk import ingest_many
-from eroica.service.db import diagnoses, findings, issues, jobs, reading, steps, windows
+from eroica.service.db import diagnoses, findings, issues, jobs, reading, steps, windows, writing
 from eroica.service.docs import window_packs
 from eroica.service.errors import IngestError
 from eroica.service.lifecycle import OPEN_STATES, RESEND, record_findings
@@ -48,7 +48,7 @@ def ingest(eng: sa.Engine, job_id: str, doc: PatternsDoc, text: bytes, now: floa
 def mark_ready(eng: sa.Engine, grace_seconds: float, now: float | None = None) -> int:
     """Windows whose every rank reported, or whose last document is `grace_seconds` old, become ready."""
     now = time.time() if now is None else now
-    with eng.begin() as c:
+    with writing(eng) as c:
         res = c.execute(windows.update().where(
             windows.c.status == "collecting",
             sa.or_(windows.c.ranks_reported >= windows.c.world_size, windows.c.last_doc_at <= now - grace_seconds),
@@ -63,7 +63,7 @@ def claim(eng: sa.Engine, worker: str, now: float | None = None, lease_seconds: 
     for good instead, with that reason, rather than take a replica down with it again."""
     now = time.time() if now is None else now
     expired = sa.and_(windows.c.status == "claimed", windows.c.lease_until < now)
-    with eng.begin() as c:
+    with writing(eng) as c:
         c.execute(windows.update().where(expired, windows.c.attempts >= max_attempts).values(
             status="failed", lease_until=None, claimed_by=None,
             error=sa.func.substr(sa.literal(f"failed for good: its diagnosis was claimed {max_attempts} times and "
@@ -73,7 +73,7 @@ def claim(eng: sa.Engine, worker: str, now: float | None = None, lease_seconds: 
     cand = sa.select(windows.c.pk).where(claimable).order_by(windows.c.last_doc_at).limit(1)
     if eng.dialect.name == "postgresql":
         cand = cand.with_for_update(skip_locked=True)
-    with eng.begin() as c:
+    with writing(eng) as c:
         pk = c.execute(windows.update().where(windows.c.pk == cand.scalar_subquery(), claimable).values(
             status="claimed", claimed_by=worker, lease_until=now + lease_seconds,
             attempts=windows.c.attempts + 1).returning(windows.c.pk)).scalar()
@@ -98,7 +98,7 @@ def store_diagnosis(eng: sa.Engine, pk: int, worker: str, d: Diagnosis, now: flo
     """Store the window's diagnosis and findings, replacing an earlier one; False when the claim was lost."""
     now = time.time() if now is None else now
     (wd,) = d.windows
-    with eng.begin() as c:
+    with writing(eng) as c:
         w = c.execute(sa.select(windows.c.claimed_by, windows.c.status, windows.c.job_id)
                       .where(windows.c.pk == pk).with_for_update(key_share=True)).first()
         if w is None or w.claimed_by != worker or w.status != "claimed":
@@ -125,7 +125,7 @@ def release(eng: sa.Engine, pk: int, worker: str, error: str, max_attempts: int 
     """A claimed window whose diagnosis did not get stored: back to `ready` for another attempt, or
     `failed` for good once it has had `max_attempts` (or the error is `final`), with the reason kept.
     Returns the window's new status ("" when the claim was no longer this worker's)."""
-    with eng.begin() as c:
+    with writing(eng) as c:
         w = c.execute(sa.select(windows.c.attempts, windows.c.claimed_by, windows.c.status)
                       .where(windows.c.pk == pk).with_for_update(key_share=True)).first()
         if w is None or w.claimed_by != worker or w.status != "claimed":
@@ -144,7 +144,7 @@ def add_steps(eng: sa.Engine, job_id: str, first: int, last: int, median: float,
     """One summary of the run's always-on step-time series (idempotent on its first step); the run is
     known from its first summary on, before any window."""
     now = time.time() if now is None else now
-    with eng.begin() as c:
+    with writing(eng) as c:
         touch_run(c, job_id, name, world_size, None, now, "world_size")
         insert_ignore(c, steps, {"job_id": job_id, "first_step": first, "last_step": last, "median_seconds": median,
                                  "p90_seconds": p90, "at": now}, ["job_id", "first_step"])
@@ -154,7 +154,7 @@ def end_job(eng: sa.Engine, job_id: str, by: str, now: float | None = None) -> b
     """Mark a run ended (its rank 0 closed, or it fell silent): its open issues' alerts resolve.
     False when it was already ended."""
     now = time.time() if now is None else now
-    with eng.begin() as c:
+    with writing(eng) as c:
         if c.execute(sa.select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
             raise IngestError(404, f"no job {job_id!r}", "job")
         done = c.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.ended_at.is_(None))

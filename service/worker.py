@@ -28,15 +28,16 @@ class WorkerDied(Exception):
 
 
 def diagnose_window(window_id: str, packs: list[bytes], refs: list[tuple[int, int]] | None, history: list[str],
-                    knowledge_dirs: list[str]) -> str:
+                    knowledge_dirs: list[str], parse_processes: int = 1) -> str:
     """The eroica.diagnosis/v1 JSON of the window of the documents in `packs` (gzip'd or not, one
     document per line; `refs`: the (pack, line) of each, or None for every line), named `window_id`;
-    `history`: the `WindowHistory` JSON of the job's earlier windows."""
+    `history`: the `WindowHistory` JSON of the job's earlier windows; `parse_processes`: how many
+    processes parse a wide window's documents (forked from this worker, for this window only)."""
     from eroica.engine.diagnose import DiagnoseOptions, diagnose_documents
     from eroica.engine.load import window_of_packs
     from eroica.schema.diagnosis import WindowHistory
 
-    d = diagnose_documents([window_of_packs(window_id, packs, refs)],
+    d = diagnose_documents([window_of_packs(window_id, packs, refs, workers=parse_processes)],
                            history=[WindowHistory.model_validate_json(h) for h in history],
                            opts=DiagnoseOptions(in_process=True, knowledge_dirs=[Path(k) for k in knowledge_dirs]),
                            run=window_id)
@@ -46,8 +47,9 @@ def diagnose_window(window_id: str, packs: list[bytes], refs: list[tuple[int, in
 class Diagnoser:
     """A pool of worker processes (spawned: the service's threads are not forked into them)."""
 
-    def __init__(self, workers: int = 1) -> None:
+    def __init__(self, workers: int = 1, parse_processes: int = 1) -> None:
         self.workers = workers
+        self.parse_processes = parse_processes
         self.restarts = 0
         self.pool = self._new_pool()
 
@@ -58,11 +60,12 @@ class Diagnoser:
             knowledge_dirs: list[str], timeout: float) -> str:
         """The diagnosis's JSON; WorkerDied or DiagnosisTimeout (the pool rebuilt either way), or the
         engine's own exception."""
+        args = (window_id, packs, refs, history, knowledge_dirs, self.parse_processes)
         try:
-            fut = self.pool.submit(diagnose_window, window_id, packs, refs, history, knowledge_dirs)
+            fut = self.pool.submit(diagnose_window, *args)
         except (BrokenProcessPool, RuntimeError):       # it broke between two windows: rebuild and go on
             self.restart()
-            fut = self.pool.submit(diagnose_window, window_id, packs, refs, history, knowledge_dirs)
+            fut = self.pool.submit(diagnose_window, *args)
         try:
             return fut.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
