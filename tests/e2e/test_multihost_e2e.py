@@ -6,6 +6,8 @@ rendezvous) attached by `eroica run`, sending to one `eroica serve` over the hos
 - a host-wide fault (host 2's cgroup throttled) is named once, as that host's problem, and the
   drain list proposes that host;
 - a rank-local fault on a two-rank host names the rank, not its host;
+- in a hang, a host whose link went down is named across hosts by its ranks' aged heartbeats in
+  the job's store (no peer on its host to check a pid), while the other hosts' ranks wait;
 - the time from the fault to the stored finding, through the service, is reported."""
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -168,3 +171,43 @@ def test_a_rank_local_fault_on_a_two_rank_host_names_the_rank_not_the_host(tmp_p
     (wf,) = [x for x in d["windows"][0]["findings"] if x["root_cause"] == "dataloader_stall"]
     assert wf["scope"] == "rank" and len(wf["hosts"]) == 1
 
+
+@pytest.mark.skipif(not OK, reason=WHY)
+def test_a_host_cut_off_in_a_hang_is_named_across_hosts_while_the_others_wait(tmp_path: Path) -> None:
+    with cluster(tmp_path) as (hosts, url):
+        procs = start_job(hosts, url, tmp_path, "mh-hang", 100000,
+                          env_extra={"EROICA_POLICY_HANG_FLOOR_SECONDS": "10"})
+        try:
+            jid = until(lambda: job_id(url, "mh-hang"), 240, procs, tmp_path)
+            until(lambda: len((get(f"{url}/v1/jobs/{jid}") or {}).get("steps", [])) >= 2, 240, procs, tmp_path)
+            t_fault = time.time()
+            hosts.link_down(3)                # host 3 falls off the network: every collective stops
+
+            def named() -> Any:
+                try:
+                    f = get(f"{url}/v1/jobs/{jid}/hang")
+                except urllib.error.HTTPError as exc:
+                    if exc.code == 404:       # no snapshot yet: the watchdogs wait for the hang limit
+                        return None
+                    raise
+                seen.append(f)
+                ok = (isinstance(f, dict) and f["root_cause"] == "rank_died" and f["hosts"] == [hosts.name(3)]
+                      and len(f["ranks"]) == PER_HOST)     # both its ranks' heartbeats aged past the limit
+                return f if ok else None
+            seen: list[Any] = []
+            try:
+                f = until(named, 180, procs, tmp_path)
+            except AssertionError as exc:
+                said = [ln for f in sorted(tmp_path.glob("h*-mh-hang.log"))
+                        for ln in f.read_text(errors="replace").splitlines() if "eroica" in ln][-40:]
+                hang_files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("h*/mh-hang*/**/*.hang.json"))
+                raise AssertionError(f"{exc}; last verdict: {seen[-1] if seen else None}; snapshots on disk: "
+                                     f"{hang_files}; what eroica said:\n" + "\n".join(said)) from None
+            t_found = time.time()
+            waiting = [p.poll() is None for p in procs[:3]]
+        finally:
+            stop(procs)
+    print(f"host cut off to its hang verdict: {t_found - t_fault:.1f} s (ranks {f['ranks']})")
+    assert len(f["ranks"]) == PER_HOST and f["category"] == "hardware", f
+    assert f["summary"].startswith(f"host {hosts.name(3)}:"), f
+    assert all(waiting), "the other hosts' ranks should still be waiting in the collective"
