@@ -75,6 +75,7 @@ def link_facts(cols: WindowColumns, ranks: list[int], comm_wait: dict[int, float
     whole_cv, whole_wait = float(np.median(cvs)), float(np.median(waits))
     med_mean = float(np.median(means))
     peaks = means * (1.0 + 2.0 * cvs)          # the rate a link reaches in its bursts
+    steadiest = _steadiest(cvs, means, [cols.hostname[int(i)] for i in sig_rows])
     out: list[Fact] = []
     for k in np.flatnonzero(cvs <= MAX_CV_RATIO * (whole_cv if large else np.inf)):
         r, mean, cv = order[k], float(means[k]), float(cvs[k])
@@ -91,10 +92,27 @@ def link_facts(cols: WindowColumns, ranks: list[int], comm_wait: dict[int, float
                 cv_ratio=round(cv, 4), peer_median_cv_ratio=round(med_cv, 4), cv_ratio_to_median=round(ratio, 4),
                 rate_ratio_to_median=round(mean / med_mean, 4) if med_mean > 0 else 1.0,
                 comm_share_ratio=round(share, 4), excess_step_ratio=round(share, 4),
-                steadiest=bool(cv <= cvs.min() + 1e-12),
+                steadiest=bool(steadiest[k]),
                 comm_wait_ratio_to_median=round(wait / wait_med if wait_med > 0 else 1.0, 4),
                 peak_bytes_per_second=round(float(peaks[k]), 1), peer_median_peak_bytes_per_second=round(peer_peak, 1),
                 peak_ratio_to_peers=round(float(peaks[k]) / peer_peak, 4) if peer_peak > 0 else 1.0,
             )
         )
     return out
+
+
+SAME_LINK_RATE_RATIO = 0.1    # ranks of one host within this of each other's byte rate read one interface
+
+
+def _steadiest(cvs: np.ndarray, means: np.ndarray, hosts: list[str]) -> np.ndarray:
+    """The steadiest link of the group, and the ranks that share it: ranks of the same host whose
+    byte rate is the steadiest one's (they read the same interface's counters, so one capped link
+    is all of its host's ranks' link, not one rank's)."""
+    k = int(np.argmin(cvs))
+    out = cvs <= cvs[k] + 1e-12
+    for j in range(len(cvs)):
+        if (hosts[j] == hosts[k] and means[k] > 0 and abs(means[j] - means[k]) <= SAME_LINK_RATE_RATIO * means[k]
+                and cvs[j] <= 1.5 * cvs[k] + 1e-12):
+            out[j] = True
+    return out
+

@@ -155,6 +155,36 @@ def test_a_host_wide_fault_is_the_hosts_problem_named_once_and_the_host_is_propo
 
 
 @pytest.mark.skipif(not OK, reason=WHY)
+def test_a_hosts_capped_link_is_the_hosts_problem_named_once(tmp_path: Path) -> None:
+    with cluster(tmp_path) as (hosts, url):
+        procs = start_job(hosts, url, tmp_path, "mh-link", 400)
+        try:
+            jid = until(lambda: job_id(url, "mh-link"), 240, procs, tmp_path)
+            until(lambda: len((get(f"{url}/v1/jobs/{jid}") or {}).get("steps", [])) >= 2, 240, procs, tmp_path)
+            t_fault = time.time()
+            hosts.cap_link(1, 40)             # host 1's link: both its ranks' traffic squeezed together
+            seen: list[Any] = []
+
+            def found() -> Any:
+                fs = get(f"{url}/v1/findings?job={jid}&min_confidence=0.5") or []
+                seen[:] = fs
+                return next((f for f in fs if f["hosts"] == [hosts.name(1)]), None)
+            try:
+                f = until(found, 300, procs, tmp_path)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; findings: {[(x['root_cause'], x['ranks']) for x in seen]}") from None
+            t_found = time.time()
+            d = get(f"{url}/v1/windows/{f['window_pk']}/diagnosis")
+        finally:
+            stop(procs)
+    print(f"capped host link to stored finding: {t_found - t_fault:.1f} s ({f['root_cause']}, ranks {f['ranks']})")
+    assert f["category"] == "hardware" and len(f["ranks"]) == PER_HOST, f
+    assert isinstance(d, dict)
+    (wf,) = [x for x in d["windows"][0]["findings"] if x["root_cause"] == f["root_cause"]]
+    assert wf["scope"] == "host" and wf["summary"].startswith(f"host {hosts.name(1)}:")
+
+
+@pytest.mark.skipif(not OK, reason=WHY)
 def test_a_rank_local_fault_on_a_two_rank_host_names_the_rank_not_the_host(tmp_path: Path) -> None:
     with cluster(tmp_path) as (hosts, url):
         procs = start_job(hosts, url, tmp_path, "mh-rank", 400, "--fault", "dataloader_stall", "--fault-rank", "5",
