@@ -208,7 +208,7 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
                                          f"{min(ages):.0f} s ago on {host or 'its host'} while the others' kept "
                                          "coming: its process died or its host is cut off"))
             else:
-                out.append(HangRankState(rank=r, state="silent", detail="no snapshot" + (
+                out.append(HangRankState(rank=r, state="silent", host=host, detail="no snapshot" + (
                     f"; its last heartbeat was {min(ages):.0f} s old" if ages else "; no heartbeat in the store")))
             continue
         stack = s.get("stack") or []

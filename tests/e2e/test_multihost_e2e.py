@@ -241,3 +241,41 @@ def test_a_host_cut_off_in_a_hang_is_named_across_hosts_while_the_others_wait(tm
     assert len(f["ranks"]) == PER_HOST and f["category"] == "hardware", f
     assert f["summary"].startswith(f"host {hosts.name(3)}:"), f
     assert all(waiting), "the other hosts' ranks should still be waiting in the collective"
+
+
+@pytest.mark.skipif(not OK, reason=WHY)
+def test_a_killed_host_is_named_from_the_survivors_snapshots(tmp_path: Path) -> None:
+    """Every process of host 3 killed (the host died): the other hosts' collectives fail (their
+    peer's connection reset) and their watchdogs send what they saw; the verdict names host 3's two
+    ranks and the host, from the store's heartbeats, with no peer on host 3 to check a pid."""
+    with cluster(tmp_path) as (hosts, url):
+        procs = start_job(hosts, url, tmp_path, "mh-kill", 100000,
+                          env_extra={"EROICA_POLICY_HANG_FLOOR_SECONDS": "10"})
+        try:
+            jid = until(lambda: job_id(url, "mh-kill"), 240, procs, tmp_path)
+            until(lambda: len((get(f"{url}/v1/jobs/{jid}") or {}).get("steps", [])) >= 2, 240, procs, tmp_path)
+            t_fault = time.time()
+            hosts.kill(3)
+            seen: list[Any] = []
+
+            def named() -> Any:
+                try:
+                    f = get(f"{url}/v1/jobs/{jid}/hang")
+                except urllib.error.HTTPError as exc:
+                    if exc.code == 404:
+                        return None
+                    raise
+                seen.append(f)
+                ok = isinstance(f, dict) and f["root_cause"] == "rank_died" and f["hosts"] == [hosts.name(3)]
+                return f if ok and f["ranks"] == [2 * 3, 2 * 3 + 1] else None
+            deadline = time.time() + 120
+            f = None
+            while f is None and time.time() < deadline:      # the job ends (its ranks' collectives failed)
+                f = named()
+                time.sleep(0.5)
+            assert f is not None, f"last verdict: {seen[-1] if seen else None}"
+            t_found = time.time()
+        finally:
+            stop(procs)
+    print(f"host killed to its verdict: {t_found - t_fault:.1f} s (ranks {f['ranks']})")
+    assert f["summary"].startswith(f"host {hosts.name(3)}:"), f
