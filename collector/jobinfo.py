@@ -24,6 +24,22 @@ def dist_info() -> tuple[int, int, str, Any]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), "none", None
 
 
+def device_of(local_rank: int) -> str:
+    """The rank's accelerator as findings name it ("cuda:3"): the current CUDA device once the job
+    has touched CUDA, else the one its local rank conventionally takes; "cpu" without CUDA. Never
+    raises and never initializes CUDA itself."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "cpu"
+        if torch.cuda.is_initialized():
+            return f"cuda:{torch.cuda.current_device()}"
+        return f"cuda:{local_rank % max(torch.cuda.device_count(), 1)}"
+    except Exception:
+        return "cpu"
+
+
 def framework_config(config: dict[str, str]) -> bool:
     """Fill `config` with the framework and environment settings peers should share (a rank whose
     setting differs is a suspect); False when torch is not importable."""

@@ -21,7 +21,7 @@ from eroica.collector.gather import PatternGather, scope_of
 from eroica.collector.hang import HangWatch
 from eroica.collector.hooks.loader import TimedLoader
 from eroica.collector.host_sampler import open_sampler
-from eroica.collector.jobinfo import dist_info, framework_config, job_name
+from eroica.collector.jobinfo import device_of, dist_info, framework_config, job_name
 from eroica.collector.layout import process_group_layout
 from eroica.collector.output import PatternOutput
 from eroica.collector.policy import TriggerPolicy
@@ -146,6 +146,7 @@ class Monitor:
                 pid=os.getpid(),
                 role=role,
                 backend=backend,
+                device=device_of(int(os.environ.get("LOCAL_RANK", 0))),
             )
             store = store if store is not None else job_store
             if store is None:

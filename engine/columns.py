@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -90,6 +90,7 @@ class WindowColumns:
     privacy: list[str]
     autograd_nodes: list[tuple[tuple[str, int], ...]]   # [R] a light window's node counts by type (): none
     autograd_node_steps: np.ndarray           # [R] the window steps those counts cover
+    device: list[str] = field(default_factory=list)   # [R] the rank's device ("cuda:3"; "cpu")
 
     def hosts(self) -> dict[str, np.ndarray]:
         out: dict[str, list[int]] = {}
@@ -119,8 +120,8 @@ class ColumnsBuilder:
         self.scalars = {k: array("d") for k in ("baseline", "cores", "own", "lmean", "lcv", "lshare",
                                                  "world", "start", "end", "node_steps",
                                                  *OVERHEAD_FIELDS)}
-        self.text: dict[str, list[Any]] = {k: [] for k in ("host", "role", "part", "trigger", "top", "config", "gaps",
-                                                     "privacy", "nodes")}
+        self.text: dict[str, list[Any]] = {k: [] for k in ("host", "device", "role", "part", "trigger", "top",
+                                                           "config", "gaps", "privacy", "nodes")}
         self.ops = array("q")
 
     def add(self, d: PatternsDoc) -> None:
@@ -175,10 +176,11 @@ class ColumnsBuilder:
         sc["start"].append(d.window.start_step)
         sc["end"].append(d.window.end_step)
         sc["node_steps"].append(n if d.autograd_nodes_steps is None else d.autograd_nodes_steps)
-        for field in OVERHEAD_FIELDS:
-            sc[field].append(getattr(d.overhead, field))
+        for name in OVERHEAD_FIELDS:
+            sc[name].append(getattr(d.overhead, name))
         t = self.text
         t["host"].append(d.job.hostname)
+        t["device"].append(d.job.device)
         t["role"].append(d.job.role)
         t["part"].append(partition(d))
         t["trigger"].append(d.window.trigger)
@@ -291,7 +293,7 @@ class ColumnsBuilder:
             end_step=sc["end"].astype(int), trigger=txt["trigger"], baseline=sc["baseline"], before=before,
             before_len=bl[order], config=txt["config"], gaps=txt["gaps"],
             overhead={k: sc[k] for k in OVERHEAD_FIELDS}, privacy=txt["privacy"],
-            autograd_nodes=txt["nodes"], autograd_node_steps=sc["node_steps"])
+            autograd_nodes=txt["nodes"], autograd_node_steps=sc["node_steps"], device=txt["device"])
 
     def _per_step_signals(self, nr: int, pos: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         meta = np.frombuffer(self.ps_meta, dtype=np.int64).reshape(-1, 4) if self.ps_meta else np.zeros((0, 4), int)

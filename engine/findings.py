@@ -142,6 +142,7 @@ def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conc
         findings.append(Finding(
             root_cause=cause, category=FindingCategory(tax.category), component=tax.component,
             ranks=[r], hosts=[w.columns.hostname[row]] if row is not None else [], function=function,
+            devices=[_device(w, row)] if row is not None else [],
             confidence=round(float(conf), 4), confidence_factors=factors, summary=" ".join(c.summary.split()),
             evidence=_evidence(c, facts, also[(cause, r)], analysis, factors),
             rule_ids=rules[(cause, r)], derived_via=list(c.via),
@@ -156,6 +157,11 @@ def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conc
     findings = _host_wide(_same_cause(explain_away(findings, taxonomy, resolution)), w)
     findings.sort(key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
     return findings
+
+
+def _device(w: WindowData, row: int) -> str:
+    c = w.columns
+    return f"{c.hostname[row]}/{c.device[row] if row < len(c.device) else 'cpu'}"
 
 
 def _host_wide(findings: list[Finding], w: WindowData) -> list[Finding]:
@@ -187,6 +193,7 @@ def _host_wide(findings: list[Finding], w: WindowData) -> list[Finding]:
             evidence += [e for e in f.evidence if e not in evidence]
         out.append(top.model_copy(update={
             "ranks": ranks, "scope": "host", "evidence": evidence,
+            "devices": sorted({d for f in fs for d in f.devices}),
             "summary": f"host {host}: {top.summary}",
             "excess_seconds_per_step": max(f.excess_seconds_per_step for f in fs),
             "rule_ids": sorted({r for f in fs for r in f.rule_ids}),
@@ -215,6 +222,7 @@ def _same_cause(findings: list[Finding]) -> list[Finding]:
                          for line in f.evidence]
         out.append(top.model_copy(update={
             "ranks": ranks, "hosts": sorted({h for f in fs for h in f.hosts}), "evidence": evidence,
+            "devices": sorted({d for f in fs for d in f.devices}),
             "excess_seconds_per_step": max(f.excess_seconds_per_step for f in fs),
             "rule_ids": sorted({r for f in fs for r in f.rule_ids}),
             "rule_status": {k: v for f in fs for k, v in f.rule_status.items()},

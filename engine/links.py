@@ -109,7 +109,7 @@ def _steadiest(cvs: np.ndarray, means: np.ndarray, hosts: list[str]) -> np.ndarr
     byte rate is the steadiest one's (they read the same interface's counters, so one capped link
     is all of its host's ranks' link, not one rank's)."""
     k = int(np.argmin(cvs))
-    out = cvs <= cvs[k] + 1e-12
+    out: np.ndarray = np.asarray(cvs <= cvs[k] + 1e-12)
     for j in range(len(cvs)):
         if (hosts[j] == hosts[k] and means[k] > 0 and abs(means[j] - means[k]) <= SAME_LINK_RATE_RATIO * means[k]
                 and cvs[j] <= 1.5 * cvs[k] + 1e-12):

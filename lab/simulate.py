@@ -224,7 +224,7 @@ def rank_doc(rank: int, lay: Layout, fault: str, culprit: bool, slowest: np.ndar
         "schema": PATTERNS_SCHEMA,
         "job": {"rank": rank, "world_size": lay.world, "local_rank": rank % GPUS_PER_HOST,
                 "hostname": f"node{rank // GPUS_PER_HOST:05d}", "pid": 1000 + rank, "role": "worker",
-                "backend": "nccl", "device": "cuda", "process_groups": groups},
+                "backend": "nccl", "device": f"cuda:{rank % GPUS_PER_HOST}", "process_groups": groups},
         "window": {"window_id": WINDOW, "start_step": 200, "end_step": 200 + STEPS, "trigger": "detector",
                    "triggered_by_rank": 0, "wall_seconds": round(float(steps.sum()), 6),
                    "opened_unix_seconds": None, "closed_unix_seconds": None},

@@ -101,6 +101,14 @@ class Finding(Frozen):
     # "host": every rank of one host (two or more) showed this cause, so it is the host's problem (its
     # link, its CPUs, its cgroup), named once; "rank": the ranks named, not their host
     scope: Literal["rank", "host"] = "rank"
+    # where each rank named runs: "host/device" ("node07/cuda:3"; "node07/cpu" on the CPU path)
+    devices: list[str] = Field(default_factory=list)
+
+    @property
+    def placed(self) -> list[str]:
+        """Where the named ranks run, as people look for them: host/device on accelerators, the
+        hosts alone on the CPU path."""
+        return self.devices if any(not d.endswith("/cpu") for d in self.devices) else self.hosts
 
 
 class Coverage(Frozen):

@@ -21,6 +21,8 @@ def test_each_simulated_fault_is_named_on_its_rank(tmp_path: Path, fault: str) -
     (w,) = diagnose(tmp_path, DiagnoseOptions(in_process=True)).windows
     top = w.findings[0]
     assert (top.root_cause, top.ranks) == (fault, truth["ranks"]) and top.confidence >= 0.5
+    r = truth["ranks"][0]                       # named where an SRE finds it: host and device (8 GPUs a host)
+    assert top.devices == [f"node{r // 8:05d}/cuda:{r % 8}"] and top.placed == top.devices
     assert not any(f.confidence >= 0.5 for f in w.findings if f.ranks != truth["ranks"])
     # pipeline stages come from the process-group layout: two valid groups of 32
     assert sorted((g.name, len(g.ranks), g.valid) for g in w.peer_groups) == [("worker/pp0", 32, True),

@@ -151,6 +151,7 @@ def test_a_host_wide_fault_is_the_hosts_problem_named_once_and_the_host_is_propo
     assert isinstance(d, dict)
     (wf,) = [x for x in d["windows"][0]["findings"] if x["root_cause"] == f["root_cause"]]
     assert wf["scope"] == "host" and wf["summary"].startswith(f"host {hosts.name(2)}:")
+    assert wf["devices"] == [f"{hosts.name(2)}/cpu"]                   # host/device (one CPU "device" a host)
     assert isinstance(drain, dict) and hosts.name(2) in [h["host"] for h in drain["hosts"]], drain
 
 

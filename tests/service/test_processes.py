@@ -52,7 +52,10 @@ def http_processes(rep: Replica) -> list[psutil.Process]:
     return [main, *(c for c in main.children() if "multiprocessing" not in " ".join(c.cmdline()))]
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(not PG, reason=PG_WHY))])
+WITH_PG = pytest.param("postgresql", marks=pytest.mark.skipif(not PG, reason=PG_WHY))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", WITH_PG])
 def test_three_http_processes_store_every_upload_once_and_diagnose_the_window_once(tmp_path: Path, kind: str) -> None:
     bodies = host_bodies(tmp_path)
     with database(kind, tmp_path) as db:
