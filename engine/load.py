@@ -224,18 +224,7 @@ def _packs_parallel(window_id: str, packs: Sequence[bytes], items: list[tuple[in
         with _gc_paused():
             _load_packs(w, packs, shares[0], builder)
             parts = [fut.result() for fut in futures]
-    for b, part in parts:
-        pstore = part.docs
-        assert isinstance(pstore, DocStore)
-        if any(r in store for r in pstore):
-            return None
-        for r in pstore:
-            store.add(r, pstore._where[r], None)
-        builder.merge(b)
-        w.problems += part.problems
-    with _gc_paused():
-        w._columns = builder.build()
-    return w
+    return _merged(w, builder, parts)
 
 
 def parse_doc(text: str | bytes, where: str, one_line: bool = False) -> PatternsDoc:
@@ -368,6 +357,13 @@ def _load_parallel(wdir: Path, files: list[Path], cache_limit: int, workers: int
         with _gc_paused():
             _load_files(w, shares[0] + others, builder)
             parts = [fut.result() for fut in futures]
+    return _merged(w, builder, parts)
+
+
+def _merged(w: WindowData, builder: ColumnsBuilder,
+            parts: list[tuple[ColumnsBuilder, WindowData]]) -> WindowData | None:
+    """`w` (this process's share, its columns in `builder`) with the other processes' shares after
+    it, in order; None when a rank appears in two shares (the one-process load names the duplicate)."""
     store = w.docs
     assert isinstance(store, DocStore)
     for b, part in parts:

@@ -117,31 +117,55 @@ def helpers_by_host(hosts: Hosts) -> dict[int, int]:
     return out
 
 
+@contextlib.contextmanager
+def healthy(hosts: Hosts, url: str, tmp: Path, job: str, steps: int,
+            env_extra: dict[str, str] | None = None) -> Iterator[tuple[list[subprocess.Popen[bytes]], str]]:
+    """The job started on every host and healthy for a while (two step summaries at the service: the
+    detector learns the job's step time from its own history); its processes and its id. Stopped
+    on the way out."""
+    procs = start_job(hosts, url, tmp, job, steps, env_extra=env_extra)
+    try:
+        jid = until(lambda: job_id(url, job), 240, procs, tmp)
+        until(lambda: len((get(f"{url}/v1/jobs/{jid}") or {}).get("steps", [])) >= 2, 240, procs, tmp)
+        yield procs, jid
+    finally:
+        stop(procs)
+
+
+def hang_verdict(url: str, jid: str, seen: list[Any]) -> Any:
+    """The job's hang verdict at the service (None before any snapshot: the watchdogs wait for the
+    hang limit), each one kept in `seen`."""
+    try:
+        f = get(f"{url}/v1/jobs/{jid}/hang")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+    seen.append(f)
+    return f
+
+
+HANG_ENV = {"EROICA_POLICY_HANG_FLOOR_SECONDS": "10"}
+
+
 @pytest.mark.skipif(not OK, reason=WHY)
 def test_a_host_wide_fault_is_the_hosts_problem_named_once_and_the_host_is_proposed_for_draining(
         tmp_path: Path) -> None:
-    with cluster(tmp_path) as (hosts, url):
-        procs = start_job(hosts, url, tmp_path, "mh-host", 400)
-        try:
-            jid = until(lambda: job_id(url, "mh-host"), 240, procs, tmp_path)
-            # healthy first: the detector learns the job's step time from its own history
-            until(lambda: len((get(f"{url}/v1/jobs/{jid}") or {}).get("steps", [])) >= 2, 240, procs, tmp_path)
-            t_fault = time.time()
-            hosts.throttle(2, 0.25)           # host 2's cgroup: both its ranks starve together
-            helpers: dict[int, int] = {}
+    with cluster(tmp_path) as (hosts, url), healthy(hosts, url, tmp_path, "mh-host", 400) as (procs, jid):
+        t_fault = time.time()
+        hosts.throttle(2, 0.25)           # host 2's cgroup: both its ranks starve together
+        helpers: dict[int, int] = {}
 
-            def found() -> Any:
-                for i, n in helpers_by_host(hosts).items():      # the helpers live while windows are open
-                    helpers[i] = max(helpers.get(i, 0), n)
-                return next((f for f in get(f"{url}/v1/findings?job={jid}&min_confidence=0.5") or []
-                             if f["hosts"] == [hosts.name(2)]), None)
-            f = until(found, 300, procs, tmp_path)
-            t_found = time.time()
-            job = get(f"{url}/v1/jobs/{jid}")
-            drain = get(f"{url}/v1/drain")
-            d = get(f"{url}/v1/windows/{f['window_pk']}/diagnosis")
-        finally:
-            stop(procs)
+        def found() -> Any:
+            for i, n in helpers_by_host(hosts).items():      # the helpers live while windows are open
+                helpers[i] = max(helpers.get(i, 0), n)
+            return next((f for f in get(f"{url}/v1/findings?job={jid}&min_confidence=0.5") or []
+                         if f["hosts"] == [hosts.name(2)]), None)
+        f = until(found, 300, procs, tmp_path)
+        t_found = time.time()
+        job = get(f"{url}/v1/jobs/{jid}")
+        drain = get(f"{url}/v1/drain")
+        d = get(f"{url}/v1/windows/{f['window_pk']}/diagnosis")
     print(f"host-wide fault to stored finding: {t_found - t_fault:.1f} s ({f['root_cause']}, ranks {f['ranks']})")
     assert isinstance(job, dict) and job["hosts"] == sorted(hosts.name(i) for i in range(HOSTS))
     assert job["world_size"] == HOSTS * PER_HOST
@@ -157,27 +181,20 @@ def test_a_host_wide_fault_is_the_hosts_problem_named_once_and_the_host_is_propo
 
 @pytest.mark.skipif(not OK, reason=WHY)
 def test_a_hosts_capped_link_is_the_hosts_problem_named_once(tmp_path: Path) -> None:
-    with cluster(tmp_path) as (hosts, url):
-        procs = start_job(hosts, url, tmp_path, "mh-link", 400)
-        try:
-            jid = until(lambda: job_id(url, "mh-link"), 240, procs, tmp_path)
-            until(lambda: len((get(f"{url}/v1/jobs/{jid}") or {}).get("steps", [])) >= 2, 240, procs, tmp_path)
-            t_fault = time.time()
-            hosts.cap_link(1, 40)             # host 1's link: both its ranks' traffic squeezed together
-            seen: list[Any] = []
+    with cluster(tmp_path) as (hosts, url), healthy(hosts, url, tmp_path, "mh-link", 400) as (procs, jid):
+        t_fault = time.time()
+        hosts.cap_link(1, 40)             # host 1's link: both its ranks' traffic squeezed together
+        seen: list[Any] = []
 
-            def found() -> Any:
-                fs = get(f"{url}/v1/findings?job={jid}&min_confidence=0.5") or []
-                seen[:] = fs
-                return next((f for f in fs if f["hosts"] == [hosts.name(1)]), None)
-            try:
-                f = until(found, 300, procs, tmp_path)
-            except AssertionError as exc:
-                raise AssertionError(f"{exc}; findings: {[(x['root_cause'], x['ranks']) for x in seen]}") from None
-            t_found = time.time()
-            d = get(f"{url}/v1/windows/{f['window_pk']}/diagnosis")
-        finally:
-            stop(procs)
+        def found() -> Any:
+            seen[:] = get(f"{url}/v1/findings?job={jid}&min_confidence=0.5") or []
+            return next((f for f in seen if f["hosts"] == [hosts.name(1)]), None)
+        try:
+            f = until(found, 300, procs, tmp_path)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; findings: {[(x['root_cause'], x['ranks']) for x in seen]}") from None
+        t_found = time.time()
+        d = get(f"{url}/v1/windows/{f['window_pk']}/diagnosis")
     print(f"capped host link to stored finding: {t_found - t_fault:.1f} s ({f['root_cause']}, ranks {f['ranks']})")
     assert f["category"] == "hardware" and len(f["ranks"]) == PER_HOST, f
     assert isinstance(d, dict)
@@ -205,39 +222,27 @@ def test_a_rank_local_fault_on_a_two_rank_host_names_the_rank_not_the_host(tmp_p
 
 @pytest.mark.skipif(not OK, reason=WHY)
 def test_a_host_cut_off_in_a_hang_is_named_across_hosts_while_the_others_wait(tmp_path: Path) -> None:
-    with cluster(tmp_path) as (hosts, url):
-        procs = start_job(hosts, url, tmp_path, "mh-hang", 100000,
-                          env_extra={"EROICA_POLICY_HANG_FLOOR_SECONDS": "10"})
-        try:
-            jid = until(lambda: job_id(url, "mh-hang"), 240, procs, tmp_path)
-            until(lambda: len((get(f"{url}/v1/jobs/{jid}") or {}).get("steps", [])) >= 2, 240, procs, tmp_path)
-            t_fault = time.time()
-            hosts.link_down(3)                # host 3 falls off the network: every collective stops
+    with (cluster(tmp_path) as (hosts, url),
+          healthy(hosts, url, tmp_path, "mh-hang", 100000, HANG_ENV) as (procs, jid)):
+        t_fault = time.time()
+        hosts.link_down(3)                # host 3 falls off the network: every collective stops
+        seen: list[Any] = []
 
-            def named() -> Any:
-                try:
-                    f = get(f"{url}/v1/jobs/{jid}/hang")
-                except urllib.error.HTTPError as exc:
-                    if exc.code == 404:       # no snapshot yet: the watchdogs wait for the hang limit
-                        return None
-                    raise
-                seen.append(f)
-                ok = (isinstance(f, dict) and f["root_cause"] == "rank_died" and f["hosts"] == [hosts.name(3)]
-                      and len(f["ranks"]) == PER_HOST)     # both its ranks' heartbeats aged past the limit
-                return f if ok else None
-            seen: list[Any] = []
-            try:
-                f = until(named, 180, procs, tmp_path)
-            except AssertionError as exc:
-                said = [ln for f in sorted(tmp_path.glob("h*-mh-hang.log"))
-                        for ln in f.read_text(errors="replace").splitlines() if "eroica" in ln][-40:]
-                hang_files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("h*/mh-hang*/**/*.hang.json"))
-                raise AssertionError(f"{exc}; last verdict: {seen[-1] if seen else None}; snapshots on disk: "
-                                     f"{hang_files}; what eroica said:\n" + "\n".join(said)) from None
-            t_found = time.time()
-            waiting = [p.poll() is None for p in procs[:3]]
-        finally:
-            stop(procs)
+        def named() -> Any:
+            f = hang_verdict(url, jid, seen)
+            ok = (isinstance(f, dict) and f["root_cause"] == "rank_died" and f["hosts"] == [hosts.name(3)]
+                  and len(f["ranks"]) == PER_HOST)     # both its ranks' heartbeats aged past the limit
+            return f if ok else None
+        try:
+            f = until(named, 180, procs, tmp_path)
+        except AssertionError as exc:
+            said = [ln for log in sorted(tmp_path.glob("h*-mh-hang.log"))
+                    for ln in log.read_text(errors="replace").splitlines() if "eroica" in ln][-40:]
+            on_disk = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("h*/mh-hang*/**/*.hang.json"))
+            raise AssertionError(f"{exc}; last verdict: {seen[-1] if seen else None}; snapshots on disk: "
+                                 f"{on_disk}; what eroica said:\n" + "\n".join(said)) from None
+        t_found = time.time()
+        waiting = [p.poll() is None for p in procs[:3]]
     print(f"host cut off to its hang verdict: {t_found - t_fault:.1f} s (ranks {f['ranks']})")
     assert len(f["ranks"]) == PER_HOST and f["category"] == "hardware", f
     assert f["summary"].startswith(f"host {hosts.name(3)}:"), f
@@ -249,34 +254,19 @@ def test_a_killed_host_is_named_from_the_survivors_snapshots(tmp_path: Path) -> 
     """Every process of host 3 killed (the host died): the other hosts' collectives fail (their
     peer's connection reset) and their watchdogs send what they saw; the verdict names host 3's two
     ranks and the host, from the store's heartbeats, with no peer on host 3 to check a pid."""
-    with cluster(tmp_path) as (hosts, url):
-        procs = start_job(hosts, url, tmp_path, "mh-kill", 100000,
-                          env_extra={"EROICA_POLICY_HANG_FLOOR_SECONDS": "10"})
-        try:
-            jid = until(lambda: job_id(url, "mh-kill"), 240, procs, tmp_path)
-            until(lambda: len((get(f"{url}/v1/jobs/{jid}") or {}).get("steps", [])) >= 2, 240, procs, tmp_path)
-            t_fault = time.time()
-            hosts.kill(3)
-            seen: list[Any] = []
-
-            def named() -> Any:
-                try:
-                    f = get(f"{url}/v1/jobs/{jid}/hang")
-                except urllib.error.HTTPError as exc:
-                    if exc.code == 404:
-                        return None
-                    raise
-                seen.append(f)
-                ok = isinstance(f, dict) and f["root_cause"] == "rank_died" and f["hosts"] == [hosts.name(3)]
-                return f if ok and f["ranks"] == [2 * 3, 2 * 3 + 1] else None
-            deadline = time.time() + 120
-            f = None
-            while f is None and time.time() < deadline:      # the job ends (its ranks' collectives failed)
-                f = named()
-                time.sleep(0.5)
-            assert f is not None, f"last verdict: {seen[-1] if seen else None}"
-            t_found = time.time()
-        finally:
-            stop(procs)
+    with (cluster(tmp_path) as (hosts, url),
+          healthy(hosts, url, tmp_path, "mh-kill", 100000, HANG_ENV) as (_procs, jid)):
+        t_fault = time.time()
+        hosts.kill(3)
+        seen: list[Any] = []
+        deadline = time.time() + 120
+        f = None
+        while f is None and time.time() < deadline:      # the job ends meanwhile (its collectives failed)
+            v = hang_verdict(url, jid, seen)
+            ok = isinstance(v, dict) and v["root_cause"] == "rank_died" and v["hosts"] == [hosts.name(3)]
+            f = v if ok and v["ranks"] == [2 * 3, 2 * 3 + 1] else None
+            time.sleep(0.5)
+        assert f is not None, f"last verdict: {seen[-1] if seen else None}"
+        t_found = time.time()
     print(f"host killed to its verdict: {t_found - t_fault:.1f} s (ranks {f['ranks']})")
     assert f["summary"].startswith(f"host {hosts.name(3)}:"), f
