@@ -232,7 +232,7 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
             out.append(HangRankState(state="before_collective", detail=f"collective #{s['seq']} done, most ranks "
                                      f"are at #{mode}{err}", **common))
         elif mode is not None and s.get("seq") is not None and s["seq"] > mode:
-            out.append(HangRankState(state="different_collective", detail=f"ran ahead to collective #{s['seq']} "
+            out.append(HangRankState(state="different_collective", detail=f"{RAN_AHEAD} to collective #{s['seq']} "
                                      f"(most ranks are at #{mode}): it skipped one they called{err}", **common))
         elif majority is not None and current[id(s)] != majority:
             out.append(HangRankState(state="different_collective", detail=f"stands in {current[id(s)]}; the others in "
@@ -241,7 +241,24 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
             out.append(HangRankState(state="errored", detail=s["error"][:300], **common))
         else:
             out.append(HangRankState(state="waiting_in_collective", **common))
-    return out
+    return _ahead_of_a_lost_rank(out, majority)
+
+
+RAN_AHEAD = "ran ahead"
+
+
+def _ahead_of_a_lost_rank(st: list[HangRankState], majority: str | None) -> list[HangRankState]:
+    """With a rank dead or gone, a rank a collective or two ahead of the others in the same
+    collective did not skip one: a ring all-reduce finishes on some ranks before others get their
+    last chunk, so when a peer vanishes mid-ring, the ranks it already served go on to the next
+    bucket's all-reduce and wait there. It waits, like the others; the count is kept as detail."""
+    if not any(s.state in ("dead", "gone") for s in st):
+        return st
+    return [s.model_copy(update={"state": "waiting_in_collective",
+                                 "detail": s.detail.split(": it skipped")[0] + " in the same collective, after its "
+                                 "peers lost a rank mid-ring"})
+            if s.state == "different_collective" and s.detail.startswith(RAN_AHEAD) and s.collective == majority
+            else s for s in st]
 
 
 def localize(run_dir: Path) -> HangFinding | None:

@@ -210,3 +210,23 @@ def test_a_host_cut_off_is_named_across_hosts_by_its_aged_heartbeats(tmp_path: P
         s["peers"] = {k: {**v, "heartbeat_age_seconds": 1.0} for k, v in s["peers"].items()}
     quiet = run(tmp_path / "fresh", snaps)
     assert quiet.root_cause != "rank_died"
+
+
+def test_ranks_a_collective_ahead_when_a_host_vanished_mid_ring_still_name_the_vanished_host(tmp_path: Path) -> None:
+    """Host 3's link went down in the middle of a ring all-reduce: host 1's ranks had their last
+    chunk already, finished the bucket and wait in the next one (two collectives ahead, the same
+    DDP all-reduce), the others wait for host 3. That is not a skipped collective: the verdict is
+    host 3's (seen in a multi-host e2e run, which named host 1 for a desync before)."""
+    def view(me: int) -> dict[str, Any]:
+        return {str(r): {"step": 30, "heartbeat_age_seconds": 40.0 if r >= 6 else 1.2, "host": f"host{r // 2}",
+                         "pid": 100 + r, "process_alive": None} for r in range(8) if r != me}
+    snaps = [snap(r, 100 if r in (2, 3) else 98, [TORCH_WAIT, BACKWARD], world_size=8, host=f"host{r // 2}",
+                  peers=view(r)) for r in range(6)]
+    f = run(tmp_path, snaps)
+    assert (f.root_cause, f.ranks, f.hosts) == ("rank_died", [6, 7], ["host3"]), f.summary
+    ahead = [s for s in f.states if s.rank in (2, 3)]
+    assert all(s.state == "waiting_in_collective" and "ran ahead" in s.detail for s in ahead)
+    # with every rank alive, the same counts are a skipped collective, as before
+    alive = [{**s, "peers": {}} for s in snaps] + [snap(r, 98, [TORCH_WAIT, BACKWARD], world_size=8,
+                                                        host=f"host{r // 2}") for r in (6, 7)]
+    assert run(tmp_path / "alive", alive).root_cause == "hang_desync"
