@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica.collector.faulttimer import TimerOwner
-from eroica.collector.heartbeats import HB_KEY, peers_view
+from eroica.collector.heartbeats import HB_KEY, host_addresses, peers_view
 from eroica.collector.sites import OURS
 from eroica.schema.hang import NATIVE_HEADER
 
@@ -49,6 +49,9 @@ FR_DEFAULT = "2000"                        # entries; `eroica run` and the lab s
 FR_TAIL = 8
 MAX_FRAMES = 40
 EXCEPTION_SECONDS = 3.0                    # a dying process waits at most this long for its snapshot
+# ... and this long of it for the store's view of its peers: a living store answers in milliseconds;
+# a dead one (its host's agent exited) would only delay the snapshot while the agent stops the rank
+PEERS_WHEN_DYING_SECONDS = 0.75
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "barrier", "all_to_all_single", "all_to_all", "reduce", "gather", "scatter",
                "send", "recv", "all_gather_object", "broadcast_object_list")
@@ -208,6 +211,7 @@ class HangWatch:
         # link is down) must not keep the watchdog from writing its snapshot
         self._store_thread = threading.Thread(target=self._store_loop, name="eroica-hang-store", daemon=True)
         self.want_peers = False
+        self._addrs: list[str] | None = None          # the host's addresses, read at the first heartbeat
         self.peers: dict[str, dict[str, Any]] | None = None
         self.peers_at = 0.0
         self._snap: dict[str, Any] | None = None
@@ -255,7 +259,7 @@ class HangWatch:
                     if self.store is not None:        # what the store says of the peers, if it answers soon
                         t = threading.Thread(target=lambda: setattr(self, "peers", self._peers()), daemon=True)
                         t.start()
-                        t.join(EXCEPTION_SECONDS / 2)
+                        t.join(PEERS_WHEN_DYING_SECONDS)
                     snap = self._snapshot(stalled, frames[-1] if frames else None)
                     snap["error"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
                     self._write(snap)
@@ -384,8 +388,11 @@ class HangWatch:
         if self.store is None:
             return
         with contextlib.suppress(Exception):
+            if self._addrs is None:
+                self._addrs = host_addresses()
             self.store.set(HB_KEY.format(rank=self.rank), json.dumps(
-                {"step": self.step, "wall_time": time.time(), "pid": os.getpid(), "host": socket.gethostname()}))
+                {"step": self.step, "wall_time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
+                 "addrs": self._addrs}))
 
     def _peers(self) -> dict[str, dict[str, Any]]:
         """Each peer of a bounded sample as this rank sees it through the store (heartbeats.peers_view)."""

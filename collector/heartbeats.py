@@ -1,4 +1,5 @@
-"""Each rank's heartbeat in the job's store (`eroica/hang/hb/<rank>`: step, time, pid, host), and what
+"""Each rank's heartbeat in the job's store (`eroica/hang/hb/<rank>`: step, time, pid, host and the
+host's addresses, which a peer's "connection reset by [address]" names), and what
 a stalled rank reads of its peers': a bounded sample (rank 0, its nearest ranks, an even spread),
 fetched a chunk at a time (one `check` and one `multi_get`), so a stall in a 10,000-rank job costs
 rank 0's store a few round trips per look from each stalled rank, not 10,000."""
@@ -15,6 +16,24 @@ from typing import Any
 HB_KEY = "eroica/hang/hb/{rank}"
 PEERS_MAX = 64
 PEER_CHUNK = 16
+ADDRS_MAX = 8
+IFNAME_ENVS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def host_addresses() -> list[str]:
+    """This host's IP addresses (its network namespace), the collectives' interfaces first (as
+    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name them), loopback left out; at most ADDRS_MAX."""
+    try:
+        import psutil
+
+        chosen = [n for env in IFNAME_ENVS for n in os.environ.get(env, "").lstrip("^=").split(",") if n]
+        nics = psutil.net_if_addrs()
+        names = [n for n in chosen if n in nics] + sorted(n for n in nics if n not in chosen)
+        out = [a.address.split("%")[0] for n in names for a in nics[n]
+               if a.family in (socket.AF_INET, socket.AF_INET6) and not a.address.startswith(("127.", "::1"))]
+        return list(dict.fromkeys(out))[:ADDRS_MAX]
+    except Exception:
+        return []
 
 
 def peer_sample(rank: int, world: int, most: int = PEERS_MAX) -> list[int]:
@@ -74,5 +93,6 @@ def peers_view(store: Any, rank: int, world: int) -> dict[str, dict[str, Any]]:
                 except OSError:
                     alive = True
             out[str(r)] = {"step": hb.get("step"), "heartbeat_age_seconds": round(time.time() - hb["wall_time"], 1),
-                           "host": hb.get("host"), "pid": hb.get("pid"), "process_alive": alive}
+                           "host": hb.get("host"), "pid": hb.get("pid"), "process_alive": alive,
+                           "addrs": [str(a)[:64] for a in hb.get("addrs") or []][:ADDRS_MAX]}
     return out

@@ -273,7 +273,8 @@ class HangState(Fact):
     waiting_in_collective, before_collective (it never reached the collective most ranks wait in),
     different_collective (it ran ahead, or stands in another collective or shape), dead (its process
     is gone), gone (no snapshot, and its heartbeat stopped while the others' kept coming: died or cut
-    off, seen across hosts), silent (no snapshot), link_down, errored (its collective failed)."""
+    off, seen across hosts), dropped (no snapshot, and a rank on another host lost its connection to
+    this rank's host), silent (no snapshot), link_down, errored (its collective failed)."""
 
     kind: Literal["hang_state"] = "hang_state"
     state: str

@@ -159,6 +159,12 @@ def _down(s: dict) -> set[str]:  # type: ignore[type-arg]
 
 
 GONE_SECONDS = 15.0       # a heartbeat (every 2 s from a living rank's watchdog) this old: the rank is gone
+RAN_AHEAD = "ran ahead"
+FAILED = "; then its collective failed: "
+# a collective that failed because a peer's connection went away (gloo's words; NCCL's abort)
+LOST_PEER = re.compile(r"(reset|closed) by peer|broken pipe|connection refused|remote process exited", re.I)
+# what gloo says on the rank that received a skipped or reshaped collective's data
+WRONG_SIZE = re.compile(r"size doesn't match|doesn't match expected", re.I)
 SILENT_LISTED = 1024      # silent ranks stated one by one; past it, only those a peer said something of
 
 
@@ -177,6 +183,19 @@ def _ranks_to_state(world: int, by: dict[int, dict], views: list[dict]) -> list[
             first.append(r)
         r += 1
     return sorted({*by, *spoken, *first})
+
+
+def _dropped_on(host: str | None, addrs: set[str], snaps: list[dict]) -> tuple[dict, str] | None:  # type: ignore[type-arg]
+    """A rank on another host whose collective failed on a dropped connection to one of `addrs` (gloo
+    names the peer: `Read error [10.0.0.4]:14541: Connection reset by peer`), and that address. A
+    rank's own host is left out: its local peers drop their connections as they exit after an error."""
+    for o in snaps:
+        err = o.get("error") or ""
+        if o.get("host") != host and LOST_PEER.search(err):
+            for a in sorted(addrs):
+                if f"[{a}]" in err:
+                    return o, a
+    return None
 
 
 def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
@@ -207,6 +226,10 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
                 out.append(HangRankState(rank=r, state="gone", host=host, detail=f"its heartbeat stopped "
                                          f"{min(ages):.0f} s ago on {host or 'its host'} while the others' kept "
                                          "coming: its process died or its host is cut off"))
+            elif dropped := _dropped_on(host, {a for v in seen for a in v.get("addrs") or []}, snaps):
+                o, addr = dropped
+                out.append(HangRankState(rank=r, state="dropped", host=host, detail=f"no snapshot, and rank "
+                                         f"{o['rank']}'s connection to its host ({addr}) dropped: {o['error'][:160]}"))
             else:
                 out.append(HangRankState(rank=r, state="silent", host=host, detail="no snapshot" + (
                     f"; its last heartbeat was {min(ages):.0f} s old" if ages else "; no heartbeat in the store")))
@@ -218,7 +241,7 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
         common = dict(rank=r, last_step=s.get("last_step"), seq=s.get("seq"), where=where, in_data_loader=loader,
                       waits_on_lock=lock, collective=current[id(s)], host=s.get("host"))
         down = [n for n in _down(s) if sum(n in _down(o) for o in snaps if o is not s) < (len(snaps) - 1) / 2]
-        err = f"; then its collective failed: {s['error'][:200]}" if s.get("error") else ""
+        err = f"{FAILED}{s['error'][:200]}" if s.get("error") else ""
         if s.get("native"):
             out.append(HangRankState(state="before_collective", detail="its training thread holds the GIL inside "
                                      "native code, so its watchdog could not run: the stack is faulthandler's dump, "
@@ -241,24 +264,29 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
             out.append(HangRankState(state="errored", detail=s["error"][:300], **common))
         else:
             out.append(HangRankState(state="waiting_in_collective", **common))
-    return _ahead_of_a_lost_rank(out, majority)
+    errors = [s["error"] for s in snaps if s.get("error")]
+    vanished = (any(LOST_PEER.search(e) for e in errors) and not any(WRONG_SIZE.search(e) for e in errors)
+                and any(s.state == "silent" for s in out))
+    return _ahead_of_a_lost_rank(out, majority, vanished)
 
 
-RAN_AHEAD = "ran ahead"
 
-
-def _ahead_of_a_lost_rank(st: list[HangRankState], majority: str | None) -> list[HangRankState]:
-    """With a rank dead or gone, a rank a collective or two ahead of the others in the same
-    collective did not skip one: a ring all-reduce finishes on some ranks before others get their
-    last chunk, so when a peer vanishes mid-ring, the ranks it already served go on to the next
-    bucket's all-reduce and wait there. It waits, like the others; the count is kept as detail."""
-    if not any(s.state in ("dead", "gone") for s in st):
+def _ahead_of_a_lost_rank(st: list[HangRankState], majority: str | None, vanished: bool = False) -> list[HangRankState]:
+    """With a rank lost, a rank a collective or two ahead of the others in the same collective did
+    not skip one: a ring all-reduce finishes on some ranks before others get their last chunk, so
+    when a peer vanishes mid-ring, the ranks it already served go on to the next bucket's
+    all-reduce and wait (or fail) there. It waits, like the others; the count is kept as detail.
+    Lost: dead or gone, or (`vanished`) silent while the others' collectives failed on a dropped
+    connection and none received a wrong size (the mark a real skipped collective leaves on gloo)."""
+    if not (vanished or any(s.state in ("dead", "gone") for s in st)):
         return st
-    return [s.model_copy(update={"state": "waiting_in_collective",
-                                 "detail": s.detail.split(": it skipped")[0] + " in the same collective, after its "
-                                 "peers lost a rank mid-ring"})
-            if s.state == "different_collective" and s.detail.startswith(RAN_AHEAD) and s.collective == majority
-            else s for s in st]
+    def served(s: HangRankState) -> HangRankState:
+        ahead, _, err = s.detail.partition(FAILED)
+        return s.model_copy(update={"state": "errored" if err else "waiting_in_collective",
+                                    "detail": ahead.split(": it skipped")[0] + " in the same collective, after its "
+                                    "peers lost a rank mid-ring" + (FAILED + err if err else "")})
+    return [served(s) if s.state == "different_collective" and s.detail.startswith(RAN_AHEAD)
+            and s.collective == majority else s for s in st]
 
 
 def localize(run_dir: Path) -> HangFinding | None:
@@ -296,8 +324,12 @@ def localize_snapshots(snaps: list[dict]) -> HangFinding | None:  # type: ignore
         return finding("hang_unknown", "software", [], 0.3, "Every rank waits in the same collective and no rank "
                        "stands apart: look at the network and the collective's peers.")
     cause = min(best, key=lambda c: PRECEDENCE.index(c) if c in PRECEDENCE else len(PRECEDENCE))
+    state = {s.rank: s for s in st}
     cs = best[cause]
-    culprits = [next(s for s in st if s.rank == c.rank) for c in cs]
+    # a silent rank is named only when no rank's loss is better evidenced (its process gone, its
+    # heartbeat stopped, its host's connection dropped): the others went quiet after the fact
+    cs = [c for c in cs if state[c.rank].state != "silent"] or cs
+    culprits = [state[c.rank] for c in cs]
     cat: Category = "hardware" if cause in ("rank_died", "hang_link") else "software"
     return finding(cause, cat, culprits, max(c.rule_confidence for c in cs),  # type: ignore[arg-type]
                    " ".join(cs[0].summary.split()))

@@ -9,7 +9,7 @@ then faulthandler's text."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
 
@@ -70,6 +70,7 @@ class PeerView(_Part):
     pid: int | None = Field(None, ge=0, le=MAX_INT)
     process_alive: bool | None = None
     error: str | None = Field(None, max_length=1000)
+    addrs: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=16)   # its host's
 
 
 class HangSnapshot(_Part):
@@ -122,8 +123,8 @@ class HangFrame(Frozen):
         return f"{self.function} ({Path(self.file).name}:{self.line}){f': {self.code}' if self.code else ''}"
 
 
-State = Literal["waiting_in_collective", "before_collective", "different_collective", "dead", "gone", "silent",
-                "link_down", "errored"]
+State = Literal["waiting_in_collective", "before_collective", "different_collective", "dead", "gone", "dropped",
+                "silent", "link_down", "errored"]
 
 
 class HangRankState(Frozen):

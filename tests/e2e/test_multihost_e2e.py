@@ -148,6 +148,17 @@ def hang_verdict(url: str, jid: str, seen: list[Any]) -> Any:
 HANG_ENV = {"EROICA_POLICY_HANG_FLOOR_SECONDS": "10"}
 
 
+def what_happened(tmp: Path, job: str, seen: list[Any]) -> str:
+    """For a failed hang test: the last verdict, the snapshots on each host's disk, and the lines
+    eroica and torchrun's agents wrote on each host."""
+    said = [f"{log.name}: {ln}" for log in sorted(tmp.glob(f"h*-{job}.log"))
+            for ln in log.read_text(errors="replace").splitlines()
+            if "eroica" in ln or "torch.distributed.elastic" in ln or "Signal" in ln][-60:]
+    on_disk = sorted(str(p.relative_to(tmp)) for p in tmp.glob(f"h*/{job}*/**/*.hang.json"))
+    return (f"last verdict: {seen[-1] if seen else None}; snapshots on disk: {on_disk}; what eroica and the "
+            "agents said:\n" + "\n".join(said))
+
+
 @pytest.mark.skipif(not OK, reason=WHY)
 def test_a_host_wide_fault_is_the_hosts_problem_named_once_and_the_host_is_proposed_for_draining(
         tmp_path: Path) -> None:
@@ -238,11 +249,7 @@ def test_a_host_cut_off_in_a_hang_is_named_across_hosts_while_the_others_wait(tm
         try:
             f = until(named, 180, procs, tmp_path)
         except AssertionError as exc:
-            said = [ln for log in sorted(tmp_path.glob("h*-mh-hang.log"))
-                    for ln in log.read_text(errors="replace").splitlines() if "eroica" in ln][-40:]
-            on_disk = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("h*/mh-hang*/**/*.hang.json"))
-            raise AssertionError(f"{exc}; last verdict: {seen[-1] if seen else None}; snapshots on disk: "
-                                 f"{on_disk}; what eroica said:\n" + "\n".join(said)) from None
+            raise AssertionError(f"{exc}; {what_happened(tmp_path, 'mh-hang', seen)}") from None
         t_found = time.time()
         waiting = [p.poll() is None for p in procs[:3]]
     print(f"host cut off to its hang verdict: {t_found - t_fault:.1f} s (ranks {f['ranks']})")
@@ -268,7 +275,7 @@ def test_a_killed_host_is_named_from_the_survivors_snapshots(tmp_path: Path) -> 
             ok = isinstance(v, dict) and v["root_cause"] == "rank_died" and v["hosts"] == [hosts.name(3)]
             f = v if ok and v["ranks"] == [2 * 3, 2 * 3 + 1] else None
             time.sleep(0.5)
-        assert f is not None, f"last verdict: {seen[-1] if seen else None}"
+        assert f is not None, what_happened(tmp_path, "mh-kill", seen)
         t_found = time.time()
     print(f"host killed to its verdict: {t_found - t_fault:.1f} s (ranks {f['ranks']})")
     assert f["summary"].startswith(f"host {hosts.name(3)}:"), f

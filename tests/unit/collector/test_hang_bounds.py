@@ -9,6 +9,7 @@ import datetime
 import faulthandler
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from eroica.collector.hang import EXCEPTION_SECONDS, HangWatch
-from eroica.collector.heartbeats import HB_KEY, PEERS_MAX, peer_sample, peers_view
+from eroica.collector.heartbeats import ADDRS_MAX, HB_KEY, PEERS_MAX, host_addresses, peer_sample, peers_view
 
 ORIGINAL_LATER = faulthandler.dump_traceback_later
 
@@ -118,3 +119,25 @@ def test_a_stalled_rank_of_a_10000_rank_job_reads_its_peers_in_a_few_round_trips
     assert small == [0, 2, 3]
     w = HangWatch(3, world, None, None, factor=10.0, floor_seconds=300, poll_seconds=1.0)
     assert w._peers_every >= 19                       # and a big job's stalled ranks look less often
+
+
+def test_a_heartbeat_carries_its_hosts_addresses_collective_interface_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer's failed collective names an address ("Read error [10.0.0.4]"): each heartbeat says
+    which addresses are its host's, so a stalled rank's view of the store ties the address to the
+    ranks of that host. Read from this machine's interfaces (psutil), the collectives' first."""
+    import psutil
+    import torch.distributed as dist
+
+    real = [n for n, addrs in psutil.net_if_addrs().items()
+            if any(a.family == socket.AF_INET and not a.address.startswith("127.") for a in addrs)]
+    if not real:
+        pytest.skip("no interface with an IPv4 address besides loopback")
+    last = sorted(real)[-1]
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", last)
+    mine = next(a.address for a in psutil.net_if_addrs()[last] if a.family == socket.AF_INET)
+    got = host_addresses()
+    assert got[0] == mine and len(got) <= ADDRS_MAX and not any(a.startswith("127.") for a in got)
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=5))
+    w = HangWatch(1, 2, None, store, factor=10.0, floor_seconds=300, poll_seconds=1.0)
+    w._heartbeat()
+    assert peers_view(store, 0, 2)["1"]["addrs"] == got

@@ -230,3 +230,56 @@ def test_ranks_a_collective_ahead_when_a_host_vanished_mid_ring_still_name_the_v
     alive = [{**s, "peers": {}} for s in snaps] + [snap(r, 98, [TORCH_WAIT, BACKWARD], world_size=8,
                                                         host=f"host{r // 2}") for r in (6, 7)]
     assert run(tmp_path / "alive", alive).root_cause == "hang_desync"
+
+
+def test_ranks_ahead_whose_collectives_failed_when_a_host_was_killed_name_the_killed_host(tmp_path: Path) -> None:
+    """Host 3 killed: its ranks wrote nothing and their heartbeats are still fresh (a second old),
+    the others' collectives failed on a dropped connection, and host 1's ranks had finished the
+    bucket, failing two collectives ahead in the same all-reduce (seen under load in the multi-host
+    e2e run, which named them for a desync). The ring explains the count: host 3's ranks are named."""
+    reset = "RuntimeError: [pair.cc:537] Read error [10.0.0.4]:14541: Connection reset by peer."
+    closed = "RuntimeError: [pair.cc:553] Connection closed by peer [10.0.0.2]:9607."
+
+    def view(me: int) -> dict[str, Any]:
+        return {str(r): {"step": 30, "heartbeat_age_seconds": 1.0, "host": f"host{r // 2}", "pid": 100 + r,
+                         "process_alive": None} for r in range(8) if r != me}
+    snaps = [snap(r, 102 if r in (2, 3) else 100, [TORCH_WAIT, BACKWARD], world_size=8, host=f"host{r // 2}",
+                  peers=view(r), error=closed if r in (2, 3) else reset) for r in range(6)]
+    f = run(tmp_path, snaps)
+    assert (f.root_cause, f.ranks, f.hosts, f.category) == ("rank_died", [6, 7], ["host3"], "hardware"), f.summary
+    ahead = [s for s in f.states if s.rank in (2, 3)]
+    assert all(s.state == "errored" and "ran ahead" in s.detail and "closed by peer" in s.detail for s in ahead)
+    # a rank that received the skipped collective's data says so: then the rank ahead did skip one
+    snaps[0]["error"] = "RuntimeError: [pair.cc:446] Received data size doesn't match expected size"
+    assert run(tmp_path / "skipped", snaps).root_cause == "hang_desync"
+
+
+def test_a_killed_host_is_named_by_the_address_its_peers_lost_not_the_hosts_stopped_after(tmp_path: Path) -> None:
+    """Host 3 killed; host 1's ranks were stopped (their agent's store went away with host 0's)
+    before they wrote anything, so four ranks are silent with equally fresh heartbeats (seen in CI,
+    which named hosts 1 and 3). The survivors' failed collectives name host 3's address: its ranks
+    were dropped; host 1's, named by nobody, are only silent and are not the culprits."""
+    errs = {0: "RuntimeError: Read error [10.0.0.4]:50411: Connection reset by peer.",
+            1: "RuntimeError: Connection closed by peer [10.0.0.1]:15273.",
+            4: "RuntimeError: Connection closed by peer [10.0.0.3]:27033.",
+            5: "RuntimeError: Read error [10.0.0.4]:14541: Connection reset by peer."}
+
+    def view(me: int) -> dict[str, Any]:
+        return {str(r): {"step": 42, "heartbeat_age_seconds": 1.0, "host": f"host{r // 2}", "pid": 100 + r,
+                         "process_alive": None, "addrs": [f"10.0.0.{r // 2 + 1}", "fe80::1"]}
+                for r in range(8) if r != me}
+    snaps = [snap(r, 90, [TORCH_WAIT, BACKWARD], world_size=8, host=f"host{r // 2}", peers=view(r), error=e)
+             for r, e in errs.items()]
+    f = run(tmp_path, snaps)
+    assert (f.root_cause, f.ranks, f.hosts, f.category) == ("rank_died", [6, 7], ["host3"], "hardware"), f.summary
+    assert f.summary.startswith("host host3:") and "10.0.0.4" in f.summary
+    by = {s.rank: s.state for s in f.states}
+    assert (by[2], by[3], by[6], by[7]) == ("silent", "silent", "dropped", "dropped")
+    # rank 7's error names its own host (its local peer exiting): that alone does not drop rank 6
+    local = [snap(7, 90, [TORCH_WAIT, BACKWARD], world_size=8, host="host3", peers=view(7),
+                  error="RuntimeError: Connection closed by peer [10.0.0.4]:1.")] + [s for s in snaps
+                                                                                     if s["rank"] in (1, 4)]
+    assert {s.rank: s.state for s in run(tmp_path / "local", local).states}[6] == "silent"
+    # without addresses (an older collector's heartbeats) every silent rank is named, as before
+    bare = [{**s, "peers": {k: {**v, "addrs": []} for k, v in s["peers"].items()}} for s in snaps]
+    assert run(tmp_path / "bare", bare).ranks == [2, 3, 6, 7]
