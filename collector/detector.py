@@ -22,6 +22,18 @@ faster reference. Two tests:
   `sustained_min_ratio` of the job's time. The decision carries the period, so the window can
   cover a whole one.
 
+Quiet windows back the detector off. A window whose steps ran no slower than the reference it
+fired against (the sustained test on the window's own steps fails: the slowdown had passed by the
+time it was profiled) is quiet. A noisy machine's bursts make such windows; a fault does not. After
+one, a firing must hold `quiet_backoff_steps` judged steps in a row, four times as many after each
+further quiet window within `quiet_memory_hours` (on the series' own clock), up to
+`quiet_backoff_max_steps`, judged against the reference it first fired against (pinned: the lagged
+one would drift into a slowdown before a long hold ends). Bursts shorter than that no longer open
+windows; a sustained slowdown still does; one at least CLEAR_OF_NOISE times as far above its
+reference as the tallest burst that passed needs no hold; with no quiet window remembered the
+detector is exactly as quick as before. Quiet windows are not counted in the hour's budget
+(`max_windows_per_hour`), so a fault after a noisy spell still gets its window.
+
 A window buys no silence. When one is scheduled, the reference it was judged against (the last
 healthy one) is kept as an anchor: after the cooldown, steps are judged against the anchor, not
 against a lagged reference that has drifted into a slowdown which began during the cooldown, so a
@@ -44,6 +56,8 @@ from operator import sub
 from eroica.collector.policy import TriggerPolicy
 
 MAD_TO_SIGMA = 1.4826
+HOUR_SECONDS = 3600.0
+CLEAR_OF_NOISE = 2.0        # a firing this many times as far above its reference as the hour's passing bursts: no hold
 MIN_REFERENCE = 8
 HISTORY_STEPS = 96          # the always-on series a window carries (periodic work shows at its period)
 
@@ -55,6 +69,7 @@ class Decision:
     threshold_seconds: float | None
     reason: str = ""
     period_steps: int | None = None      # a periodic slowdown's period: the window should cover one
+    excess_ratio: float | None = None    # how much slower than the reference the firing steps ran (0.2: 20%)
 
 
 def periodic_spikes(series: list[float], threshold: float, level: float, min_period: int,
@@ -132,7 +147,8 @@ class StepTimeDetector:
 
     __slots__ = ("_policy", "history", "_ref_stats", "_consecutive", "_quiet_until_step", "_anchor",
                  "_anchor_windows", "_under_anchor", "_fired_against", "_judged", "_ref", "_ref_fifo", "_recent",
-                 "_thr", "_sus", "_b", "_r", "_warmup", "_tmad", "_tmin", "_smad", "_smin", "_sqrt_n")
+                 "_thr", "_sus", "_b", "_r", "_warmup", "_tmad", "_tmin", "_smad", "_smin", "_sqrt_n",
+                 "clock_seconds", "_quiet_at", "_held", "_window_ref", "_fired_excess", "_window_excess", "_pinned")
 
     def __init__(self, policy: TriggerPolicy) -> None:
         self._policy = policy
@@ -147,6 +163,15 @@ class StepTimeDetector:
         self._under_anchor = 0
         self._fired_against: tuple[float, float, float] | None = None   # the reference of the last firing step
         self._judged: deque[float] = deque()     # judged steps only (periodic spikes; a policy change rebuilds from it)
+        self.clock_seconds = 0.0                 # the series' own clock: every step observed, summed
+        self._quiet_at: deque[tuple[float, float]] = deque()   # (clock, its firing's excess): the hour's quiet windows
+        self._held = 0                           # judged steps in a row on which a test would fire
+        self._window_ref: tuple[float, float, float] | None = None   # what the scheduled window is judged by
+        self._fired_excess: float | None = None  # the last firing's excess ratio, and the scheduled window's
+        self._window_excess: float | None = None
+        # while a firing holds through a backoff: the reference it first fired against (the lagged
+        # reference would drift into a slowdown before a long hold could end)
+        self._pinned: tuple[float, float, float] | None = None
         self._follow_policy()
 
     @property
@@ -174,7 +199,7 @@ class StepTimeDetector:
         self._set_thresholds()
 
     def _set_thresholds(self) -> None:
-        ref = self._anchor if self._anchor is not None else self._ref_stats
+        ref = self._anchor or self._pinned or self._ref_stats
         if ref is None:
             self._thr = self._sus = None
             return
@@ -221,12 +246,48 @@ class StepTimeDetector:
                                sum(mid) / len(mid))
         self._set_thresholds()
 
+    def hold_steps(self, excess_ratio: float | None = None) -> int:
+        """Judged steps in a row a firing `excess_ratio` slower than its reference must hold now: 1
+        with no quiet window remembered, for a periodic firing (None), or for one at least
+        CLEAR_OF_NOISE times as far above its reference as any burst that passed; else the backoff."""
+        q = self._quiet_at
+        while q and q[0][0] < self.clock_seconds - self._policy.quiet_memory_hours * HOUR_SECONDS:
+            q.popleft()
+        base = self._policy.quiet_backoff_steps
+        if not q or base == 0 or excess_ratio is None or excess_ratio >= CLEAR_OF_NOISE * max(e for _, e in q):
+            return 1
+        return min(base << min(2 * (len(q) - 1), 16), self._policy.quiet_backoff_max_steps)
+
     def observe(self, step: int, seconds: float, excluded: bool = False) -> Decision:
+        d = self._observe(step, seconds, excluded)
+        if excluded or step < self._warmup:
+            return d                             # not judged: a streak neither grows nor breaks
+        if not d.fire:
+            self._held = 0
+            if self._pinned is not None:
+                self._pinned = None
+                self._set_thresholds()
+            return d
+        self._held += 1
+        if d.excess_ratio is not None:          # the burst's height so far (what a quiet window remembers)
+            self._fired_excess = max(self._fired_excess or 0.0, d.excess_ratio)
+        need = self.hold_steps(d.excess_ratio if d.period_steps is None else None)
+        if need > 1 and self._held < need:
+            if self._pinned is None and self._anchor is None:
+                self._pinned = self._fired_against
+                self._set_thresholds()
+            return Decision(d.breach, False, d.threshold_seconds)
+        if need > 1:
+            d.reason += f" (held {need} steps: {len(self._quiet_at)} quiet window(s) remembered)"
+        return d
+
+    def _observe(self, step: int, seconds: float, excluded: bool) -> Decision:
         self.history.append(seconds)
+        self.clock_seconds += seconds
         threshold, sustained_thr = self._thr, self._sus     # this step is judged by the previous reference
         if excluded or step < self._warmup:
             return Decision(False, False, threshold)
-        judged = self._anchor if self._anchor is not None else self._ref_stats
+        judged = self._anchor or self._pinned or self._ref_stats
         self._add_judged(seconds)                           # for the next step
         if threshold is None or sustained_thr is None:
             return Decision(False, False, None)
@@ -243,13 +304,16 @@ class StepTimeDetector:
         pol = self.policy
         if self._consecutive >= pol.consecutive_breaches:
             self._fired_against = judged
-            return Decision(breach, True, threshold, f"{self._consecutive} steps in a row above {threshold:.4f} s")
+            low = min(self._recent[-min(self._consecutive, len(self._recent)):]) if judged else seconds
+            return Decision(breach, True, threshold, f"{self._consecutive} steps in a row above {threshold:.4f} s",
+                            excess_ratio=low / judged[0] - 1.0 if judged and judged[0] > 0 else None)
         recent = self._recent
         if len(recent) >= self._r:
             level = trimmed_mean(recent)
             if level > sustained_thr:
                 self._fired_against = judged
-                return Decision(breach, True, threshold,
+                return Decision(breach, True, threshold, excess_ratio=level / judged[2] - 1.0
+                                if judged and judged[2] > 0 else None, reason=
                                 f"recent steps average {level:.4f} s above {sustained_thr:.4f} s")
         if breach and judged is not None:
             found = periodic_spikes(list(self._judged), threshold, judged[2], self._r, self._smin - 1.0)
@@ -265,9 +329,30 @@ class StepTimeDetector:
         self._quiet_until_step = end_step + self.policy.cooldown_steps
         self._consecutive = 0
         self._under_anchor = 0
+        self._held = 0
+        self._window_ref = ref = self._fired_against or self._ref_stats
+        if self._fired_excess is None and ref is not None and ref[2] > 0 and len(self._recent) >= 2:
+            self._fired_excess = max(trimmed_mean(self._recent) / ref[2] - 1.0, 0.0)   # another rank fired
+        self._window_excess, self._fired_excess = self._fired_excess, None
+        self._pinned = None
         if self._anchor is None:   # the reference the detector fired against, before the slow steps entered it
             self._anchor, self._anchor_windows = self._fired_against or self._ref_stats, 0
         self._anchor_windows += 1
         if self._anchor_windows >= self.policy.rearm_windows:
             self._anchor = None              # that many windows against it: the slower level is the new normal
         self._set_thresholds()
+
+    def window_closed(self, window_seconds: Sequence[float]) -> bool:
+        """A detector window closed with these step times: True when it was quiet (the sustained test
+        on its own steps fails against the reference it fired against: the job was no slower while
+        profiled), which backs the detector off for the hour (see the module doc)."""
+        ref, self._window_ref = self._window_ref, None
+        excess, self._window_excess = self._window_excess, None
+        if ref is None or excess is None or len(window_seconds) < 2 or self._policy.quiet_backoff_steps == 0:
+            return False                         # not a detector window (requested), or periodic
+        med, sigma, level = ref
+        sus = max(level + self._smad * sigma / sqrt(max(len(window_seconds) - 1, 1)), level * self._smin)
+        if trimmed_mean(window_seconds) > sus:
+            return False
+        self._quiet_at.append((self.clock_seconds, max(excess, 0.0)))
+        return True

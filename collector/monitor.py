@@ -112,6 +112,7 @@ class Monitor:
         self.gaps: list[CollectorGap] = []
         self.windows_completed: list[str] = []
         self.windows_closed = 0
+        self.quiet_windows = 0               # detector windows that found the job at speed (not in the budget)
         self.disabled = False
         self._warned: set[str] = set()
         self._win = WindowLifecycle(None)
@@ -468,6 +469,10 @@ class Monitor:
         self._judge()
         history = list(self._detector.history)
         n_window = len(self._win.bounds) - 1
+        judged = plan.trigger == "detector" and not plan.steps and n_window >= 2     # not periodic, not asked for
+        if self._detector.window_closed(history[-n_window:] if judged else ()):
+            self.quiet_windows += 1                 # the job ran at speed while profiled: not counted
+            self._win.refund()
         before = history[: max(len(history) - n_window, 0)]   # the job's recent series: periods, its level
         layout = process_group_layout()
         if layout:

@@ -50,7 +50,17 @@ class TriggerPolicy(BaseModel):
         3, ge=1, description="windows opened against the last healthy reference while a slowdown persists "
         "(a window buys no silence); after the last, the slower level is taken as the new normal"
     )
-    max_windows_per_hour: int = Field(6, ge=0)
+    max_windows_per_hour: int = Field(6, ge=0, description="windows that found the job slow, per hour")
+    quiet_backoff_steps: int = Field(
+        8, ge=0, description="a detector window in which the job ran no slower than the reference it fired "
+        "against (quiet: the slowdown had passed) is not counted in max_windows_per_hour; after it, a firing "
+        "must hold this many judged steps in a row, four times as many after each further quiet window "
+        "within quiet_memory_hours (0: off, every window counted and no backoff)")
+    quiet_backoff_max_steps: int = Field(
+        64, ge=1, description="the most judged steps in a row a firing must hold after quiet windows")
+    quiet_memory_hours: float = Field(
+        6.0, gt=0, description="how long a quiet window backs the detector off (a machine's noise is a "
+        "property of where the job runs, for hours)")
     sample_interval_seconds: float = Field(
         0.02, gt=0, le=1.0, description="hardware sampler period (each sample costs a helper of the rank's own "
         "~0.2 ms of CPU with cold caches: 20 ms is ~0.9% of a core per rank while a window is open, ~0.6% on "

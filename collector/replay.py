@@ -9,7 +9,7 @@ clock), so an SRE can tune the policy on their own history before changing a run
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from eroica.collector.detector import StepTimeDetector
@@ -23,6 +23,7 @@ class ReplayWindow:
     start_step: int
     end_step: int            # exclusive
     at_seconds: float        # when the window opens, on the series' clock
+    quiet: bool = False      # the job ran no slower while profiled: not counted in the hour's budget
 
 
 def read_step_times(path: Path) -> list[float]:
@@ -54,20 +55,28 @@ def replay(steps: list[float], policy: TriggerPolicy | None = None) -> list[Repl
     policy = policy or TriggerPolicy()
     det = StepTimeDetector(policy)
     windows: list[ReplayWindow] = []
-    pending: tuple[int, int, str, int] | None = None      # (start step, fired at, reason, length)
+    pending: tuple[int, int, str, int, bool] | None = None    # (start step, fired at, reason, length, periodic)
     window_end = -1
+    judged_at_end: tuple[int, int] | None = None       # (start, end) of a detector window to judge when it ends
     exclude_next = False
     clock = 0.0
-    opened_at: list[float] = []
+    opened_at: list[float] = []                        # counted in the hour's budget (quiet ones are not)
     for k, seconds in enumerate(steps):
         clock += seconds
+        if judged_at_end is not None and k == judged_at_end[1]:
+            start, end = judged_at_end
+            judged_at_end = None
+            if det.window_closed(steps[start:end]):    # quiet: no slowdown while profiled
+                opened_at.remove(windows[-1].at_seconds)
+                windows[-1] = replace(windows[-1], quiet=True)
         if pending is not None and k >= pending[0]:
-            start, fired, reason, length = pending
+            start, fired, reason, length, periodic = pending
             pending = None
             window_end = start + length
             det.window_scheduled(window_end)
-            opened_at.append(clock)
+            opened_at.append(round(clock, 3))
             windows.append(ReplayWindow(fired, reason, start, window_end, round(clock, 3)))
+            judged_at_end = (window_end, window_end) if periodic else (start, window_end)    # periodic: not judged
         in_window = k < window_end
         if not in_window and k == window_end:
             exclude_next = True
@@ -79,5 +88,6 @@ def replay(steps: list[float], policy: TriggerPolicy | None = None) -> list[Repl
         d = det.observe(k, seconds, excluded=excluded)
         recent = [t for t in opened_at if t > clock - 3600]
         if d.fire and pending is None and not in_window and len(recent) < policy.max_windows_per_hour:
-            pending = (k + policy.lead_steps, k, d.reason, policy.window_length(d.period_steps))
+            pending = (k + policy.lead_steps, k, d.reason, policy.window_length(d.period_steps),
+                       d.period_steps is not None)
     return windows

@@ -47,6 +47,11 @@ class WindowLifecycle:
             self.opened_at.popleft()
         return len(self.opened_at) < per_hour
 
+    def refund(self) -> None:
+        """The window just closed found the job no slower (quiet): it is not counted in the hour's budget."""
+        if self.opened_at:
+            self.opened_at.pop()
+
     def overdue(self, max_seconds: float) -> bool:
         return bool(self.opened_at) and time.monotonic() - self.opened_at[-1] > max_seconds
 

@@ -38,6 +38,7 @@ import threading
 import time
 import warnings
 from collections import deque
+from typing import Any
 
 from eroica.lab.errors import WorkloadArgError
 
@@ -246,8 +247,20 @@ def step_end_faults(mon, region: str, fault: str, seconds: float) -> None:
             pass
 
 
+STEP_LOG_ENV = "EROICA_LAB_STEP_LOG"      # rank 0 appends each step's seconds there (bench/trigger.py)
+_step_log: list[Any] = []                  # [file, the last step's end]
+
+
 def progress(rank: int, step: int, t_last: float) -> float:
-    """Rank 0 prints its step time every 10 steps (the launcher echoes it); returns the new mark."""
+    """Rank 0 prints its step time every 10 steps (the launcher echoes it), and logs every step's
+    time where STEP_LOG_ENV says; returns the new mark."""
+    if rank == 0 and os.environ.get(STEP_LOG_ENV):
+        now = time.monotonic()
+        if not _step_log:
+            _step_log[:] = [open(os.environ[STEP_LOG_ENV], "a", buffering=1), now] 
+        else:
+            _step_log[0].write(f"{now - _step_log[1]:.6f}\n")
+            _step_log[1] = now
     if rank != 0 or (step + 1) % 10:
         return t_last
     now = time.monotonic()

@@ -34,7 +34,10 @@ def test_windows_are_capped_per_hour_on_the_series_clock() -> None:
         flappy += [0.1 * rng.lognormvariate(0, 0.03) for _ in range(60)] + [0.2] * 40
     many = replay(flappy, TriggerPolicy(max_windows_per_hour=100))
     capped = replay(flappy, TriggerPolicy(max_windows_per_hour=3))
-    assert len(many) > 10 and len(capped) == 3
+    assert len(many) > 10 and len([w for w in capped if not w.quiet]) == 3
+    # a window opened as the slowdown ended profiled a job back at speed: quiet, and not counted
+    assert all(w.fired_at_step % 100 == 0 for w in capped if w.quiet)
+    assert len(replay(flappy, TriggerPolicy(max_windows_per_hour=3, quiet_backoff_steps=0))) == 3
 
 
 def test_the_cli_reads_csv_and_policy_files_and_names_bad_input(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -79,3 +82,45 @@ def test_a_window_on_a_periodic_slowdown_covers_a_whole_period() -> None:
     (w, *_) = replay(series)
     assert "every 14 steps" in w.reason and w.end_step - w.start_step == 15
     assert replay(series, TriggerPolicy(max_window_steps=12))[0].end_step - w.start_step == 12
+
+
+def bursty(n: int, seed: int, fault_at: int | None = None, factor: float = 1.3) -> list[float]:
+    """A healthy job on a shared machine: 0.1 s steps with 3% jitter and, every 60-200 steps, a burst
+    of 4-14 steps 15-40% slower (another process took the cores), then a fault from `fault_at` on."""
+    rng = random.Random(seed)
+    out: list[float] = []
+    next_burst = rng.randint(60, 200)
+    while len(out) < n:
+        k = len(out)
+        if k >= next_burst:
+            height = rng.uniform(1.15, 1.4)
+            out += [0.1 * height * rng.lognormvariate(0, 0.03) for _ in range(rng.randint(4, 14))]
+            next_burst = len(out) + rng.randint(60, 200)
+        else:
+            out.append(0.1 * rng.lognormvariate(0, 0.03))
+    out = out[:n]
+    if fault_at is not None:
+        out[fault_at:] = [x * factor for x in out[fault_at:]]
+    return out
+
+
+def test_quiet_windows_back_the_detector_off_and_leave_the_budget_to_a_later_fault() -> None:
+    """An hour of a healthy job on a shared machine: its bursts open windows that find the job back
+    at speed (quiet). After the first, a firing must hold for a while (8 judged steps, then 32),
+    so bursts stop opening windows; quiet windows are not counted in the hour's budget, so a 1.6x
+    fault after the bursts still gets its window, as soon as with no bursts before it (it is more
+    than twice as far above its reference as the bursts that passed)."""
+    before, after = TriggerPolicy(quiet_backoff_steps=0), TriggerPolicy()
+    healthy = [bursty(36000, seed) for seed in range(2)]       # 0.1 s steps: an hour each
+    n_before = [len(replay(s, before)) for s in healthy]
+    n_after = [len(replay(s, after)) for s in healthy]
+    assert min(n_before) >= 6 and max(n_after) <= 2, (n_before, n_after)      # the budget, and the backoff
+    assert all(w.quiet for s in healthy for w in replay(s, after))          # none of them found a slowdown
+    faulty = bursty(6000, 7, fault_at=5000, factor=1.6)
+    got = [w for w in replay(faulty, after) if w.fired_at_step >= 5000]
+    assert got and not got[0].quiet and got[0].fired_at_step <= 5000 + 6, got[:1]
+    assert not [w for w in replay(faulty, before) if w.fired_at_step >= 5000]   # before: the budget was spent
+    rng = random.Random(7)
+    calm = [0.1 * rng.lognormvariate(0, 0.03) * (1.6 if k >= 1000 else 1.0) for k in range(1200)]
+    (first, *_) = replay(calm, after)                       # the same fault on a calm machine
+    assert got[0].fired_at_step - 5000 <= first.fired_at_step - 1000 + 1, (got[0], first)

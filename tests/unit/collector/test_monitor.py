@@ -130,3 +130,21 @@ def test_a_job_the_policy_does_not_cover_is_not_watched_but_can_ask_for_a_window
     assert [w.split("-")[0] for w in mon.windows_completed] == ["w000"]      # only the requested one
     doc = PatternsDoc.model_validate_json((tmp_path / mon.windows_completed[0] / "rank-0.json").read_text())
     assert doc.window.trigger == "requested"
+
+
+def test_a_burst_opens_a_quiet_window_which_is_not_counted_and_backs_the_detector_off(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Real steps (sleeps): a 5-step burst opens a window that profiles the job back at speed (quiet):
+    it is not counted in the hour's budget of 1, and the same burst again holds too briefly to open
+    another; a sustained slowdown later still gets its window (the budget was kept for it)."""
+    pol = TriggerPolicy(warmup_steps=2, baseline_steps=8, recent_steps=4, consecutive_breaches=2, lead_steps=4,
+                        poll_every_steps=1, window_steps=3, cooldown_steps=2, max_windows_per_hour=1)
+    mon = Monitor(out_dir=tmp_path, policy=pol)
+    slow = set(range(16, 21)) | set(range(50, 55)) | set(range(80, 120))
+    for step in range(120):
+        time.sleep(0.03 if step in slow else 0.01)
+        mon.step()
+    mon.close()
+    starts = sorted(int(w.split("-s")[1]) for w in mon.windows_completed)
+    assert mon.quiet_windows >= 1 and 16 < starts[0] < 30, (starts, mon.quiet_windows, mon.gaps)
+    assert not any(50 <= s < 75 for s in starts), starts     # the second burst opened nothing ...
+    assert any(s > 80 for s in starts), starts               # ... the slowdown did, with a budget of 1
