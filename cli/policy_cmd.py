@@ -46,9 +46,11 @@ def run_replay(args: argparse.Namespace) -> int:
     wins = replay(steps, policy)
     for i, w in enumerate(wins):
         print(f"window {i}: detector fired at step {w.fired_at_step} ({w.reason}); profiles steps "
-              f"{w.start_step}-{w.end_step - 1}; opens at {w.at_seconds:.1f} s")
-    print(f"{len(wins)} window(s) over {len(steps)} steps ({sum(steps) / 3600:.2f} h of training); "
-          f"profiled {sum(w.end_step - w.start_step for w in wins)} steps")
+              f"{w.start_step}-{w.end_step - 1}; opens at {w.at_seconds:.1f} s"
+              + ("; quiet: the job ran at speed while profiled (not counted; the detector backs off)"
+                 if w.quiet else ""))
+    print(f"{len(wins)} window(s) over {len(steps)} steps ({sum(steps) / 3600:.2f} h of training), "
+          f"{sum(w.quiet for w in wins)} quiet; profiled {sum(w.end_step - w.start_step for w in wins)} steps")
     return 0
 
 
