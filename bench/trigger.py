@@ -41,6 +41,9 @@ def record(workload: str, seed: int, steps: int, out: Path) -> Path:
     from eroica.lab.workload import STEP_LOG_ENV
 
     log = out / f"steps-{workload}-{seed}.txt"
+    if log.exists() and sum(1 for _ in log.open()) >= steps - 2:
+        print(f"  {workload} seed {seed}: recorded already ({log})", flush=True)
+        return log
     log.unlink(missing_ok=True)
     t0 = time.monotonic()
     res = launch(out / f"{workload}-{seed}", world_size=4, steps=steps, module=MODULES[workload],
@@ -48,22 +51,25 @@ def record(workload: str, seed: int, steps: int, out: Path) -> Path:
                  env={STEP_LOG_ENV: str(log), "PYTHONHASHSEED": str(seed)},
                  timeout_seconds=steps * 2.0 + 300, progress=False)
     wins = sorted(p.name for p in (out / f"{workload}-{seed}").glob("w*-s*"))
-    print(f"  {workload} seed {seed}: {steps} steps in {time.monotonic() - t0:.0f} s, rc {res.returncode}, "
+    print(f"  {workload} seed {seed}: {steps} steps in {time.monotonic() - t0:.0f} s, rc {res.returncodes}, "
           f"{len(wins)} live window(s) (the default policy, as attached)", flush=True)
     return log
 
 
-def per_hour(series: list[float], policy: TriggerPolicy) -> tuple[float, int]:
-    """Windows per job-hour (the series repeated to an hour), and how many of them were quiet."""
-    reps = max(1, int(3600 / sum(series)) + 1)
-    hour = (series * reps)
-    clock, n = 0.0, 0
-    for n, x in enumerate(hour):
+def per_hour(series: list[float], policy: TriggerPolicy, hours: float) -> tuple[int, float, int]:
+    """Windows in the first hour, windows per job-hour over `hours` (the series repeated end to
+    end), and how many were quiet."""
+    reps = max(1, int(3600 * hours / sum(series)) + 1)
+    played = series * reps
+    clock, first_hour, n = 0.0, 0, 0
+    for n, x in enumerate(played):
         clock += x
-        if clock >= 3600:
+        if clock < 3600:
+            first_hour = n + 1
+        if clock >= 3600 * hours:
             break
-    wins = replay(hour[: n + 1], policy)
-    return len(wins) * 3600 / clock, sum(w.quiet for w in wins)
+    wins = replay(played[: n + 1], policy)
+    return (sum(w.start_step < first_hour for w in wins), len(wins) * 3600 / clock, sum(w.quiet for w in wins))
 
 
 def delays() -> list[tuple[str, int | None, int | None]]:
@@ -101,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--workloads", default="demo,lm")
     ap.add_argument("--series-dir", type=Path, help="replay the steps-*.txt recorded there; run no job")
+    ap.add_argument("--hours", type=float, default=6.0, help="job-hours each series is replayed for")
     ap.add_argument("--keep", type=Path, help="where the runs and series go (default: a temporary directory)")
     args = ap.parse_args(argv)
     if args.series_dir:
@@ -110,18 +117,21 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         print(f"healthy jobs (4 ranks, {args.steps} steps each, series in {out}):", flush=True)
         logs = [record(w, s, args.steps, out) for w in args.workloads.split(",") for s in range(args.seeds)]
-    print("\nwindows per healthy job-hour (the series replayed end to end for an hour):")
-    print("| series | steps | median step | before | after (quiet) |")
-    print("|---|---|---|---|---|")
-    totals = [0.0, 0.0]
+    print(f"\nwindows per healthy job-hour (each series replayed end to end for {args.hours:g} h):")
+    print("| series | steps | median step | before, no budget: 1st h | before: 1st h, per h | "
+          "after: 1st h, per h (quiet) |")
+    print("|---|---|---|---|---|---|")
+    sums = [0.0] * 5
     for log in logs:
         series = read_step_times(log)[10:]          # the first steps: start-up, not the job's noise
-        b, _ = per_hour(series, BEFORE)
-        a, q = per_hour(series, AFTER)
-        totals[0] += b / len(logs)
-        totals[1] += a / len(logs)
-        print(f"| {log.stem} | {len(series)} | {statistics.median(series) * 1000:.0f} ms | {b:.1f} | {a:.1f} ({q}) |")
-    print(f"| mean | | | {totals[0]:.1f} | {totals[1]:.1f} |")
+        raw, _, _ = per_hour(series, BEFORE.model_copy(update={"max_windows_per_hour": 10**6}), 1.0)
+        b1, b, _ = per_hour(series, BEFORE, args.hours)
+        a1, a, q = per_hour(series, AFTER, args.hours)
+        for i, v in enumerate((raw, b1, b, a1, a)):
+            sums[i] += v / len(logs)
+        print(f"| {log.stem} | {len(series)} | {statistics.median(series) * 1000:.0f} ms | {raw} | {b1}, {b:.1f} | "
+              f"{a1}, {a:.2f} ({q}) |")
+    print(f"| mean | | | {sums[0]:.0f} | {sums[1]:.1f}, {sums[2]:.1f} | {sums[3]:.1f}, {sums[4]:.2f} |")
     d = delays()
     same = sum(b == a for _, b, a in d)
     print(f"\ndetection delay on {len(d)} recorded faulty incidents (steps from onset to the first firing): "

@@ -22,17 +22,19 @@ faster reference. Two tests:
   `sustained_min_ratio` of the job's time. The decision carries the period, so the window can
   cover a whole one.
 
-Quiet windows back the detector off. A window whose steps ran no slower than the reference it
-fired against (the sustained test on the window's own steps fails: the slowdown had passed by the
-time it was profiled) is quiet. A noisy machine's bursts make such windows; a fault does not. After
-one, a firing must hold `quiet_backoff_steps` judged steps in a row, four times as many after each
-further quiet window within `quiet_memory_hours` (on the series' own clock), up to
-`quiet_backoff_max_steps`, judged against the reference it first fired against (pinned: the lagged
-one would drift into a slowdown before a long hold ends). Bursts shorter than that no longer open
-windows; a sustained slowdown still does; one at least CLEAR_OF_NOISE times as far above its
-reference as the tallest burst that passed needs no hold; with no quiet window remembered the
-detector is exactly as quick as before. Quiet windows are not counted in the hour's budget
-(`max_windows_per_hour`), so a fault after a noisy spell still gets its window.
+Quiet windows back the detector off. A window after which the job ran no slower than the reference
+it fired against (the central mean of the recent_steps judged steps after it, taken as the
+reference's level is, under the sustained test's threshold: the slowdown had passed; the window's
+own steps are not used, since profiling slows some jobs by 10-20%) is quiet. A noisy machine's
+bursts make such windows; a fault does not. After one, a firing must hold `quiet_backoff_steps`
+judged steps in a row, four times as many after each further quiet window within
+`quiet_memory_hours` (on the series' own clock), up to `quiet_backoff_max_steps`, judged against the
+reference it first fired against (pinned: the lagged one would drift into a slowdown before a long
+hold ends). Bursts shorter than that no longer open windows; a sustained slowdown still does; one at
+least CLEAR_OF_NOISE times as far above its reference as the tallest burst that passed needs no
+hold; with no quiet window remembered the detector is exactly as quick as before. Quiet windows are
+not counted in the hour's budget (`max_windows_per_hour`), so a fault after a noisy spell still gets
+its window.
 
 A window buys no silence. When one is scheduled, the reference it was judged against (the last
 healthy one) is kept as an anchor: after the cooldown, steps are judged against the anchor, not
@@ -70,6 +72,7 @@ class Decision:
     reason: str = ""
     period_steps: int | None = None      # a periodic slowdown's period: the window should cover one
     excess_ratio: float | None = None    # how much slower than the reference the firing steps ran (0.2: 20%)
+    quiet_window: bool = False           # this step ended the judgment of the last window: it was quiet
 
 
 def periodic_spikes(series: list[float], threshold: float, level: float, min_period: int,
@@ -148,7 +151,8 @@ class StepTimeDetector:
     __slots__ = ("_policy", "history", "_ref_stats", "_consecutive", "_quiet_until_step", "_anchor",
                  "_anchor_windows", "_under_anchor", "_fired_against", "_judged", "_ref", "_ref_fifo", "_recent",
                  "_thr", "_sus", "_b", "_r", "_warmup", "_tmad", "_tmin", "_smad", "_smin", "_sqrt_n",
-                 "clock_seconds", "_quiet_at", "_held", "_window_ref", "_fired_excess", "_window_excess", "_pinned")
+                 "clock_seconds", "_quiet_at", "_held", "_window_ref", "_fired_excess", "_window_excess", "_pinned",
+                 "_after")
 
     def __init__(self, policy: TriggerPolicy) -> None:
         self._policy = policy
@@ -172,6 +176,9 @@ class StepTimeDetector:
         # while a firing holds through a backoff: the reference it first fired against (the lagged
         # reference would drift into a slowdown before a long hold could end)
         self._pinned: tuple[float, float, float] | None = None
+        # the judged steps after a detector window (unprofiled: its own cost does not count), until
+        # there are recent_steps of them; None when no window awaits judgment
+        self._after: tuple[int, list[float]] | None = None
         self._follow_policy()
 
     @property
@@ -262,6 +269,8 @@ class StepTimeDetector:
         d = self._observe(step, seconds, excluded)
         if excluded or step < self._warmup:
             return d                             # not judged: a streak neither grows nor breaks
+        if self._after is not None and step > self._after[0]:
+            d.quiet_window = self._judge_window(seconds)
         if not d.fire:
             self._held = 0
             if self._pinned is not None:
@@ -323,9 +332,29 @@ class StepTimeDetector:
                                 f"costs {found[1]:.0%} of the job's time", period_steps=found[0])
         return Decision(breach, False, threshold)
 
-    def window_scheduled(self, end_step: int) -> None:
+    def _judge_window(self, seconds: float) -> bool:
+        """One more judged step after the last window; with recent_steps of them, True when the window
+        was quiet: their central mean (taken as the reference's level is: a spike of the job's own,
+        an eval or a checkpoint, is cut off) under the sustained threshold of the reference it fired
+        against. The window's own steps are not used: profiling slows some jobs by 10-20%."""
+        assert self._after is not None
+        end, after = self._after
+        after.append(seconds)
+        ref, excess = self._window_ref, self._window_excess
+        if len(after) < self._r or ref is None or excess is None:
+            return False
+        self._after = self._window_ref = self._window_excess = None
+        med, sigma, level = ref
+        if central_mean(after) > max(level + self._smad * sigma / self._sqrt_n, level * self._smin):
+            return False
+        self._quiet_at.append((self.clock_seconds, max(excess, 0.0)))
+        return True
+
+    def window_scheduled(self, end_step: int, judged: bool = True) -> None:
         """A window is set to end at `end_step`: stay quiet until the cooldown after it, then judge
-        against the reference of this moment (the anchor) while the slowdown persists."""
+        against the reference of this moment (the anchor) while the slowdown persists. `judged`: a
+        detector's window (not a periodic one, not one asked for), judged quiet or not by the steps
+        after it."""
         self._quiet_until_step = end_step + self.policy.cooldown_steps
         self._consecutive = 0
         self._under_anchor = 0
@@ -335,24 +364,10 @@ class StepTimeDetector:
             self._fired_excess = max(trimmed_mean(self._recent) / ref[2] - 1.0, 0.0)   # another rank fired
         self._window_excess, self._fired_excess = self._fired_excess, None
         self._pinned = None
+        self._after = (end_step, []) if judged and self._policy.quiet_backoff_steps else None
         if self._anchor is None:   # the reference the detector fired against, before the slow steps entered it
             self._anchor, self._anchor_windows = self._fired_against or self._ref_stats, 0
         self._anchor_windows += 1
         if self._anchor_windows >= self.policy.rearm_windows:
             self._anchor = None              # that many windows against it: the slower level is the new normal
         self._set_thresholds()
-
-    def window_closed(self, window_seconds: Sequence[float]) -> bool:
-        """A detector window closed with these step times: True when it was quiet (the sustained test
-        on its own steps fails against the reference it fired against: the job was no slower while
-        profiled), which backs the detector off for the hour (see the module doc)."""
-        ref, self._window_ref = self._window_ref, None
-        excess, self._window_excess = self._window_excess, None
-        if ref is None or excess is None or len(window_seconds) < 2 or self._policy.quiet_backoff_steps == 0:
-            return False                         # not a detector window (requested), or periodic
-        med, sigma, level = ref
-        sus = max(level + self._smad * sigma / sqrt(max(len(window_seconds) - 1, 1)), level * self._smin)
-        if trimmed_mean(window_seconds) > sus:
-            return False
-        self._quiet_at.append((self.clock_seconds, max(excess, 0.0)))
-        return True

@@ -357,6 +357,9 @@ class Monitor:
         fired = None
         for done, seconds, excluded in steps:
             decision = self._detector.observe(done, seconds, excluded=excluded)
+            if decision.quiet_window:           # the job ran at speed after the last window: not counted
+                self.quiet_windows += 1
+                self._win.refund()
             if decision.fire and fired is None:
                 fired = decision
         if fired is not None and self._pending is None and self._win.plan is None and \
@@ -445,7 +448,8 @@ class Monitor:
         self._pending = None
         self._collect_config()          # configuration can change while the job runs
         self._windows_opened = max(self._windows_opened, plan.index) + 1
-        self._detector.window_scheduled(plan.start_step + self._length(plan))
+        self._detector.window_scheduled(plan.start_step + self._length(plan),
+                                        judged=plan.trigger == "detector" and not plan.steps)
         self._win.open(plan, self._step, self.policy)
 
     def _close_window(self) -> None:
@@ -469,10 +473,6 @@ class Monitor:
         self._judge()
         history = list(self._detector.history)
         n_window = len(self._win.bounds) - 1
-        judged = plan.trigger == "detector" and not plan.steps and n_window >= 2     # not periodic, not asked for
-        if self._detector.window_closed(history[-n_window:] if judged else ()):
-            self.quiet_windows += 1                 # the job ran at speed while profiled: not counted
-            self._win.refund()
         before = history[: max(len(history) - n_window, 0)]   # the job's recent series: periods, its level
         layout = process_group_layout()
         if layout:

@@ -52,8 +52,9 @@ class TriggerPolicy(BaseModel):
     )
     max_windows_per_hour: int = Field(6, ge=0, description="windows that found the job slow, per hour")
     quiet_backoff_steps: int = Field(
-        8, ge=0, description="a detector window in which the job ran no slower than the reference it fired "
-        "against (quiet: the slowdown had passed) is not counted in max_windows_per_hour; after it, a firing "
+        8, ge=0, description="a detector window after which the job ran no slower than the reference it fired "
+        "against (quiet: the slowdown had passed, judged on the recent_steps after it) is not counted in "
+        "max_windows_per_hour; after it, a firing "
         "must hold this many judged steps in a row, four times as many after each further quiet window "
         "within quiet_memory_hours (0: off, every window counted and no backoff)")
     quiet_backoff_max_steps: int = Field(

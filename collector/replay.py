@@ -23,7 +23,7 @@ class ReplayWindow:
     start_step: int
     end_step: int            # exclusive
     at_seconds: float        # when the window opens, on the series' clock
-    quiet: bool = False      # the job ran no slower while profiled: not counted in the hour's budget
+    quiet: bool = False      # the job ran no slower after it: not counted in the hour's budget
 
 
 def read_step_times(path: Path) -> list[float]:
@@ -57,26 +57,18 @@ def replay(steps: list[float], policy: TriggerPolicy | None = None) -> list[Repl
     windows: list[ReplayWindow] = []
     pending: tuple[int, int, str, int, bool] | None = None    # (start step, fired at, reason, length, periodic)
     window_end = -1
-    judged_at_end: tuple[int, int] | None = None       # (start, end) of a detector window to judge when it ends
     exclude_next = False
     clock = 0.0
     opened_at: list[float] = []                        # counted in the hour's budget (quiet ones are not)
     for k, seconds in enumerate(steps):
         clock += seconds
-        if judged_at_end is not None and k == judged_at_end[1]:
-            start, end = judged_at_end
-            judged_at_end = None
-            if det.window_closed(steps[start:end]):    # quiet: no slowdown while profiled
-                opened_at.remove(windows[-1].at_seconds)
-                windows[-1] = replace(windows[-1], quiet=True)
         if pending is not None and k >= pending[0]:
             start, fired, reason, length, periodic = pending
             pending = None
             window_end = start + length
-            det.window_scheduled(window_end)
+            det.window_scheduled(window_end, judged=not periodic)
             opened_at.append(round(clock, 3))
             windows.append(ReplayWindow(fired, reason, start, window_end, round(clock, 3)))
-            judged_at_end = (window_end, window_end) if periodic else (start, window_end)    # periodic: not judged
         in_window = k < window_end
         if not in_window and k == window_end:
             exclude_next = True
@@ -86,6 +78,9 @@ def replay(steps: list[float], policy: TriggerPolicy | None = None) -> list[Repl
         if not in_window:
             exclude_next = False
         d = det.observe(k, seconds, excluded=excluded)
+        if d.quiet_window:                             # the job ran at speed after the last window
+            opened_at.remove(windows[-1].at_seconds)
+            windows[-1] = replace(windows[-1], quiet=True)
         recent = [t for t in opened_at if t > clock - 3600]
         if d.fire and pending is None and not in_window and len(recent) < policy.max_windows_per_hour:
             pending = (k + policy.lead_steps, k, d.reason, policy.window_length(d.period_steps),

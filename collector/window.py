@@ -48,7 +48,7 @@ class WindowLifecycle:
         return len(self.opened_at) < per_hour
 
     def refund(self) -> None:
-        """The window just closed found the job no slower (quiet): it is not counted in the hour's budget."""
+        """The last window was quiet (the job ran at speed after it): it is not counted in the hour's budget."""
         if self.opened_at:
             self.opened_at.pop()
 

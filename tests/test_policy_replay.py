@@ -35,7 +35,7 @@ def test_windows_are_capped_per_hour_on_the_series_clock() -> None:
     many = replay(flappy, TriggerPolicy(max_windows_per_hour=100))
     capped = replay(flappy, TriggerPolicy(max_windows_per_hour=3))
     assert len(many) > 10 and len([w for w in capped if not w.quiet]) == 3
-    # a window opened as the slowdown ended profiled a job back at speed: quiet, and not counted
+    # a window opened as the slowdown ended: the job was back at speed after it: quiet, and not counted
     assert all(w.fired_at_step % 100 == 0 for w in capped if w.quiet)
     assert len(replay(flappy, TriggerPolicy(max_windows_per_hour=3, quiet_backoff_steps=0))) == 3
 
@@ -105,8 +105,8 @@ def bursty(n: int, seed: int, fault_at: int | None = None, factor: float = 1.3) 
 
 
 def test_quiet_windows_back_the_detector_off_and_leave_the_budget_to_a_later_fault() -> None:
-    """An hour of a healthy job on a shared machine: its bursts open windows that find the job back
-    at speed (quiet). After the first, a firing must hold for a while (8 judged steps, then 32),
+    """An hour of a healthy job on a shared machine: its bursts open windows after which the job is
+    back at speed (quiet). After the first, a firing must hold for a while (8 judged steps, then 32),
     so bursts stop opening windows; quiet windows are not counted in the hour's budget, so a 1.6x
     fault after the bursts still gets its window, as soon as with no bursts before it (it is more
     than twice as far above its reference as the bursts that passed)."""

@@ -79,7 +79,8 @@ def test_one_hiccup_does_not_fire() -> None:
 
 
 def test_cooldown_silences_then_a_persisting_slowdown_opens_another_window_against_the_healthy_reference() -> None:
-    det = StepTimeDetector(policy(cooldown_steps=5, sustained_min_ratio=50.0, rearm_windows=3))
+    det = StepTimeDetector(policy(cooldown_steps=5, sustained_min_ratio=50.0, rearm_windows=3,
+                                  quiet_backoff_steps=0))     # no sustained test: no quiet judgment either
     feed(det, [0.1] * 14)
     det.window_scheduled(end_step=16)
     assert feed(det, [0.3] * 7, start=14) == []              # steps 14..20 <= 16 + 5: the cooldown

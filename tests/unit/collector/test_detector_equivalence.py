@@ -121,7 +121,8 @@ def _policy(rng: random.Random) -> TriggerPolicy:
                          consecutive_breaches=rng.randint(1, 4), cooldown_steps=rng.randint(0, 25),
                          lead_steps=max(rng.randint(4, 9), 7), rearm_windows=rng.randint(1, 3),
                          threshold_min_ratio=rng.choice([1.05, 1.15, 1.3]),
-                         sustained_min_ratio=rng.choice([1.03, 1.08, 1.2]))
+                         sustained_min_ratio=rng.choice([1.03, 1.08, 1.2]),
+                         quiet_backoff_steps=0)     # the backoff after quiet windows is tested on its own
 
 
 def test_the_incremental_detector_decides_as_the_direct_definition_on_random_series() -> None:

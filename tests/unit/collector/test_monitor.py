@@ -133,7 +133,7 @@ def test_a_job_the_policy_does_not_cover_is_not_watched_but_can_ask_for_a_window
 
 
 def test_a_burst_opens_a_quiet_window_which_is_not_counted_and_backs_the_detector_off(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Real steps (sleeps): a 5-step burst opens a window that profiles the job back at speed (quiet):
+    """Real steps (sleeps): a 5-step burst opens a window after which the job is back at speed (quiet):
     it is not counted in the hour's budget of 1, and the same burst again holds too briefly to open
     another; a sustained slowdown later still gets its window (the budget was kept for it)."""
     pol = TriggerPolicy(warmup_steps=2, baseline_steps=8, recent_steps=4, consecutive_breaches=2, lead_steps=4,
