@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from eroica.collector.policy import TriggerPolicy
-from eroica.collector.replay import read_step_times, replay
+from eroica.collector.replay import per_hour, read_step_times, replay
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = {"demo": "eroica.lab.workload", "lm": "eroica.lab.workload_lm"}
@@ -54,22 +54,6 @@ def record(workload: str, seed: int, steps: int, out: Path) -> Path:
     print(f"  {workload} seed {seed}: {steps} steps in {time.monotonic() - t0:.0f} s, rc {res.returncodes}, "
           f"{len(wins)} live window(s) (the default policy, as attached)", flush=True)
     return log
-
-
-def per_hour(series: list[float], policy: TriggerPolicy, hours: float) -> tuple[int, float, int]:
-    """Windows in the first hour, windows per job-hour over `hours` (the series repeated end to
-    end), and how many were quiet."""
-    reps = max(1, int(3600 * hours / sum(series)) + 1)
-    played = series * reps
-    clock, first_hour, n = 0.0, 0, 0
-    for n, x in enumerate(played):
-        clock += x
-        if clock < 3600:
-            first_hour = n + 1
-        if clock >= 3600 * hours:
-            break
-    wins = replay(played[: n + 1], policy)
-    return (sum(w.start_step < first_hour for w in wins), len(wins) * 3600 / clock, sum(w.quiet for w in wins))
 
 
 def delays() -> list[tuple[str, int | None, int | None]]:

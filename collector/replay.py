@@ -86,3 +86,19 @@ def replay(steps: list[float], policy: TriggerPolicy | None = None) -> list[Repl
             pending = (k + policy.lead_steps, k, d.reason, policy.window_length(d.period_steps),
                        d.period_steps is not None)
     return windows
+
+
+def per_hour(series: list[float], policy: TriggerPolicy, hours: float) -> tuple[int, float, int]:
+    """Windows in the first hour, windows per job-hour over `hours` (the series repeated end to
+    end), and how many were quiet."""
+    reps = max(1, int(3600 * hours / sum(series)) + 1)
+    played = series * reps
+    clock, first_hour, n = 0.0, 0, 0
+    for n, x in enumerate(played):
+        clock += x
+        if clock < 3600:
+            first_hour = n + 1
+        if clock >= 3600 * hours:
+            break
+    wins = replay(played[: n + 1], policy)
+    return (sum(w.start_step < first_hour for w in wins), len(wins) * 3600 / clock, sum(w.quiet for w in wins))
