@@ -266,7 +266,7 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
             out.append(HangRankState(state="waiting_in_collective", **common))
     errors = [s["error"] for s in snaps if s.get("error")]
     vanished = (any(LOST_PEER.search(e) for e in errors) and not any(WRONG_SIZE.search(e) for e in errors)
-                and any(s.state == "silent" for s in out))
+                and any(s.state in ("silent", "dropped") for s in out))
     return _ahead_of_a_lost_rank(out, majority, vanished)
 
 
@@ -276,17 +276,26 @@ def _ahead_of_a_lost_rank(st: list[HangRankState], majority: str | None, vanishe
     not skip one: a ring all-reduce finishes on some ranks before others get their last chunk, so
     when a peer vanishes mid-ring, the ranks it already served go on to the next bucket's
     all-reduce and wait (or fail) there. It waits, like the others; the count is kept as detail.
-    Lost: dead or gone, or (`vanished`) silent while the others' collectives failed on a dropped
-    connection and none received a wrong size (the mark a real skipped collective leaves on gloo)."""
-    if not (vanished or any(s.state in ("dead", "gone") for s in st)):
+    Lost: dead, gone or dropped, or (`vanished`) silent while the others' collectives failed on a
+    dropped connection and none received a wrong size (the mark a real skipped collective leaves on
+    gloo). A rank a collective behind in the same collective waits for the lost rank's chunk."""
+    if not (vanished or any(s.state in ("dead", "gone", "dropped") for s in st)):
         return st
     def served(s: HangRankState) -> HangRankState:
         ahead, _, err = s.detail.partition(FAILED)
         return s.model_copy(update={"state": "errored" if err else "waiting_in_collective",
                                     "detail": ahead.split(": it skipped")[0] + " in the same collective, after its "
                                     "peers lost a rank mid-ring" + (FAILED + err if err else "")})
+    def starved(s: HangRankState) -> HangRankState:
+        behind, _, err = s.detail.partition(FAILED)
+        return s.model_copy(update={"state": "errored" if err else "waiting_in_collective",
+                                    "detail": behind + " in the same collective: it waits for the lost rank's "
+                                    "chunk" + (FAILED + err if err else "")})
+    # the mirror image: a rank a collective behind, inside the same collective, waits for the chunk
+    # the vanished peer never sent; it is not stuck in code of its own
     return [served(s) if s.state == "different_collective" and s.detail.startswith(RAN_AHEAD)
-            and s.collective == majority else s for s in st]
+            and s.collective == majority else starved(s) if s.state == "before_collective"
+            and s.collective == majority and not s.in_data_loader and not s.waits_on_lock else s for s in st]
 
 
 def localize(run_dir: Path) -> HangFinding | None:

@@ -275,6 +275,12 @@ def test_a_killed_host_is_named_by_the_address_its_peers_lost_not_the_hosts_stop
     assert f.summary.startswith("host host3:") and "10.0.0.4" in f.summary
     by = {s.rank: s.state for s in f.states}
     assert (by[2], by[3], by[6], by[7]) == ("silent", "silent", "dropped", "dropped")
+    # rank 5 a collective behind in the same all-reduce, failed on the lost host (seen in CI, named
+    # hang_user_code): it waited for host 3's chunk, it is not stuck in code of its own
+    behind = [{**s, "seq": 88} if s["rank"] == 5 else s for s in snaps]
+    f5 = run(tmp_path / "behind", behind)
+    assert (f5.root_cause, f5.ranks) == ("rank_died", [6, 7]), f5.summary
+    assert next(s for s in f5.states if s.rank == 5).state == "errored"
     # rank 7's error names its own host (its local peer exiting): that alone does not drop rank 6
     local = [snap(7, 90, [TORCH_WAIT, BACKWARD], world_size=8, host="host3", peers=view(7),
                   error="RuntimeError: Connection closed by peer [10.0.0.4]:1.")] + [s for s in snaps
