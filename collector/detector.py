@@ -338,13 +338,13 @@ class StepTimeDetector:
         an eval or a checkpoint, is cut off) under the sustained threshold of the reference it fired
         against. The window's own steps are not used: profiling slows some jobs by 10-20%."""
         assert self._after is not None
-        end, after = self._after
+        after = self._after[1]
         after.append(seconds)
         ref, excess = self._window_ref, self._window_excess
         if len(after) < self._r or ref is None or excess is None:
             return False
         self._after = self._window_ref = self._window_excess = None
-        med, sigma, level = ref
+        _, sigma, level = ref
         if central_mean(after) > max(level + self._smad * sigma / self._sqrt_n, level * self._smin):
             return False
         self._quiet_at.append((self.clock_seconds, max(excess, 0.0)))

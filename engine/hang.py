@@ -270,7 +270,6 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
     return _ahead_of_a_lost_rank(out, majority, vanished)
 
 
-
 def _ahead_of_a_lost_rank(st: list[HangRankState], majority: str | None, vanished: bool = False) -> list[HangRankState]:
     """With a rank lost, a rank a collective or two ahead of the others in the same collective did
     not skip one: a ring all-reduce finishes on some ranks before others get their last chunk, so
@@ -281,21 +280,18 @@ def _ahead_of_a_lost_rank(st: list[HangRankState], majority: str | None, vanishe
     gloo). A rank a collective behind in the same collective waits for the lost rank's chunk."""
     if not (vanished or any(s.state in ("dead", "gone", "dropped") for s in st)):
         return st
-    def served(s: HangRankState) -> HangRankState:
-        ahead, _, err = s.detail.partition(FAILED)
+
+    def waits(s: HangRankState, why: str) -> HangRankState:
+        where, _, err = s.detail.partition(FAILED)
         return s.model_copy(update={"state": "errored" if err else "waiting_in_collective",
-                                    "detail": ahead.split(": it skipped")[0] + " in the same collective, after its "
-                                    "peers lost a rank mid-ring" + (FAILED + err if err else "")})
-    def starved(s: HangRankState) -> HangRankState:
-        behind, _, err = s.detail.partition(FAILED)
-        return s.model_copy(update={"state": "errored" if err else "waiting_in_collective",
-                                    "detail": behind + " in the same collective: it waits for the lost rank's "
-                                    "chunk" + (FAILED + err if err else "")})
-    # the mirror image: a rank a collective behind, inside the same collective, waits for the chunk
-    # the vanished peer never sent; it is not stuck in code of its own
-    return [served(s) if s.state == "different_collective" and s.detail.startswith(RAN_AHEAD)
-            and s.collective == majority else starved(s) if s.state == "before_collective"
-            and s.collective == majority and not s.in_data_loader and not s.waits_on_lock else s for s in st]
+                                    "detail": where.split(": it skipped")[0] + why + (FAILED + err if err else "")})
+    # ahead: served before the peer vanished; behind (the mirror image): waits for the chunk the
+    # vanished peer never sent, not stuck in code of its own
+    return [waits(s, " in the same collective, after its peers lost a rank mid-ring")
+            if s.state == "different_collective" and s.detail.startswith(RAN_AHEAD) and s.collective == majority
+            else waits(s, " in the same collective: it waits for the lost rank's chunk")
+            if s.state == "before_collective" and s.collective == majority and not s.in_data_loader
+            and not s.waits_on_lock else s for s in st]
 
 
 def localize(run_dir: Path) -> HangFinding | None:

@@ -257,7 +257,7 @@ def progress(rank: int, step: int, t_last: float) -> float:
     if rank == 0 and os.environ.get(STEP_LOG_ENV):
         now = time.monotonic()
         if not _step_log:
-            _step_log[:] = [open(os.environ[STEP_LOG_ENV], "a", buffering=1), now] 
+            _step_log[:] = [open(os.environ[STEP_LOG_ENV], "a", buffering=1), now]
         else:
             _step_log[0].write(f"{now - _step_log[1]:.6f}\n")
             _step_log[1] = now
