@@ -244,7 +244,8 @@ class ColumnsBuilder:
         flat = rows * max(nf, 1) + cols
         # a function listed twice by one rank is added up (np.add.at); the usual case, once each, is a
         # plain assignment, many times faster on a wide window
-        unique = len(np.unique(flat)) == len(flat)
+        ordered = np.sort(flat)
+        unique = not (ordered[1:] == ordered[:-1]).any()
         for m in np.unique(fi["len"]):
             sel = fi["len"] == m
             block = vals[fi["off"][sel][:, None] + np.arange(m)]
@@ -260,7 +261,8 @@ class ColumnsBuilder:
             elif add:
                 np.add.at(out, (rows, cols), values)
             else:            # the first function of a (rank, key), as a document lists them
-                first = np.unique(rows * max(nf, 1) + cols, return_index=True)[1]
+                first = (np.arange(len(rows)) if unique
+                         else np.unique(rows * max(nf, 1) + cols, return_index=True)[1])
                 out[rows[first], cols[first]] = values[first]
             return out
 

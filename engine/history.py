@@ -47,8 +47,8 @@ def config_deviations(w: WindowData, a: PeerAnalysis) -> tuple[list[ConfigSeen],
     dropped = 0
     for g in a.groups:
         members = [r for r in g.ranks if r in cols.row]
-        if len(members) < 2:
-            continue
+        if len(members) < 2 or len({cols.config[cols.row[r]] for r in members}) == 1:
+            continue               # alone, or every member ran the same settings (a fleet's usual case)
         configs = {r: dict(cols.config[cols.row[r]]) for r in members}
         keys = sorted({k for c in configs.values() for k in c})
         others = len(members) - 1

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from eroica.engine.column_chunks import WindowChunks, window_chunks
 from eroica.engine.columns import ColumnsBuilder, WindowColumns, window_columns
 from eroica.engine.errors import RunDirError
 from eroica.schema.files import PACKED_FILE, RANK_FILE, TRACE_FILE, is_pattern_file
@@ -126,33 +127,61 @@ def pack_lines(pack: bytes) -> list[bytes]:
 
 
 def window_of_packs(window_id: str, packs: Sequence[bytes], refs: Sequence[tuple[int, int]] | None = None,
-                    cache_limit: int = 4096, workers: int = 1) -> WindowData:
+                    cache_limit: int = 4096, workers: int = 1, chunks: Mapping[int, bytes] | None = None
+                    ) -> WindowData:
     """A window of documents as JSON text: `packs` (gzip'd or not, one document per line) and the
     (pack, line) of each document (None: every line of every pack). Each is parsed and validated
     once into columns and kept as text (a pack is decompressed once here, and again only when a
     document that left the cache is read). The engine's document entry point takes these; a line
     that does not parse, or a second document for a rank, is a problem of the window, named by its
     pack and line; the others are still diagnosed. `workers` > 1: a wide window's packs are parsed
-    in that many processes (forked; this one is one of them) and their columns merged in pack order."""
+    in that many processes (forked; this one is one of them) and their columns merged in pack order.
+    `chunks`: a pack's columns already built when it was validated (eroica.engine.column_chunks), by
+    pack index: those packs are not parsed again unless the chunk does not cover their wanted lines."""
     wanted: dict[int, list[int]] = {}
     if refs is None:
         wanted = {p: [] for p in range(len(packs))}        # [] : all lines
     else:
         for p, line in refs:
             wanted.setdefault(p, []).append(line)
-    items = sorted(wanted.items())
+    with _gc_paused():
+        ready = window_chunks(sorted(wanted.items()), chunks or {}, workers)
+    items = ready.rest
     total = sum(len(packs[p]) for p, _ in items)
+    got = None
     if workers > 1 and total >= PARALLEL_MIN_PACK_BYTES and len(items) >= workers:
-        w = _packs_parallel(window_id, packs, items, cache_limit, workers)
-        if w is not None:
-            return w
-    store = BlobStore(packs, cache_limit)
-    w = WindowData(window_id=window_id, docs=store)
-    builder = ColumnsBuilder()
-    with _gc_paused():     # many objects, no cycles
-        _load_packs(w, packs, items, builder)
+        got = _packs_parallel(window_id, packs, items, cache_limit, workers)
+    if got is None:
+        w = WindowData(window_id=window_id, docs=BlobStore(packs, cache_limit))
+        builder = ColumnsBuilder()
+        with _gc_paused():     # many objects, no cycles
+            _load_packs(w, packs, items, builder)
+    else:
+        w, builder = got
+    with _gc_paused():
+        builder = _add_chunks(w, packs, builder, ready)
         w._columns = builder.build()
     return w
+
+
+def _add_chunks(w: WindowData, packs: Sequence[bytes], builder: ColumnsBuilder, ready: WindowChunks
+                ) -> ColumnsBuilder:
+    """`builder` with the decoded chunks' columns, their documents added to `w`; when a rank appears
+    twice (in two chunks, or in a pack parsed here) the chunks' packs are parsed instead, so the
+    duplicate is named as when parsing."""
+    store = w.docs
+    assert isinstance(store, DocStore)
+    ranks = [r for _, rs, _ in ready.placed for r in rs]
+    if len(set(ranks)) != len(ranks) or any(r in store for r in ranks):
+        _load_packs(w, packs, [(p, lines) for p, _, lines in ready.placed], builder)
+        return builder
+    for p, rs, lines in ready.placed:
+        for r, line in zip(rs, lines):
+            store.add(r, (p, line, f"{w.window_id}/pack {p}:{line + 1}"), None)   # type: ignore[arg-type]
+    if not builder.ranks:          # nothing was parsed: the chunks are the window
+        return ready.columns
+    builder.merge(ready.columns)
+    return builder
 
 
 PARALLEL_MIN_PACK_BYTES = 4 << 20     # stored (compressed) bytes below which one process parses a window
@@ -201,8 +230,9 @@ def _packs_part(window_id: str, items: list[tuple[int, list[int]]]) -> tuple[Col
 
 
 def _packs_parallel(window_id: str, packs: Sequence[bytes], items: list[tuple[int, list[int]]], cache_limit: int,
-                    workers: int) -> WindowData | None:
-    """None when a rank appears in two shares (the one-process load reports the duplicate)."""
+                    workers: int) -> tuple[WindowData, ColumnsBuilder] | None:
+    """The window and its columns, not yet built; None when a rank appears in two shares (the
+    one-process load reports the duplicate)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -224,7 +254,7 @@ def _packs_parallel(window_id: str, packs: Sequence[bytes], items: list[tuple[in
         with _gc_paused():
             _load_packs(w, packs, shares[0], builder)
             parts = [fut.result() for fut in futures]
-    return _merged(w, builder, parts)
+    return (w, builder) if _merge_parts(w, builder, parts) else None
 
 
 def parse_doc(text: str | bytes, where: str, one_line: bool = False) -> PatternsDoc:
@@ -357,28 +387,29 @@ def _load_parallel(wdir: Path, files: list[Path], cache_limit: int, workers: int
         with _gc_paused():
             _load_files(w, shares[0] + others, builder)
             parts = [fut.result() for fut in futures]
-    return _merged(w, builder, parts)
+    if not _merge_parts(w, builder, parts):
+        return None
+    with _gc_paused():
+        w._columns = builder.build()
+    return w
 
 
-def _merged(w: WindowData, builder: ColumnsBuilder,
-            parts: list[tuple[ColumnsBuilder, WindowData]]) -> WindowData | None:
-    """`w` (this process's share, its columns in `builder`) with the other processes' shares after
-    it, in order; None when a rank appears in two shares (the one-process load names the duplicate)."""
+def _merge_parts(w: WindowData, builder: ColumnsBuilder, parts: list[tuple[ColumnsBuilder, WindowData]]) -> bool:
+    """Add to `w` (this process's share, its columns in `builder`) the other processes' shares after
+    it, in order; False when a rank appears in two shares (the one-process load names the duplicate)."""
     store = w.docs
     assert isinstance(store, DocStore)
     for b, part in parts:
         pstore = part.docs
         assert isinstance(pstore, DocStore)
         if any(r in store for r in pstore):
-            return None
+            return False
         for r in pstore:
             store.add(r, pstore._where[r], None)
         builder.merge(b)
         w.problems += part.problems
         w.raw_traces.update(part.raw_traces)
-    with _gc_paused():
-        w._columns = builder.build()
-    return w
+    return True
 
 
 @contextmanager

@@ -91,7 +91,8 @@ class Service:
         if not self.settings.background:       # an extra HTTP process of the replica: requests only
             return
         self.diagnoser = Diagnoser(self.settings.workers,
-                                   self.settings.parse_processes or min(8, os.cpu_count() or 1))
+                                   self.settings.parse_processes or min(8, os.cpu_count() or 1),
+                                   self.settings.knowledge_dirs)
         self._threads = [threading.Thread(target=self._dispatch, name="eroica-dispatch", daemon=True)]
         if self.settings.watch:
             from eroica.service.watch import Watcher
@@ -192,12 +193,16 @@ class Service:
         s = self.settings
         w: dict[str, Any] = {"window_id": pk, "job_id": "?"}
         try:
-            w, packs, refs, history = store.window_docs(self.eng, pk)
-            text = self.diagnoser.run(w["window_id"], packs, refs, history, s.knowledge_dirs,
+            t0 = time.perf_counter()
+            w, history = store.window_and_history(self.eng, pk)
+            text = self.diagnoser.run(s.db_url, pk, w["window_id"], history, s.knowledge_dirs,
                                       s.diagnosis_timeout_seconds)
+            t1 = time.perf_counter()
             d = Diagnosis.model_validate_json(text)
             if store.store_diagnosis(self.eng, pk, s.name, d):
                 self.metrics.diagnosed(w, d, time.time())
+            log.info("eroica serve: window %s of %s (%d ranks): diagnosed in %.1f s, stored in %.1f s",
+                     w["window_id"], w["job_id"], w["ranks_reported"], t1 - t0, time.perf_counter() - t1)
             return
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"[:1500]

@@ -6,7 +6,9 @@ a rank outside the job's world or a different document for a rank already stored
 batch, naming its line; nothing of it is stored. The same batch again stores nothing and says so.
 Each window the batch touches is locked and updated once; the documents go in as multi-row inserts
 (`INSERT ... ON CONFLICT DO NOTHING RETURNING`, on SQLite and PostgreSQL alike), and the batch's
-text is kept once, compressed, with each document's row pointing at its line (eroica.service.docs)."""
+text is kept once, compressed, with each document's row pointing at its line (eroica.service.docs),
+and the documents, already parsed to be validated, are kept as columns per window too
+(eroica.engine.column_chunks), so the diagnosis does not parse them again."""
 
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from eroica.engine.column_chunks import encode as encode_chunk
+from eroica.engine.columns import ColumnsBuilder
 from eroica.schema.patterns import PatternsDoc
-from eroica.service.db import batches, documents, windows, writing
+from eroica.service.db import batch_columns, batches, documents, windows, writing
 from eroica.service.errors import IngestError
 from eroica.service.runs import touch_run, valid_job_id
 
@@ -76,6 +80,9 @@ def ingest_many(eng: sa.Engine, job_id: str, docs: list[tuple[int, PatternsDoc, 
     index = {line: i for i, (line, _, _) in enumerate(docs)}   # a document's line: its index among the batch's
     if not alone and packed is None:
         packed = gzip.compress(b"".join(text.strip() + b"\n" for _, _, text in docs), 1)
+    # each window's documents of this batch as columns, built before the transaction (they are
+    # kept only where every one of them is stored now)
+    chunks = {} if alone else {wid: _chunk(items, index) for wid, items in by_window.items()}
     with writing(eng) as c:
         batch_pk = None if alone else c.execute(st.batch, {"body": packed, "received_at": now}).scalar_one()
         for host in sorted({d.job.hostname for _, d, _ in docs}):
@@ -109,6 +116,8 @@ def ingest_many(eng: sa.Engine, job_id: str, docs: list[tuple[int, PatternsDoc, 
                         raise IngestError(409, f"{where(line)}window {wid} already has a different document for "
                                                f"rank {r}" + ("" if alone else "; nothing of this batch was stored"),
                                           "job.rank")
+            if batch_pk is not None and len(stored) == len(items):
+                c.execute(st.chunk, {"window_pk": pk, "batch_pk": batch_pk, "body": chunks[wid]})
             created += len(stored)
             existing += len(again)
             if stored:                 # the window's row is locked here, by this one statement, until commit
@@ -128,6 +137,7 @@ class _Statements:
     new_window: Any
     documents: Any
     window_update: Any
+    chunk: Any
 
 
 @functools.cache
@@ -158,7 +168,16 @@ def _statements(dialect_name: str) -> _Statements:
         documents=(dialect.insert(documents).on_conflict_do_nothing(index_elements=["window_pk", "rank"])
                    .returning(documents.c.rank)),
         window_update=update,
+        chunk=batch_columns.insert(),
     )
+
+
+def _chunk(items: list[tuple[int, PatternsDoc, bytes]], index: dict[int, int]) -> bytes:
+    """A window's documents of one batch as a column chunk, each with its line in the batch."""
+    b = ColumnsBuilder()
+    for _, doc, _ in items:
+        b.add(doc)
+    return encode_chunk(b, [index[line] for line, _, _ in items])
 
 
 def _window_update(pk: int, items: list[tuple[int, PatternsDoc, bytes]], n: int, now: float) -> dict[str, Any]:

@@ -90,6 +90,13 @@ batches = sa.Table(                     # many documents as they came, one per l
     sa.Column("received_at", sa.Float, nullable=False),
 )
 
+batch_columns = sa.Table(               # a batch's documents of one window as columns, until it is diagnosed (0011)
+    "batch_columns", meta,
+    sa.Column("window_pk", sa.Integer, sa.ForeignKey("windows.pk"), primary_key=True),
+    sa.Column("batch_pk", sa.Integer, sa.ForeignKey("batches.pk"), primary_key=True),
+    sa.Column("body", sa.LargeBinary, nullable=False),            # eroica.engine.column_chunks
+)
+
 documents = sa.Table(
     "documents", meta,
     sa.Column("window_pk", sa.Integer, sa.ForeignKey("windows.pk"), primary_key=True),

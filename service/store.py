@@ -18,8 +18,7 @@ import sqlalchemy as sa
 from eroica.schema.diagnosis import Diagnosis
 from eroica.schema.patterns import PatternsDoc
 from eroica.service.bulk import ingest_many
-from eroica.service.db import diagnoses, findings, issues, jobs, reading, steps, windows, writing
-from eroica.service.docs import window_packs
+from eroica.service.db import batch_columns, diagnoses, findings, issues, jobs, reading, steps, windows, writing
 from eroica.service.errors import IngestError
 from eroica.service.lifecycle import OPEN_STATES, RESEND, record_findings
 from eroica.service.runs import JOB_ID, insert_ignore, touch_run, valid_job_id
@@ -80,18 +79,17 @@ def claim(eng: sa.Engine, worker: str, now: float | None = None, lease_seconds: 
     return int(pk) if pk is not None else None
 
 
-def window_docs(eng: sa.Engine, pk: int) -> tuple[dict[str, Any], list[bytes], list[tuple[int, int]], list[str]]:
-    """A window's row, its documents as packs and each rank's (pack, line) there (eroica.service.docs),
-    and the history summaries (WindowHistory JSON) of the job's earlier windows that were diagnosed,
-    oldest first: never their documents."""
+def window_and_history(eng: sa.Engine, pk: int) -> tuple[dict[str, Any], list[str]]:
+    """A window's row and the history summaries (WindowHistory JSON) of the job's earlier windows that
+    were diagnosed, oldest first: never their documents (the diagnosis worker reads the window's own,
+    eroica.service.worker.diagnose_stored)."""
     with reading(eng) as c:
         w = dict(c.execute(sa.select(windows).where(windows.c.pk == pk)).mappings().one())
-        packs, refs, _ = window_packs(c, pk)
         history = [h for h in c.execute(
             sa.select(diagnoses.c.history).join(windows, windows.c.pk == diagnoses.c.window_pk).where(
                 windows.c.job_id == w["job_id"], windows.c.start_step < w["start_step"],
                 diagnoses.c.history.is_not(None)).order_by(windows.c.start_step)).scalars()]
-        return w, packs, refs, history
+        return w, history
 
 
 def store_diagnosis(eng: sa.Engine, pk: int, worker: str, d: Diagnosis, now: float | None = None) -> bool:
@@ -105,6 +103,7 @@ def store_diagnosis(eng: sa.Engine, pk: int, worker: str, d: Diagnosis, now: flo
             return False
         c.execute(findings.delete().where(findings.c.window_pk == pk))
         c.execute(diagnoses.delete().where(diagnoses.c.window_pk == pk))
+        c.execute(batch_columns.delete().where(batch_columns.c.window_pk == pk))   # needed only until now
         c.execute(diagnoses.insert().values(window_pk=pk, body=gzip.compress(d.model_dump_json(by_alias=True).encode()),
                                             healthy=wd.healthy, diagnosable=wd.diagnosable, created_at=now,
                                             history=wd.history.model_dump_json() if wd.history else None))

@@ -1,10 +1,12 @@
 """Diagnosing one window, in a worker process (the engine's memory and any native crash stay there).
 
-The window's documents go to the engine as documents (eroica.engine.diagnose.diagnose_documents),
-with the job's history as the stored summaries of its earlier windows (eroica.schema.diagnosis
-`WindowHistory`): nothing is written to disk, no earlier window's documents are read again, and a
-job's k-th window costs what its first did. The window's diagnosis, which carries its own summary
-for the windows after it, comes back as JSON text.
+The worker reads the window's documents from the database itself (the service's process never holds
+them), and they go to the engine as documents (eroica.engine.diagnose.diagnose_documents), the
+batches validated at upload as the columns built then, with the job's history as the stored
+summaries of its earlier windows (eroica.schema.diagnosis `WindowHistory`): nothing is written to
+disk, no earlier window's documents are read again, and a job's k-th window costs what its first
+did. The window's diagnosis, which carries its own summary for the windows after it, comes back as
+JSON text. A new worker imports the engine and compiles the knowledge before its first window.
 
 A worker that dies (an OOM kill, a native crash) or a diagnosis that runs past its time does not
 stop the service: the pool is rebuilt and the caller decides what becomes of the window.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -27,45 +30,82 @@ class WorkerDied(Exception):
     """The worker process died under the diagnosis (killed, out of memory, a native crash)."""
 
 
-def diagnose_window(window_id: str, packs: list[bytes], refs: list[tuple[int, int]] | None, history: list[str],
-                    knowledge_dirs: list[str], parse_processes: int = 1) -> str:
+def diagnose_window(window_id: str, packs: Sequence[bytes], refs: list[tuple[int, int]] | None,
+                    history: list[str], knowledge_dirs: list[str], parse_processes: int = 1,
+                    chunks: Mapping[int, bytes] | None = None) -> str:
     """The eroica.diagnosis/v1 JSON of the window of the documents in `packs` (gzip'd or not, one
     document per line; `refs`: the (pack, line) of each, or None for every line), named `window_id`;
     `history`: the `WindowHistory` JSON of the job's earlier windows; `parse_processes`: how many
-    processes parse a wide window's documents (forked from this worker, for this window only)."""
+    processes parse a wide window's documents (forked from this worker, for this window only);
+    `chunks`: packs' documents already as columns, by pack index (those are not parsed again)."""
     from eroica.engine.diagnose import DiagnoseOptions, diagnose_documents
     from eroica.engine.load import window_of_packs
     from eroica.schema.diagnosis import WindowHistory
 
-    d = diagnose_documents([window_of_packs(window_id, packs, refs, workers=parse_processes)],
+    d = diagnose_documents([window_of_packs(window_id, packs, refs, workers=parse_processes, chunks=chunks)],
                            history=[WindowHistory.model_validate_json(h) for h in history],
                            opts=DiagnoseOptions(in_process=True, knowledge_dirs=[Path(k) for k in knowledge_dirs]),
                            run=window_id)
     return d.model_dump_json(by_alias=True)
 
 
+def diagnose_stored(db_url: str, window_pk: int, window_id: str, history: list[str], knowledge_dirs: list[str],
+                    parse_processes: int = 1) -> str:
+    """`diagnose_window` of a stored window, its documents read here, in the worker, once: the
+    batches' column chunks, the bodies of documents without one, and a chunked batch's body only
+    when the engine wants one of its documents in full (eroica.service.docs)."""
+    from eroica.service.db import make_engine, reading
+    from eroica.service.docs import StoredPacks, window_packs
+
+    eng = make_engine(db_url)
+    try:
+        with reading(eng) as c:
+            wp = window_packs(c, window_pk, with_chunks=True)
+    finally:
+        eng.dispose()          # no connection is left to the parsers this worker may fork
+    return diagnose_window(window_id, StoredPacks(wp.packs, wp.unread, db_url), wp.refs, history, knowledge_dirs,
+                           parse_processes, wp.chunks)
+
+
+def warm(knowledge_dirs: list[str]) -> None:
+    """Import the engine and compile the knowledge in a new worker, so its first window does not pay
+    it. Knowledge that does not compile is not this call's to report: the window's diagnosis will."""
+    from eroica.engine.diagnose import DiagnoseOptions, compile_knowledge
+
+    try:
+        compile_knowledge(DiagnoseOptions(in_process=True, knowledge_dirs=[Path(k) for k in knowledge_dirs]))
+    except Exception:      # noqa: BLE001  (reported by the first diagnosis, with its window)
+        pass
+
+
 class Diagnoser:
     """A pool of worker processes (spawned: the service's threads are not forked into them)."""
 
-    def __init__(self, workers: int = 1, parse_processes: int = 1) -> None:
+    def __init__(self, workers: int = 1, parse_processes: int = 1, knowledge_dirs: list[str] | None = None) -> None:
         self.workers = workers
         self.parse_processes = parse_processes
+        self.knowledge_dirs = list(knowledge_dirs or [])
         self.restarts = 0
+        self.in_flight: int | None = None      # the window handed to the pool and not yet answered
         self.pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
+        pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
+        for _ in range(self.workers):      # started now, warm by the first window
+            pool.submit(warm, self.knowledge_dirs)
+        return pool
 
-    def run(self, window_id: str, packs: list[bytes], refs: list[tuple[int, int]] | None, history: list[str],
-            knowledge_dirs: list[str], timeout: float) -> str:
-        """The diagnosis's JSON; WorkerDied or DiagnosisTimeout (the pool rebuilt either way), or the
-        engine's own exception."""
-        args = (window_id, packs, refs, history, knowledge_dirs, self.parse_processes)
+    def run(self, db_url: str, window_pk: int, window_id: str, history: list[str], knowledge_dirs: list[str],
+            timeout: float) -> str:
+        """The diagnosis's JSON of a stored window (`diagnose_stored`); WorkerDied or DiagnosisTimeout
+        (the pool rebuilt either way), or the engine's own exception."""
+        args = (db_url, window_pk, window_id, history, knowledge_dirs, self.parse_processes)
         try:
-            fut = self.pool.submit(diagnose_window, *args)
+            fut = self.pool.submit(diagnose_stored, *args)
         except (BrokenProcessPool, RuntimeError):       # it broke between two windows: rebuild and go on
             self.restart()
-            fut = self.pool.submit(diagnose_window, *args)
+            fut = self.pool.submit(diagnose_stored, *args)
+        self.in_flight = window_pk
         try:
             return fut.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
@@ -74,6 +114,8 @@ class Diagnoser:
         except BrokenProcessPool as exc:
             self.restart()
             raise WorkerDied(f"the diagnosis worker died ({exc}); a new one was started") from None
+        finally:
+            self.in_flight = None
 
     def restart(self) -> None:
         """End the pool's processes and start a new pool."""

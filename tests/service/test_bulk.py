@@ -148,3 +148,60 @@ def test_a_second_gzip_member_is_never_stored_unvalidated(client: TestClient) ->
         assert sorted(doc_texts(c, pk)) == [0, 1]
         (stored,) = c.execute(sa.select(bulk.batches.c.body)).scalars().all()
     assert gzip.decompress(stored).count(b"\n") == 2
+
+
+@pytest.mark.parametrize("kind", ["sqlite", WITH_PG])
+def test_a_batchs_documents_are_parsed_once_and_the_worker_reads_few_of_them_again(tmp_path: Path,
+                                                                                    kind: str) -> None:
+    """A wide window uploaded as host batches: each batch's documents are kept as columns when they
+    are validated; the diagnosis worker merges those (reading a batch's text only for the few
+    documents the engine wants in full) and concludes what it concludes from the documents
+    themselves; once the diagnosis is stored, the columns are gone."""
+    from eroica.engine.diagnose import DiagnoseOptions, diagnose_documents
+    from eroica.engine.load import window_of_packs
+    from eroica.lab.simulate import simulate
+    from eroica.schema.diagnosis import Diagnosis
+    from eroica.service import worker
+    from eroica.service.db import batch_columns
+
+    simulate(tmp_path / "sim", 160, "gpu_throttled", seed=5, tp=8, pp=5, packed=True)
+    hosts = [f.read_bytes() for f in sorted((tmp_path / "sim").rglob("host-*.jsonl"))]
+    statements: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        statements.append(statement)
+
+    with database(kind, tmp_path) as url:
+        svc = Service(Settings(db_url=url, poll_seconds=0.05, grace_seconds=600))
+        for h in hosts:
+            svc.accept_many("sim", h, "a host's batch")
+        columns = sa.select(sa.func.count()).select_from(batch_columns)
+        with svc.eng.connect() as c:
+            (pk,) = c.execute(sa.select(windows.c.pk)).scalars()
+            assert c.execute(columns).scalar() == len(hosts) == 20
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", seen)
+        try:
+            served = Diagnosis.model_validate_json(worker.diagnose_stored(url, pk, "w000-s200", [], [], 1))
+        finally:
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", seen)
+        offline = diagnose_documents([window_of_packs("w000-s200", [gzip.compress(h) for h in hosts])],
+                                     opts=DiagnoseOptions(in_process=True), run="w000-s200")
+        assert served.windows[0].findings and [
+            (f.root_cause, f.ranks, f.confidence) for f in served.windows[0].findings] == [
+            (f.root_cause, f.ranks, f.confidence) for f in offline.windows[0].findings]
+        bodies = [s for s in statements if "batches.body" in s]     # one batch's text each
+        assert 0 < len(bodies) <= 8, bodies
+        svc.start()                     # the service's own dispatch: diagnosed, stored, the columns dropped
+        try:
+            t0 = time.time()
+            while time.time() - t0 < 60:
+                with svc.eng.connect() as c:
+                    if c.execute(sa.select(windows.c.status)).scalar() == "done":
+                        break
+                time.sleep(0.1)
+            with svc.eng.connect() as c:
+                assert c.execute(sa.select(windows.c.status)).scalar() == "done"
+                assert c.execute(columns).scalar() == 0
+        finally:
+            svc.stop()
+            svc.eng.dispose()

@@ -48,10 +48,11 @@ def add_window(svc: Service, job: str) -> None:
 
 
 class Killer:
-    """Sends `sig` to each diagnosis worker process as soon as it appears (up to `times` of them),
-    while it is still starting: an OOM kill can find a worker at any point, and only a signal sent
-    before it can finish makes the outcome certain (the engine diagnoses this window in well under a
-    second, so a signal sent later raced the diagnosis and sometimes lost)."""
+    """Sends `sig` to each diagnosis worker process (up to `times` of them) as soon as it has a window:
+    handed to the pool while the new worker is still warming up (importing the engine, compiling the
+    knowledge), so the signal always lands before the diagnosis can finish. A worker killed before
+    it has a window costs no window an attempt (the pool is rebuilt at the next submission); this
+    kills the one that has it."""
 
     def __init__(self, svc: Service, sig: int, times: int, after: float = 0.0) -> None:
         self.svc, self.sig, self.times, self.after = svc, sig, times, after
@@ -63,7 +64,7 @@ class Killer:
     def _run(self) -> None:
         while not self._stop.is_set() and len(self.hit) < self.times:
             d = self.svc.diagnoser
-            for pid in d.pids() if d is not None else []:
+            for pid in d.pids() if d is not None and d.in_flight is not None else []:
                 if pid not in self.hit:
                     time.sleep(self.after)
                     try:
