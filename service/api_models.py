@@ -70,6 +70,8 @@ class Finding(Out):
     summary: str
     rule_ids: list[str]
     created_at: float
+    devices: list[str]           # where the ranks run, "host/device" (none for findings stored before 0012)
+    scope: str                   # "host": the host's problem, named once; "rank": the ranks'
 
 
 class JobDetail(Job):

@@ -133,6 +133,8 @@ findings = sa.Table(
     sa.Column("summary", sa.Text, nullable=False),
     sa.Column("rule_ids", sa.JSON, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("devices", sa.JSON),            # where the ranks run, "host/device" (revision 0012; None before)
+    sa.Column("scope", sa.String(8)),         # "host" or "rank" (revision 0012; None before: "rank")
 )
 
 issues = sa.Table(   # a finding's lifecycle: one per job, root cause and ranks, across windows (revision 0003)

@@ -192,9 +192,7 @@ def router(svc: Service) -> APIRouter:
     @r.get("/hosts/{host}", response_class=HTMLResponse)
     def host(host: Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")]) -> HTMLResponse:
         with reading(eng) as c:
-            fs = [f for f in c.execute(sa.select(findings).where(findings.c.confidence >= 0.5)
-                                       .order_by(findings.c.created_at.desc()).limit(5000)).mappings()
-                  if host in f["hosts"]]
+            fs = store.findings_where(c, sa.select(findings).where(findings.c.confidence >= 0.5), 5000, host)
         by_cause = Counter(f["root_cause"] for f in fs)
         return page("host.html.j2", host=host, findings=fs, by_cause=by_cause.most_common(),
                     jobs=sorted({f["job_id"] for f in fs}))

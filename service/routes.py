@@ -78,8 +78,9 @@ def window_json(w: Any) -> dict[str, Any]:
 
 
 def finding_json(f: Any) -> dict[str, Any]:
-    return {k: f[k] for k in ("id", "window_pk", "job_id", "root_cause", "category", "ranks", "hosts", "function",
-                              "confidence", "summary", "rule_ids", "created_at")}
+    return {**{k: f[k] for k in ("id", "window_pk", "job_id", "root_cause", "category", "ranks", "hosts", "function",
+                                 "confidence", "summary", "rule_ids", "created_at")},
+            "devices": f["devices"] or [], "scope": f["scope"] or "rank"}
 
 
 def api_router(svc: Service) -> APIRouter:
@@ -214,9 +215,7 @@ def api_router(svc: Service) -> APIRouter:
         if root_cause is not None:
             q = q.where(findings.c.root_cause == root_cause)
         with reading(eng) as c:
-            rows = c.execute(q.order_by(findings.c.created_at.desc()).limit(limit)).mappings().all()
-        out = [finding_json(f) for f in rows]
-        return [f for f in out if host is None or host in f["hosts"]]
+            return [finding_json(f) for f in store.findings_where(c, q, limit, host)]
 
     return r
 

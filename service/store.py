@@ -92,6 +92,23 @@ def window_and_history(eng: sa.Engine, pk: int) -> tuple[dict[str, Any], list[st
         return w, history
 
 
+def findings_where(c: sa.Connection, q: sa.Select[Any], limit: int, host: str | None = None) -> list[dict[str, Any]]:
+    """The newest `limit` findings of `q` (a select of the findings table) whose hosts include `host`
+    (any, when None). The host is matched in the stored list, so rows are read a page at a time
+    until `limit` match: a page is never short while older matches exist."""
+    out: list[dict[str, Any]] = []
+    page = limit if host is None else max(limit, 500)
+    q = q.order_by(findings.c.created_at.desc(), findings.c.id.desc())
+    offset = 0
+    while len(out) < limit:
+        rows = c.execute(q.limit(page).offset(offset)).mappings().all()
+        out += [dict(r) for r in rows if host is None or host in r["hosts"]]
+        if len(rows) < page:
+            break
+        offset += page
+    return out[:limit]
+
+
 def store_diagnosis(eng: sa.Engine, pk: int, worker: str, d: Diagnosis, now: float | None = None) -> bool:
     """Store the window's diagnosis and findings, replacing an earlier one; False when the claim was lost."""
     now = time.time() if now is None else now
@@ -111,7 +128,7 @@ def store_diagnosis(eng: sa.Engine, pk: int, worker: str, d: Diagnosis, now: flo
             c.execute(findings.insert().values(
                 window_pk=pk, job_id=w.job_id, root_cause=f.root_cause, category=f.category.value, ranks=f.ranks,
                 hosts=f.hosts, function=f.function, confidence=f.confidence, summary=f.summary,
-                rule_ids=f.rule_ids, created_at=now))
+                rule_ids=f.rule_ids, created_at=now, devices=f.devices, scope=f.scope))
         c.execute(windows.update().where(windows.c.pk == pk).values(
             status="done", diagnosed_at=now, lease_until=None, error=None,
             diagnoses_stored=windows.c.diagnoses_stored + 1))

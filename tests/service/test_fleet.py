@@ -50,6 +50,15 @@ def test_three_hardware_incidents_on_one_host_drain_it_and_a_low_confidence_find
         assert all(d.startswith("gpu-node-17/cuda:") for j in "abc" for d in issues[j]["devices"])
         page = c.get("/hosts").text
         assert "gpu-node-17" in page and "drain" in page and sorted(named)[0] in page
+        # a finding row says where its ranks run, as the diagnosis does
+        for f in c.get("/v1/findings", params={"job": "a"}).json():
+            assert f["devices"] and all(d.startswith("gpu-node-17/cuda:") for d in f["devices"])
+            assert f["scope"] in ("rank", "host")
+        # the host filter pages through the newest findings until it has `limit` matches: whichever
+        # host's finding is newest, the other host's page of one is not empty
+        for host, n in (("gpu-node-17", 1), ("gpu-node-3", 1), ("gpu-node-17", 3)):
+            got = c.get("/v1/findings", params={"host": host, "limit": n}).json()
+            assert len(got) == n and all(host in f["hosts"] for f in got), (host, got)
 
 
 def test_the_drain_thresholds_are_validated() -> None:
