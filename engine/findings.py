@@ -19,6 +19,7 @@ from eroica.engine.load import WindowData
 from eroica.engine.peer import PeerAnalysis
 from eroica.engine.rules.conclusion import Conclusion
 from eroica.engine.taxonomy import Resolution, TaxonomyEntry
+from eroica.engine.verdicts import one_verdict
 from eroica.schema.diagnosis import ConfidenceFactors, Finding, FindingCategory, SettingDeviation
 
 
@@ -154,7 +155,8 @@ def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conc
                       for f in facts if isinstance(f, ConfigDeviation)],
             sites={k[5:]: v for k, v in (w.columns.config[row] if row is not None else ()) if k.startswith("site.")},
         ))
-    findings = _host_wide(_same_cause(explain_away(findings, taxonomy, resolution)), w)
+    findings = explain_away(findings, taxonomy, resolution)
+    findings = _host_wide(_same_cause(one_verdict(findings, analysis.facts, taxonomy, resolution)), w)
     findings.sort(key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
     return findings
 

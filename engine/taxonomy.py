@@ -1,5 +1,5 @@
 """The taxonomy as the engine reads it: root causes, how findings on one rank are reconciled
-(`resolution`, `superseded_by`, `explained_by`, `generic`), and the coverage floor.
+(`resolution`, `superseded_by`, `explained_by`, `generic`, `decided_by`), and the coverage floor.
 
 All of it is data in `knowledge/taxonomy.yaml` (a site adds root causes in its own); nothing here
 names a root cause.
@@ -17,6 +17,44 @@ import yaml
 from eroica.engine.errors import RuleError
 from eroica.engine.rules.loader import SAFE_LOADER, builtin_knowledge_dir
 
+_OPERATORS = ("gte", "gt", "lte", "lt", "eq", "ne")
+
+
+@dataclass(frozen=True)
+class Decider:
+    """Evidence that tells a root cause apart from another at close confidence on the same rank
+    (eroica.engine.verdicts): a fact of kind `fact` on the rank whose fields have the values in
+    `where` (a value, or {gte|gt|lte|lt|eq|ne: value}); `says`: the evidence in words, formatted
+    with the fact's fields."""
+
+    fact: str
+    where: dict[str, Any]
+    says: str
+
+    @classmethod
+    def parse(cls, v: Any, cause: str) -> Decider:
+        if not isinstance(v, dict) or set(v) - {"fact", "where", "says"} or not isinstance(v.get("fact"), str):
+            raise TypeError(f"root cause {cause!r}: decided_by takes {{fact, where, says}} items, got {v!r}")
+        where = v.get("where") or {}
+        bad = [k for k, t in where.items() if isinstance(t, dict) and set(t) - set(_OPERATORS)]
+        if not isinstance(where, dict) or bad:
+            raise TypeError(f"root cause {cause!r}: decided_by {v['fact']}: where {bad or where!r} uses an operator "
+                            f"other than {', '.join(_OPERATORS)}")
+        return cls(fact=v["fact"], where=dict(where), says=str(v.get("says") or ""))
+
+    @property
+    def wanted(self) -> str:
+        def cond(k: str, t: Any) -> str:
+            signs = {"gte": ">=", "gt": ">", "lte": "<=", "lt": "<", "eq": "=", "ne": "!="}
+            return " and ".join(f"{k} {signs[o]} {x}" for o, x in t.items()) if isinstance(t, dict) else f"{k} = {t}"
+        return f"{self.fact} with " + ", ".join(cond(k, t) for k, t in self.where.items()) if self.where else self.fact
+
+    def describe(self, fact: Any) -> str:
+        try:
+            return self.says.format(**fact.model_dump()) if self.says else self.wanted
+        except (KeyError, ValueError, IndexError):
+            return self.wanted
+
 
 @dataclass(frozen=True)
 class TaxonomyEntry:
@@ -29,11 +67,13 @@ class TaxonomyEntry:
     superseded_by: tuple[str, ...] = ()  # causes that replace it on the same rank ("*": any other)
     unhealthy_at: float | None = None    # confidence that makes a window unhealthy (default: resolution's)
     names_top_function: bool = False     # with no function from its rule, name the rank's top excess function
+    decided_by: tuple[Decider, ...] = ()  # what tells it apart from another cause at close confidence
 
     @classmethod
-    def parse(cls, v: dict[str, Any]) -> TaxonomyEntry:
+    def parse(cls, v: dict[str, Any], cause: str = "?") -> TaxonomyEntry:
         return cls(**{**v, "explained_by": tuple(v.get("explained_by", ())),
-                      "superseded_by": tuple(v.get("superseded_by", ()))})
+                      "superseded_by": tuple(v.get("superseded_by", ())),
+                      "decided_by": tuple(Decider.parse(d, cause) for d in v.get("decided_by", ()))})
 
 
 @dataclass(frozen=True)
@@ -42,6 +82,8 @@ class Resolution:
 
     explained_away_factor: float = 0.5
     unhealthy_at: float = 0.5
+    contest_margin: float = 0.1     # two reported causes of one rank this close are a contest (eroica.engine.verdicts)
+    contest_factor: float = 0.8     # what each keeps when no deciding evidence settles it
 
 
 @lru_cache(maxsize=8)
@@ -55,7 +97,7 @@ def load_taxonomy(knowledge_dir: Path | None = None, site_dirs: list[Path] | Non
     """The shipped taxonomy, plus the root causes a site adds in `<site dir>/taxonomy.yaml` (new ids
     only: a shipped one is changed through the rules and overrides, not redefined)."""
     data = _taxonomy_doc((knowledge_dir or builtin_knowledge_dir()) / "taxonomy.yaml")
-    out = {k: TaxonomyEntry.parse(v) for k, v in data["root_causes"].items()}
+    out = {k: TaxonomyEntry.parse(v, k) for k, v in data["root_causes"].items()}
     for d in site_dirs or []:
         f = Path(d) / "taxonomy.yaml"
         if not f.exists():
@@ -70,7 +112,7 @@ def load_taxonomy(knowledge_dir: Path | None = None, site_dirs: list[Path] | Non
                 problems.append(f"{f}: root cause {k!r} is already in the taxonomy; a site adds new ids")
                 continue
             try:
-                out[k] = TaxonomyEntry.parse(v)
+                out[k] = TaxonomyEntry.parse(v, k)
             except TypeError as exc:
                 problems.append(f"{f}: root cause {k!r}: {exc}; it needs category, component, question, runbook")
         if problems:
@@ -81,6 +123,34 @@ def load_taxonomy(knowledge_dir: Path | None = None, site_dirs: list[Path] | Non
                 for x in xs if x != "*" and x not in out]
     if dangling:
         raise RuleError([f"taxonomy: {d}; fix the id or add the root cause" for d in dangling])
+    unknown = _unknown_evidence(out)
+    if unknown:
+        raise RuleError([f"taxonomy: {u}" for u in unknown])
+    return out
+
+
+def _unknown_evidence(entries: dict[str, TaxonomyEntry]) -> list[str]:
+    """Deciding evidence that names a fact kind the peer analysis does not produce (derived facts are
+    the rules' own, not on the rank when findings are reconciled), or a field it lacks."""
+    from eroica.engine.facts import Fact
+
+    kinds: dict[str, set[str]] = {}
+    todo = list(Fact.__subclasses__())
+    while todo:
+        c = todo.pop()
+        todo += c.__subclasses__()
+        kind = c.model_fields.get("kind")
+        if c.__module__ == Fact.__module__ and kind is not None and isinstance(kind.default, str):
+            kinds[kind.default] = set(c.model_fields)
+    out = []
+    for k, e in entries.items():
+        for d in e.decided_by:
+            if d.fact not in kinds:
+                out.append(f"root cause {k!r}: decided_by names fact {d.fact!r}; the engine's facts are "
+                           f"{', '.join(sorted(kinds))}")
+            elif set(d.where) - kinds[d.fact]:
+                out.append(f"root cause {k!r}: decided_by {d.fact} has no field(s) "
+                           f"{', '.join(sorted(set(d.where) - kinds[d.fact]))}")
     return out
 
 

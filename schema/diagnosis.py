@@ -38,6 +38,10 @@ class ConfidenceFactors(Frozen):
     # the taxonomy's resolution: a cause that another cause on the same ranks explains away keeps this share
     explained_away_ratio: float = Field(1.0, ge=0, le=1)
     explained_away_by: str | None = None
+    # one verdict per rank: a cause within the taxonomy's contest margin of another on the same rank
+    # keeps this share, lowered by the other (eroica.engine.verdicts; 1.0: no contest)
+    contested_ratio: float = Field(1.0, ge=0, le=1)
+    contested_by: str | None = None
     # the rule's `needs`: evidence its rank could not collect, and the factor that costs (1.0: none missing)
     evidence_gap_ratio: float = Field(1.0, ge=0, le=1)
     evidence_missing: list[str] = Field(default_factory=list)
