@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from eroica.engine.columns import FN_FIELDS, SIGNALS, ColumnsBuilder
+from eroica.engine.shares import contiguous_shares
 from eroica.schema.patterns import Category
 
 VERSION = 1
@@ -211,13 +212,7 @@ def window_chunks(items: list[tuple[int, list[int]]], chunks: Mapping[int, bytes
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    shares: list[list[tuple[int, list[int]]]] = [[] for _ in range(workers)]
-    acc, k = 0, 0
-    for item in items:                        # contiguous shares of about equal bytes, in pack order
-        if acc >= total * (k + 1) / workers and k < workers - 1:
-            k += 1
-        shares[k].append(item)
-        acc += len(chunks.get(item[0], b""))
+    shares = contiguous_shares(items, [len(chunks.get(p, b"")) for p, _ in items], workers)
     with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork"),
                              initializer=_share, initargs=(chunks,)) as pool:
         futures = [pool.submit(_decode_forked, share) for share in shares[1:]]

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from eroica.engine.column_chunks import WindowChunks, window_chunks
 from eroica.engine.columns import ColumnsBuilder, WindowColumns, window_columns
 from eroica.engine.errors import RunDirError
+from eroica.engine.shares import contiguous_shares
 from eroica.schema.files import PACKED_FILE, RANK_FILE, TRACE_FILE, is_pattern_file
 from eroica.schema.patterns import PATTERNS_SCHEMA, PatternsDoc
 
@@ -236,14 +237,7 @@ def _packs_parallel(window_id: str, packs: Sequence[bytes], items: list[tuple[in
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    total = sum(len(packs[p]) for p, _ in items)
-    shares: list[list[tuple[int, list[int]]]] = [[] for _ in range(workers)]
-    acc, k = 0, 0
-    for item in items:                        # contiguous shares of about equal bytes, in pack order
-        if acc >= total * (k + 1) / workers and k < workers - 1:
-            k += 1
-        shares[k].append(item)
-        acc += len(packs[item[0]])
+    shares = contiguous_shares(items, [len(packs[p]) for p, _ in items], workers)
     # forked with the packs as an initializer's argument: a fork copies them by reference, not by pickle
     with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork"),
                              initializer=_share_packs, initargs=(packs,)) as pool:
@@ -372,13 +366,7 @@ def _load_parallel(wdir: Path, files: list[Path], cache_limit: int, workers: int
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    shares: list[list[Path]] = [[] for _ in range(workers)]
-    acc, k = 0, 0
-    for f, n in sized:                        # contiguous shares of about equal bytes, in file order
-        if acc >= total * (k + 1) / workers and k < workers - 1:
-            k += 1
-        shares[k].append(f)
-        acc += n
+    shares = contiguous_shares([f for f, _ in sized], [n for _, n in sized], workers)
     others = [f for f in files if not (is_pattern_file(f) and f.is_file())]
     with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork")) as pool:
         futures = [pool.submit(_load_part, wdir, share) for share in shares[1:]]
