@@ -160,7 +160,8 @@ def scale(hosts: list[bytes], db: str, batched: bool, replicas: int, tmp: Path,
         w = wait_done(reps[0].url, "sim", timeout=3600)
         t_all = (w["diagnosed_at"] or time.time()) - t0
         return {"documents": n_docs, "requests": len(items), "upload_s": round(t_up, 1),
-                "docs_per_s": round(n_docs / t_up), "to_diagnosis_s": round(t_all, 1), "status": w["status"],
+                "docs_per_s": round(n_docs / t_up), "to_diagnosis_s": round(t_all, 1),
+                "after_upload_s": round(t_all - t_up, 1), "status": w["status"],
                 "diagnoses_stored": w["diagnoses_stored"], "error": w["error"],
                 "peak_rss_mb": [round(r.peak_rss_bytes / 2**20) for r in reps]}
     finally:
@@ -185,7 +186,8 @@ def main() -> int:
 
     def show(name: str, r: dict[str, object]) -> None:
         print(f"{name}: {r['documents']} rank documents in {r['requests']} requests, uploaded in {r['upload_s']} s "
-              f"({r['docs_per_s']} documents/s); diagnosis stored {r['to_diagnosis_s']} s after the first upload "
+              f"({r['docs_per_s']} documents/s); diagnosis stored {r['to_diagnosis_s']} s after the first upload, "
+              f"{r['after_upload_s']} s after the last "
               f"({r['status']}, stored {r['diagnoses_stored']}x{', ' + str(r['error']) if r['error'] else ''}); "
               f"peak RSS per replica {r['peak_rss_mb']} MB", flush=True)
 
