@@ -8,6 +8,7 @@ from pathlib import Path
 
 from eroica.engine.errors import RuleError
 from eroica.engine.rules.compiler import compile_each, compile_rule, fact_fields, trace_field, with_derivations
+from eroica.engine.rules.ir import THRESHOLD_OPS
 from eroica.engine.rules.lint_refs import boundary_problems, given_problems, reference_problems, summary_problems
 from eroica.engine.rules.loader import (
     LoadedRule,
@@ -19,7 +20,6 @@ from eroica.engine.rules.loader import (
     rule_files,
 )
 from eroica.engine.rules.runner import RuleTestCase, run_tests
-from eroica.engine.rules.schema import THRESHOLD_OPS
 from eroica.engine.taxonomy import load_taxonomy
 
 _CMP = {"gt": operator.gt, "gte": operator.ge, "lt": operator.lt, "lte": operator.le}

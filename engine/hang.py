@@ -281,17 +281,19 @@ def _ahead_of_a_lost_rank(st: list[HangRankState], majority: str | None, vanishe
     if not (vanished or any(s.state in ("dead", "gone", "dropped") for s in st)):
         return st
 
-    def waits(s: HangRankState, why: str) -> HangRankState:
+    def rewritten(s: HangRankState) -> HangRankState:
+        if s.collective != majority:
+            return s
+        if s.state == "different_collective" and s.detail.startswith(RAN_AHEAD):
+            why = " in the same collective, after its peers lost a rank mid-ring"   # served before the peer vanished
+        elif s.state == "before_collective" and not s.in_data_loader and not s.waits_on_lock:
+            why = " in the same collective: it waits for the lost rank's chunk"     # the mirror image: behind
+        else:
+            return s
         where, _, err = s.detail.partition(FAILED)
         return s.model_copy(update={"state": "errored" if err else "waiting_in_collective",
                                     "detail": where.split(": it skipped")[0] + why + (FAILED + err if err else "")})
-    # ahead: served before the peer vanished; behind (the mirror image): waits for the chunk the
-    # vanished peer never sent, not stuck in code of its own
-    return [waits(s, " in the same collective, after its peers lost a rank mid-ring")
-            if s.state == "different_collective" and s.detail.startswith(RAN_AHEAD) and s.collective == majority
-            else waits(s, " in the same collective: it waits for the lost rank's chunk")
-            if s.state == "before_collective" and s.collective == majority and not s.in_data_loader
-            and not s.waits_on_lock else s for s in st]
+    return [rewritten(s) for s in st]
 
 
 def localize(run_dir: Path) -> HangFinding | None:

@@ -15,16 +15,16 @@ from typing import Any
 import yaml
 
 from eroica.engine.errors import RuleError
+from eroica.engine.facts import FACT_TYPES
+from eroica.engine.rules.ir import OPERATORS
 from eroica.engine.rules.loader import SAFE_LOADER, builtin_knowledge_dir
-
-_OPERATORS = ("gte", "gt", "lte", "lt", "eq", "ne")
 
 
 @dataclass(frozen=True)
 class Decider:
     """Evidence that tells a root cause apart from another at close confidence on the same rank
     (eroica.engine.verdicts): a fact of kind `fact` on the rank whose fields have the values in
-    `where` (a value, or {gte|gt|lte|lt|eq|ne: value}); `says`: the evidence in words, formatted
+    `where` (a value, or {operator: value} with the rules' operators); `says`: the evidence in words, formatted
     with the fact's fields."""
 
     fact: str
@@ -36,16 +36,16 @@ class Decider:
         if not isinstance(v, dict) or set(v) - {"fact", "where", "says"} or not isinstance(v.get("fact"), str):
             raise TypeError(f"root cause {cause!r}: decided_by takes {{fact, where, says}} items, got {v!r}")
         where = v.get("where") or {}
-        bad = [k for k, t in where.items() if isinstance(t, dict) and set(t) - set(_OPERATORS)]
+        bad = [k for k, t in where.items() if isinstance(t, dict) and set(t) - set(OPERATORS)]
         if not isinstance(where, dict) or bad:
             raise TypeError(f"root cause {cause!r}: decided_by {v['fact']}: where {bad or where!r} uses an operator "
-                            f"other than {', '.join(_OPERATORS)}")
+                            f"other than {', '.join(OPERATORS)}")
         return cls(fact=v["fact"], where=dict(where), says=str(v.get("says") or ""))
 
     @property
     def wanted(self) -> str:
         def cond(k: str, t: Any) -> str:
-            signs = {"gte": ">=", "gt": ">", "lte": "<=", "lt": "<", "eq": "=", "ne": "!="}
+            signs = {"gte": ">=", "gt": ">", "lte": "<=", "lt": "<", "eq": "=", "ne": "!=", "in": "in"}
             return " and ".join(f"{k} {signs[o]} {x}" for o, x in t.items()) if isinstance(t, dict) else f"{k} = {t}"
         return f"{self.fact} with " + ", ".join(cond(k, t) for k, t in self.where.items()) if self.where else self.fact
 
@@ -132,16 +132,7 @@ def load_taxonomy(knowledge_dir: Path | None = None, site_dirs: list[Path] | Non
 def _unknown_evidence(entries: dict[str, TaxonomyEntry]) -> list[str]:
     """Deciding evidence that names a fact kind the peer analysis does not produce (derived facts are
     the rules' own, not on the rank when findings are reconciled), or a field it lacks."""
-    from eroica.engine.facts import Fact
-
-    kinds: dict[str, set[str]] = {}
-    todo = list(Fact.__subclasses__())
-    while todo:
-        c = todo.pop()
-        todo += c.__subclasses__()
-        kind = c.model_fields.get("kind")
-        if c.__module__ == Fact.__module__ and kind is not None and isinstance(kind.default, str):
-            kinds[kind.default] = set(c.model_fields)
+    kinds = {k: set(t.model_fields) for k, t in FACT_TYPES.items()}
     out = []
     for k, e in entries.items():
         for d in e.decided_by:

@@ -13,15 +13,18 @@ Nothing here names a root cause: the deciding evidence is data (knowledge/taxono
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from eroica.engine.facts import Fact
 from eroica.engine.taxonomy import Decider, Resolution, TaxonomyEntry
 from eroica.schema.diagnosis import Finding
 
-_OPS = {"gte": lambda a, b: a >= b, "gt": lambda a, b: a > b, "lte": lambda a, b: a <= b,
-        "lt": lambda a, b: a < b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
+# the rules' operators (eroica.engine.rules.ir.OPERATORS), on one fact's values
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "gte": operator.ge, "gt": operator.gt, "lte": operator.le, "lt": operator.lt, "eq": operator.eq, "ne": operator.ne,
+    "in": lambda have, allowed: have in allowed}
 
 
 def matches(d: Decider, fact: Fact) -> bool:

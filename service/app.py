@@ -195,8 +195,7 @@ class Service:
         try:
             t0 = time.perf_counter()
             w, history = store.window_and_history(self.eng, pk)
-            text = self.diagnoser.run(s.db_url, pk, w["window_id"], history, s.knowledge_dirs,
-                                      s.diagnosis_timeout_seconds)
+            text = self.diagnoser.run(s.db_url, pk, w["window_id"], history, s.diagnosis_timeout_seconds)
             t1 = time.perf_counter()
             d = Diagnosis.model_validate_json(text)
             if store.store_diagnosis(self.eng, pk, s.name, d):

@@ -95,11 +95,10 @@ class Diagnoser:
             pool.submit(warm, self.knowledge_dirs)
         return pool
 
-    def run(self, db_url: str, window_pk: int, window_id: str, history: list[str], knowledge_dirs: list[str],
-            timeout: float) -> str:
-        """The diagnosis's JSON of a stored window (`diagnose_stored`); WorkerDied or DiagnosisTimeout
-        (the pool rebuilt either way), or the engine's own exception."""
-        args = (db_url, window_pk, window_id, history, knowledge_dirs, self.parse_processes)
+    def run(self, db_url: str, window_pk: int, window_id: str, history: list[str], timeout: float) -> str:
+        """The diagnosis's JSON of a stored window (`diagnose_stored`, with this pool's knowledge);
+        WorkerDied or DiagnosisTimeout (the pool rebuilt either way), or the engine's own exception."""
+        args = (db_url, window_pk, window_id, history, self.knowledge_dirs, self.parse_processes)
         try:
             fut = self.pool.submit(diagnose_stored, *args)
         except (BrokenProcessPool, RuntimeError):       # it broke between two windows: rebuild and go on

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+OPERATORS = ("eq", "ne", "gt", "gte", "lt", "lte", "in")     # a `where` test's operators
+THRESHOLD_OPS = ("gt", "gte", "lt", "lte")                   # those that take a number
 VAR = re.compile(r"^\$([a-z_][a-z0-9_]*)$")
 REF = re.compile(r"^\$([a-z_][a-z0-9_]*)\.([a-z_][a-z0-9_]*)$")
 

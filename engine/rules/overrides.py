@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from eroica.engine.errors import RuleError
+from eroica.engine.rules.ir import OPERATORS, THRESHOLD_OPS
 from eroica.engine.rules.loader import SAFE_LOADER, LoadedRule, _line_map, line_of
-from eroica.engine.rules.schema import OPERATORS, THRESHOLD_OPS
 
 KEYS = ("disabled", "confidence", "where")
 

@@ -8,8 +8,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 RULE_SCHEMA = "eroica.rule/v1"
-OPERATORS = ("eq", "ne", "gt", "gte", "lt", "lte", "in")
-THRESHOLD_OPS = ("gt", "gte", "lt", "lte")
 
 
 class Strict(BaseModel):
