@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from eroica.collector.loader_workers import LoaderWorkers
 from eroica.collector.proc_sources import (
     CgroupCpu,
     CgroupMemory,
@@ -338,6 +339,7 @@ def default_sources(pid: int, main_tid: int, gpu_index: int | None = None) -> tu
         ("memory", lambda: ProcMem(pid)),
         ("cgroup_memory", lambda: CgroupMemory(pid)),
         ("disk_io", lambda: ProcIO(pid)),
+        ("loader_workers", lambda: LoaderWorkers(pid)),
         ("system_cpu", SystemCpu),
         ("nic", lambda: NetDev(pid)),
         ("nvml", lambda: _nvml(gpu_index)),

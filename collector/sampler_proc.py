@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from eroica.collector.loader_workers import LoaderWorkers
 from eroica.collector.netlinks import job_interfaces
 from eroica.collector.proc_sources import NetDev, SystemCpu, close_cached_files
 from eroica.collector.sampler import HardwareSampler, SampleSeries, Ticker, default_sources
@@ -111,6 +112,8 @@ class RankSampling:
         for src in sampler.sources:
             if isinstance(src, SystemCpu):
                 series.extras["per_core_util_ratio"] = src.per_core_util()
+            elif isinstance(src, LoaderWorkers):
+                series.extras["loader_worker_blocked_in"] = src.blocked_in()
         blob = pickle.dumps(_series_to_dict(series), protocol=pickle.HIGHEST_PROTOCOL)
         return struct.pack(">Q", len(blob)) + blob
 

@@ -170,6 +170,42 @@ def hardware_summary(series: SampleSeries | None, wall_s: float) -> HardwareSumm
         disk_write_bytes_per_second=_r(per_s("io_write_bytes"), 1),
         nic_bytes_per_second=nics,
         gpu=gpu,
+        **_loader_workers(series, span),
+    )
+
+
+def _loader_workers(series: SampleSeries, span: float) -> dict[str, object]:
+    """The loader workers' fields of the summary (none when the rank had no worker at any read)."""
+    n = series.columns.get("lw_workers")
+    if n is None:
+        return {}
+    read = np.isfinite(n)
+    worker_reads = float(n[read].sum())
+    if worker_reads <= 0:
+        return {}
+    workers = float(n[read].mean())          # workers alive on average (a loader may restart them)
+
+    def share(col: str) -> float | None:
+        return _r(float(np.nansum(series.columns[col][read])) / worker_reads)
+
+    def per_worker_time(col: str, scale: float) -> float | None:
+        d = _delta(series, col)
+        return None if d is None else _r(d / scale / span / workers)
+
+    def rate(col: str, nd: int) -> float | None:
+        d = _delta(series, col)
+        return None if d is None else _r(d / span, nd)
+
+    return dict(
+        loader_workers_total=int(round(float(n[read].max()))),
+        loader_worker_busy_ratio=share("lw_busy"),
+        loader_worker_io_wait_ratio=share("lw_in_io"),
+        loader_worker_cpu_ratio=per_worker_time("lw_cpu_s", 1.0),
+        loader_worker_runqueue_wait_ratio=per_worker_time("lw_wait_ns", 1e9),
+        loader_worker_major_faults_per_second=rate("lw_majflt", 2),
+        loader_worker_disk_read_bytes_per_second=rate("lw_read_bytes", 1),
+        loader_worker_blocked_in={str(k): float(v) for k, v in
+                                  cast(dict[str, float], series.extras.get("loader_worker_blocked_in") or {}).items()},
     )
 
 

@@ -106,6 +106,18 @@ class HardwareSummary(Frozen):
     disk_write_bytes_per_second: float | None = None
     nic_bytes_per_second: dict[str, float] = Field(default_factory=dict)
     gpu: dict[str, float] = Field(default_factory=dict)
+    # the rank's DataLoader worker processes (collector/loader_workers.py); None when it has none.
+    # Busy: running, in D state, or asleep outside the loader's own queues (a timer, a socket, a
+    # page being read); idle: waiting for its next index. Ratios are shares of the workers' time.
+    loader_workers_total: int | None = None
+    loader_worker_busy_ratio: float | None = None
+    loader_worker_cpu_ratio: float | None = None               # CPU seconds / (workers x window)
+    loader_worker_io_wait_ratio: float | None = None           # in D state (waiting for block I/O)
+    loader_worker_runqueue_wait_ratio: float | None = None     # runnable, waiting for a CPU
+    loader_worker_major_faults_per_second: float | None = None     # all workers together
+    loader_worker_disk_read_bytes_per_second: float | None = None  # all workers together
+    # where the busy workers slept (kernel function -> share of their busy samples), top few
+    loader_worker_blocked_in: dict[str, float] = Field(default_factory=dict)
     # the scalar signals of PER_STEP_SIGNALS again, one value per step of the window (None where a
     # step had too few samples), so the engine can leave a one-off spike step out of the comparison
     per_step: dict[str, list[float | None]] = Field(default_factory=dict)
