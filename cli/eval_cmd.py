@@ -113,8 +113,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.fit_priors:
         return fit(args, incs, held)
-    results = _replay(incs, args.verbose, "library")
-    if incs:
+    # a held-out folder named directly is judged as held-out, not as a library
+    named = "held-out" if args.dir.resolve().name == HELDOUT else "library"
+    results = _replay(incs, args.verbose, named)
+    if incs and named == "held-out":
+        print(f"held-out ({args.dir}: another job, never tuned on)")
+    elif incs:
         print(f"library ({args.dir}: the incidents the rules are written and tested against)")
         print(table(results))
         if args.calibration:

@@ -33,6 +33,13 @@ HW_SIGNALS = (
     "disk_read_bytes_per_second",
     "process_cpu_cores",
     "cgroup_others_cpu_cores",
+    # the rank's DataLoader worker processes (none where it has no workers)
+    "loader_worker_busy_ratio",
+    "loader_worker_cpu_ratio",
+    "loader_worker_io_wait_ratio",
+    "loader_worker_runqueue_wait_ratio",
+    "loader_worker_major_faults_per_second",
+    "loader_worker_disk_read_bytes_per_second",
 )
 #: NVML signals (HardwareSummary.gpu), compared like the others when the ranks have GPUs
 GPU_SIGNALS = (
@@ -223,19 +230,39 @@ def crowded_rank(table: SignalTable, rows: np.ndarray) -> int | None:
     return standout_rank(table, rows, "cgroup_others_cpu_cores", CONTAINER_OTHERS_DELTA)
 
 
+LOADER_BUSY_DELTA = 0.4        # a rank's loader workers busy this much more of their time than its peers'
+LOADER_BUSY_MIN = 0.8          # ... and busy at least this much: the loader has no headroom left
+LOADER_READS_DELTA = 1e7       # bytes/s a rank's loader workers read from disk beyond its peers'
+
+
+def loader_ranks(table: SignalTable, rows: np.ndarray) -> set[int]:
+    """Ranks whose loader workers work apart from their peers' though the rank need not be late
+    (prefetching hides a slow loader until it has no headroom left): workers busy nearly all the
+    time where the peers' mostly wait for work, or reading from disk what the peers' find in memory."""
+    out = set()
+    saturated = standout_rank(table, rows, "loader_worker_busy_ratio", LOADER_BUSY_DELTA)
+    if saturated is not None and (table.value("loader_worker_busy_ratio", saturated) or 0.0) >= LOADER_BUSY_MIN:
+        out.add(saturated)
+    reading = standout_rank(table, rows, "loader_worker_disk_read_bytes_per_second", LOADER_READS_DELTA)
+    if reading is not None:
+        out.add(reading)
+    return out
+
+
 def outlier_facts(table: SignalTable, ranks: list[int], keep: np.ndarray, suspects: set[int],
                   step_seconds: float) -> list[Fact]:
     """Ranks that matter though none needs to be late: a co-located process can slow every rank of a
     host alike while one of them waits for a CPU far more than the others, or shares its container
-    with the process (absolute evidence: the CPU that process uses); a degraded GPU link slows
-    every rank of a collective alike. Each such rank gets the job's slowdown (to weigh it by) and,
+    with the process (absolute evidence: the CPU that process uses); a rank's loader workers can work
+    apart from their peers' while prefetching hides it; a degraded GPU link slows every rank of a
+    collective alike. Each such rank gets the job's slowdown (to weigh it by) and,
     unless it is a suspect with all its signals already, the signals that single it out."""
     rows = table.rows(ranks)
     waiting = cpu_wait_rank(table, rows, keep)
     crowded = crowded_rank(table, rows)
     low = low_states(table, rows)
     out: list[Fact] = []
-    cpu_ranks = {r for r in (waiting, crowded) if r is not None}
+    cpu_ranks = {r for r in (waiting, crowded) if r is not None} | loader_ranks(table, rows)
     base = baseline_step(table.cols, rows) if low or cpu_ranks else None
     for r in sorted(set(low) | cpu_ranks):
         job = job_slowdown(base, r, suspects, step_seconds)

@@ -55,6 +55,9 @@ HOW_LM = {
                     "(launcher nic_rate_mbit)",
     "cpu_throttled": "the rank moves itself into a cgroup v1 child with a CFS quota (launcher throttle_cores)",
     "user_code": "the rank sleeps --stall-seconds inside the user region report_metrics",
+    "host_memory_pressure": "every rank's loader workers read 40 MiB per step of its 192 MiB data shard through "
+                            "mmap; the rank and its workers drop the shard from the page cache and join a 96 MiB "
+                            "memory cgroup (a container too small for the data it maps)",
 }
 #: faults no rule names by design: the expected finding is the fallback, reported below 0.5
 FALLBACK_EXPECTED = {"untracked_work": {"root_cause": "unknown", "min_confidence": 0.3, "max_confidence": 0.5}}

@@ -218,6 +218,11 @@ def rank_doc(rank: int, lay: Layout, fault: str, culprit: bool, slowest: np.ndar
                 "gpu_throttle_mask": 0x40 if thr else 0.0, "gpu_xid_events_total": xid,
                 "gpu_xid_last": 92.0 if xid else 0.0, "gpu_ecc_corrected_per_second": ecc,
                 "gpu_ecc_uncorrected_total": 0.0},
+        # the simulated jobs' loaders run in the training process: no worker processes
+        **{k: None for k in ("loader_workers_total", "loader_worker_busy_ratio", "loader_worker_cpu_ratio",
+                             "loader_worker_io_wait_ratio", "loader_worker_runqueue_wait_ratio",
+                             "loader_worker_major_faults_per_second", "loader_worker_disk_read_bytes_per_second")},
+        "loader_worker_blocked_in": {},
         "per_step": dict(zip(per_step_names, per_step))}
     groups = [g.model_dump(mode="json") for g in lay.groups(rank)]
     return {

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import subprocess
 import sys
 import time
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     fault = args.plan.get(rank, "none")
     vocab = 512
     stalled = multiprocessing.Value("b", False)   # seen by the loader's worker processes (forked)
+    squeezed = multiprocessing.Value("b", False)  # the rank's memory cgroup: its workers join it too
+    joined: list[bool] = []                       # this process (a worker) has joined it
     fetch = "framework_config" in args.plan.values() and args.config_fault == "workers"
     seq = args.seq
 
@@ -119,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         if stalled.value:
             time.sleep(args.stall_seconds)       # the worker waits on a stalled storage backend
         if shard is not None:
+            if squeezed.value and not joined:
+                # a worker is part of its rank's container: it drops its own view of the shard and joins
+                # the rank's memory cgroup, where its reads are charged from then on
+                joined.append(True)
+                shard.squeeze(os.environ["EROICA_MEMORY_CGROUP"], args.mem_limit_mb)
             shard.read()
         return torch.stack(items)
 
@@ -167,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                 start_fault(fault, rank, step, args, hogs, shard)
                 if fault == "dataloader_stall":
                     stalled.value = True
+                elif fault == "host_memory_pressure":
+                    squeezed.value = True
                 elif fault == "framework_config" and args.config_fault == "workers":
                     batches = iter(mon.wrap_loader(make_loader(0, seq)))
                 elif fault == "workload_imbalance":

@@ -117,10 +117,13 @@ def test_the_readme_states_the_yields_eval_measures() -> None:
 
     held = find_heldout(ROOT)
     now = [ln for ln in (ROOT.parent / "README.md").read_text().splitlines() if "| now |" in ln]
-    assert len(now) == 3, now
+    assert len(now) == 4, now
     assert now[0].endswith(cells(INCIDENTS)), (now[0], cells(INCIDENTS))
     assert now[1].endswith(cells([p for p in held if p.name < "HO-0100"])), now[1]
-    assert now[2].endswith(cells([p for p in held if p.name > "HO-0100"])), now[2]
+    assert now[2].endswith(cells([p for p in held if "HO-0100" < p.name < "HO-0200"])), now[2]
+    set_c = cells([p for p in held if p.name > "HO-0200"])
+    assert now[3].startswith("| held-out C") and now[3].endswith(set_c.split(" | ", 2)[2]), (now[3], set_c)
+    assert f"| now | {set_c.split(' | ')[1]} (" in now[3], (now[3], set_c)
 
 
 def test_calibration_bins_the_stated_confidence_against_being_right() -> None:

@@ -67,3 +67,76 @@ def test_a_gpu_with_links_down_is_named_though_no_rank_is_late(tmp_path) -> None
     assert (top.root_cause, top.ranks, top.confidence >= 0.5) == ("nvlink_degraded", [1], True)
     assert "12 NVLink links up against 18" in top.summary
     assert [f.ranks for f in w.findings] == [[1]]
+
+
+def _loader(rank: int, busy: float, reads: float = 0.0, rq: float = 0.01, step: float = 0.15):  # type: ignore[no-untyped-def]
+    d = make_doc(rank, step=step)
+    hw = d.hardware.model_copy(update={
+        "loader_workers_total": 2, "loader_worker_busy_ratio": busy, "loader_worker_cpu_ratio": 0.05,
+        "loader_worker_io_wait_ratio": 0.0, "loader_worker_runqueue_wait_ratio": rq,
+        "loader_worker_major_faults_per_second": 1.0, "loader_worker_disk_read_bytes_per_second": reads,
+        "cgroup_memory_usage_ratio": 0.3, "cgroup_memory_limit_hits_per_second": 0.0})
+    return d.model_copy(update={"hardware": hw})
+
+
+def test_a_rank_whose_loader_workers_have_no_headroom_is_stated_though_it_is_not_late() -> None:
+    keep = np.ones(6, dtype=bool)
+    docs = {r: _loader(r, 0.95 if r == 3 else 0.1 + 0.02 * r) for r in range(4)}
+    facts = outlier_facts(SignalTable(window_columns(docs.values())), [0, 1, 2, 3], keep, set(), 0.15)
+    assert {f.rank for f in facts} == {3}
+    busy = next(f for f in facts if isinstance(f, HardwareSignal) and f.signal == "loader_worker_busy_ratio")
+    assert busy.value == 0.95 and abs(busy.peer_median - 0.12) < 1e-6
+    assert any(isinstance(f, JobSlowdown) for f in facts)
+    # busy well above the peers but with headroom left (under 0.8): not stated
+    docs[3] = _loader(3, 0.75)
+    assert outlier_facts(SignalTable(window_columns(docs.values())), [0, 1, 2, 3], keep, set(), 0.15) == []
+    # a rank whose workers read from disk far more than its peers' is stated too
+    docs = {r: _loader(r, 0.3, reads=1.2e8 if r == 1 else 0.0) for r in range(4)}
+    facts = outlier_facts(SignalTable(window_columns(docs.values())), [0, 1, 2, 3], keep, set(), 0.15)
+    assert {f.rank for f in facts} == {1}
+
+
+def test_a_saturated_loader_is_the_stall_once_its_rank_waits_and_listed_for_reference_while_hidden(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from patterns_factory import write_run
+
+    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+
+    # prefetching hides it: rank 2 is not late, so the finding carries no cost and stays below 0.5
+    docs = [_loader(r, 0.97 if r == 2 else 0.1, step=0.12) for r in range(4)]
+    w = diagnose(write_run(tmp_path, docs), DiagnoseOptions(in_process=True)).windows[0]
+    (f,) = [f for f in w.findings if f.root_cause == "dataloader_stall"]
+    assert f.ranks == [2] and 0.3 <= f.confidence < 0.5
+    assert "loader workers are busy 97%" in f.summary
+    # rank 2 waits for its batches: it is late, and the stall is the verdict
+    late = make_doc(2, step=0.12, busy={"compute:forward": 0.02, "compute:backward": 0.03,
+                                        "data:DataLoader.__next__": 0.04})
+    docs[2] = late.model_copy(update={"hardware": docs[2].hardware})
+    w = diagnose(write_run(tmp_path, docs), DiagnoseOptions(in_process=True)).windows[0]
+    found = [(f.root_cause, f.ranks) for f in w.findings if f.confidence >= 0.5]
+    assert found == [("dataloader_stall", [2])], [(f.root_cause, f.ranks, f.confidence) for f in w.findings]
+    (f,) = [f for f in w.findings if f.root_cause == "dataloader_stall"]
+    assert any("loader_worker_busy_ratio" in line for line in f.evidence), f.evidence
+
+
+def test_workers_reading_back_what_a_full_memory_cgroup_dropped_are_memory_pressure(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from patterns_factory import write_run
+
+    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+
+    docs = []
+    for r in range(4):
+        d = _loader(r, 0.3, reads=1.2e8 if r == 1 else 0.0, step=0.12)
+        if r == 1:      # it waits for its batches: late
+            late = make_doc(1, step=0.12, busy={"compute:forward": 0.02, "compute:backward": 0.03,
+                                                "data:DataLoader.__next__": 0.04})
+            d = late.model_copy(update={"hardware": d.hardware.model_copy(update={
+                "cgroup_memory_usage_ratio": 0.98, "cgroup_memory_limit_hits_per_second": 3000.0})})
+        docs.append(d)
+    w = diagnose(write_run(tmp_path, docs), DiagnoseOptions(in_process=True)).windows[0]
+    found = [(f.root_cause, f.ranks) for f in w.findings if f.confidence >= 0.5]
+    assert found == [("host_memory_pressure", [1])], [(f.root_cause, f.ranks, f.confidence) for f in w.findings]
+    # without the limit hits (a first pass over cold data), the reads alone name no memory problem
+    docs[1] = docs[1].model_copy(update={"hardware": docs[1].hardware.model_copy(update={
+        "cgroup_memory_usage_ratio": 0.5, "cgroup_memory_limit_hits_per_second": 0.0})})
+    w = diagnose(write_run(tmp_path, docs), DiagnoseOptions(in_process=True)).windows[0]
+    assert not [f for f in w.findings if f.root_cause == "host_memory_pressure"]
