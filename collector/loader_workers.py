@@ -127,7 +127,8 @@ class LoaderWorkers:
                 n_busy += 1
                 self.busy_samples += 1
                 if state == "S":
-                    self.waits[wchan or "?"] += 1
+                    # "0": it woke between the two reads (the kernel names no wait of a running task)
+                    self.waits["running" if wchan == "0" else wchan or "?"] += 1
         self.workers = alive
         return (float(n), float(n_busy), float(on_cpu), float(in_io), *self.totals)
 

@@ -129,10 +129,10 @@ class MemoryCgroup(KilledCgroup):
 
 @dataclass
 class BlkioCgroup(KilledCgroup):
-    """A cgroup v1 blkio group that throttles writes to the device holding `directory`."""
+    """A cgroup v1 blkio group that throttles writes (or reads) to the device holding `directory`."""
 
     @classmethod
-    def create(cls, directory: str = "/var/tmp", write_bps: int = 1024 * 1024) -> BlkioCgroup:
+    def create(cls, directory: str = "/var/tmp", bps: int = 1024 * 1024, reads: bool = False) -> BlkioCgroup:
         root = Path("/sys/fs/cgroup/blkio")
         if not (root / "blkio.throttle.write_bps_device").exists() or not os.access(root, os.W_OK):
             raise FaultSetupError("slow_storage needs a writable cgroup v1 blkio controller (root)")
@@ -140,7 +140,8 @@ class BlkioCgroup(KilledCgroup):
         path = root / f"eroica-io-{uuid.uuid4().hex[:8]}"
         path.mkdir()
         try:
-            (path / "blkio.throttle.write_bps_device").write_text(f"{os.major(dev)}:{os.minor(dev)} {write_bps}")
+            knob = "blkio.throttle.read_bps_device" if reads else "blkio.throttle.write_bps_device"
+            (path / knob).write_text(f"{os.major(dev)}:{os.minor(dev)} {bps}")
         except OSError as exc:
             path.rmdir()
             raise FaultSetupError(
@@ -193,7 +194,10 @@ def launch(
     needs = next((f for f in faults if f in ("cpu_throttled", "cpu_contention")), None)
     cg = CpuCgroups.create(throttle_cores if "cpu_throttled" in faults else None, world_size, needs)
     try:
-        blkio = BlkioCgroup.create(write_bps=storage_bps) if "slow_storage" in faults else None
+        # the workload's reads variant (`--storage-fault reads`) throttles the device's reads, not its writes
+        args = list(extra_args or [])
+        reads = "--storage-fault" in args[:-1] and args[args.index("--storage-fault") + 1] == "reads"
+        blkio = BlkioCgroup.create(bps=storage_bps, reads=reads) if "slow_storage" in faults else None
         memcg = MemoryCgroup.create() if "host_memory_pressure" in faults else None
     except Exception:
         cg.cleanup()

@@ -29,12 +29,16 @@ HOW = {
                         "restarts its input pipeline with num_workers=0 (--config-fault anomaly: it turns on "
                         "torch.autograd.set_detect_anomaly instead)",
     "slow_storage": "every rank writes a 128 KiB checkpoint shard per step with O_DIRECT; the rank joins a blkio "
-                    "cgroup throttling writes to that device to 1 MiB/s",
-    "host_memory_pressure": "every rank reads 40 MiB per step of its 192 MiB data shard through mmap; the rank "
-                            "drops its shard from the page cache and joins a 96 MiB memory cgroup",
+                    "cgroup throttling writes to that device to 1 MiB/s (--storage-fault reads: whoever builds the "
+                    "batches, the rank or its --loader-workers, reads --read-kb of its data shard per batch with "
+                    "O_DIRECT, and the rank and its workers join a blkio cgroup throttling that device's reads)",
+    "host_memory_pressure": "every rank reads 40 MiB per step of its 192 MiB data shard through mmap (in its "
+                            "--loader-workers, when it has any); the rank and its workers drop the shard from the "
+                            "page cache and join a 96 MiB memory cgroup",
     "nic_degraded": "each rank in its own network namespace on a bridge; the rank's veth capped with tc tbf "
                     "(300 Mbit/s both ways) at the fault step",
-    "dataloader_stall": "the rank's collate_fn sleeps --stall-seconds per batch (a stalled input pipeline)",
+    "dataloader_stall": "the rank's collate_fn sleeps --stall-seconds per batch (a stalled input pipeline; in its "
+                        "--loader-workers, when it has any)",
     "cpu_throttled": "the rank moves itself into a cgroup v1 child with cpu.cfs_quota_us = 12% of a core",
     "workload_imbalance": "the rank's batch is repeated --imbalance-factor times (more samples than its peers)",
     "gc_pause": "the rank fills a bounded deque with 60k cyclic objects per step (full GC collections)",

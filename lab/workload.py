@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -41,6 +42,7 @@ from collections import deque
 from typing import Any
 
 from eroica.lab.errors import WorkloadArgError
+from eroica.lab.shard import Shard
 
 FAULTS = ("none", "dataloader_stall", "cpu_throttled", "cpu_contention", "workload_imbalance", "gc_pause",
           "user_code", "framework_config", "nic_degraded", "slow_storage", "host_memory_pressure",
@@ -84,6 +86,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-dir", default="/var/tmp", help="slow_storage: a disk-backed directory (O_DIRECT)")
     p.add_argument("--shard-mb", type=int, default=192, help="host_memory_pressure: data shard per rank")
     p.add_argument("--read-mb", type=int, default=40, help="host_memory_pressure: shard bytes read per step")
+    p.add_argument("--storage-fault", choices=("writes", "reads"), default="writes",
+                   help="slow_storage: the checkpoint's writes are throttled, or the reads of the data shard "
+                        "(--read-kb per batch with O_DIRECT, by whoever builds the batches)")
+    p.add_argument("--read-kb", type=int, default=512, help="slow_storage reads: shard bytes read per batch")
+    p.add_argument("--loader-workers", type=int, default=0,
+                   help="the loader's worker processes (persistent, prefetching); 0: batches are built in the rank")
     p.add_argument("--mem-limit-mb", type=int, default=96, help="host_memory_pressure: the rank's memory limit")
     p.add_argument("--stop-after-windows", type=int, default=1)
     p.add_argument("--independent", action="store_true",
@@ -119,45 +127,6 @@ class _Node:
     def __init__(self, payload: int) -> None:
         self.me = self          # a reference cycle: only the cyclic GC can free it
         self.payload = [payload]
-
-
-class Shard:
-    """This rank's data shard on disk, read through the page cache with mmap, a window per step."""
-
-    def __init__(self, directory: str, rank: int, size_mb: int, read_mb: int) -> None:
-        import mmap
-
-        import numpy as np
-
-        self.path = os.path.join(directory, f"eroica-shard-{os.getpid()}-rank{rank}.bin")
-        chunk = np.random.default_rng(rank).integers(0, 255, 1 << 20, dtype=np.uint8).tobytes()
-        with open(self.path, "wb") as fh:
-            for _ in range(size_mb):
-                fh.write(chunk)
-        self.size, self.read_bytes, self.pos = size_mb << 20, read_mb << 20, 0
-        self.fd = os.open(self.path, os.O_RDONLY)
-        self.mm = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
-        self.np = np
-
-    def read(self) -> int:
-        view = self.np.frombuffer(self.mm, dtype=self.np.uint8, count=self.read_bytes, offset=self.pos)
-        total = int(view[::4096].sum())          # touch every page of the window
-        self.pos = (self.pos + self.read_bytes) % (self.size - self.read_bytes + 1)
-        return total
-
-    def squeeze(self, cgroup: str, limit_mb: int) -> None:
-        """Drop the shard from the page cache and join a memory cgroup too small to hold it."""
-        self.mm.madvise(__import__("mmap").MADV_DONTNEED)
-        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        with open(os.path.join(cgroup, "memory.limit_in_bytes"), "w") as fh:
-            fh.write(str(limit_mb << 20))
-        with open(os.path.join(cgroup, "cgroup.procs"), "w") as fh:
-            fh.write(str(os.getpid()))
-
-    def close(self) -> None:
-        self.mm.close()
-        os.close(self.fd)
-        os.unlink(self.path)
 
 
 class CheckpointWriter:
@@ -203,7 +172,10 @@ def start_fault(fault: str, rank: int, step: int, args: argparse.Namespace, hogs
         torch.autograd.set_detect_anomaly(True)
     elif fault == "host_memory_pressure":
         assert shard is not None
-        shard.squeeze(os.environ["EROICA_MEMORY_CGROUP"], args.mem_limit_mb)
+        shard.squeeze(args.mem_limit_mb)          # its loader workers follow on their next read
+    elif fault == "slow_storage" and getattr(args, "storage_fault", "writes") == "reads":
+        assert shard is not None
+        shard.throttle()                          # its loader workers follow on their next read
     elif fault == "slow_storage":
         join_cgroup("EROICA_BLKIO_CGROUP")
     elif fault == "hang_lock":
@@ -286,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pin_rank == rank:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     fault = args.plan.get(rank, "none")
-    state = {"step": 0}
+    step_now = multiprocessing.Value("i", 0, lock=False)   # the rank's step, seen by its loader workers too
 
     def active(step: int) -> bool:
         return (fault != "none" and step >= args.fault_step and (step - args.fault_step) % args.every == 0
@@ -304,9 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     def collate(items):
         if fetch:
             time.sleep(args.fetch_seconds)      # every batch comes from remote storage with latency
-        if fault == "dataloader_stall" and active(state["step"]):
+        if fault == "dataloader_stall" and active(step_now.value):
             time.sleep(args.stall_seconds)      # a stalled input pipeline: waiting on storage
-        if fault == "hang_loader" and active(state["step"]):
+        if fault == "hang_loader" and active(step_now.value):
             threading.Event().wait()            # a read from storage that never returns
         if shard is not None:
             shard.read()                        # the samples' bytes come from this rank's shard
@@ -318,7 +290,13 @@ def main(argv: list[str] | None = None) -> int:
         return DataLoader(Synthetic(), batch_size=args.batch, num_workers=workers, collate_fn=collate,
                           prefetch_factor=4 if workers else None, persistent_workers=bool(workers))
 
-    loader = make_loader(2 if fetch else 0)
+    plan = set(args.plan.values())
+    reads = "slow_storage" in plan and args.storage_fault == "reads"
+    ckpt = CheckpointWriter(args.ckpt_dir, rank, args.ckpt_bytes) if "slow_storage" in plan and not reads else None
+    # the shard is there before the loader's workers are forked: they read it
+    shard = Shard(args.ckpt_dir, rank, args.shard_mb, args.read_kb << 10, direct=True) if reads else \
+        Shard(args.ckpt_dir, rank, args.shard_mb, args.read_mb << 20) if "host_memory_pressure" in plan else None
+    loader = make_loader(args.loader_workers or (2 if fetch else 0))
     h = args.hidden
     layers: list[nn.Module] = [nn.Linear(256, h), nn.ReLU()]
     for _ in range(args.layers - 1):
@@ -348,9 +326,6 @@ def main(argv: list[str] | None = None) -> int:
     batches = iter(mon.wrap_loader(loader))
     cache: deque[_Node] = deque(maxlen=10 * args.gc_objects)
     hogs: list[subprocess.Popen[bytes]] = []
-    ckpt = CheckpointWriter(args.ckpt_dir, rank, args.ckpt_bytes) if "slow_storage" in args.plan.values() else None
-    shard = Shard(args.ckpt_dir, rank, args.shard_mb, args.read_mb) if "host_memory_pressure" in args.plan.values() \
-        else None
     sync_metric = any(f in HANGS for f in args.plan.values())
     t_last = time.monotonic()
     done = 0
@@ -360,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                 # the input pipeline is restarted with another configuration on this rank
                 batches = iter(mon.wrap_loader(make_loader(0)))
             x, y = next(batches)
-            state["step"] = step + 1
+            step_now.value = step + 1
             if fault != "none" and step == args.fault_step:
                 start_fault(fault, rank, step, args, hogs, shard)
             if args.uneven_by_design > 1 and rank >= dist.get_world_size() // 2:

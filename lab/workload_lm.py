@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import subprocess
 import sys
 import time
 import warnings
 from collections import deque
 
+from eroica.lab.shard import Shard
 from eroica.lab.workload import (
     CheckpointWriter,
-    Shard,
     _Node,
     fault_pairs,
     progress,
@@ -100,8 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     fault = args.plan.get(rank, "none")
     vocab = 512
     stalled = multiprocessing.Value("b", False)   # seen by the loader's worker processes (forked)
-    squeezed = multiprocessing.Value("b", False)  # the rank's memory cgroup: its workers join it too
-    joined: list[bool] = []                       # this process (a worker) has joined it
     fetch = "framework_config" in args.plan.values() and args.config_fault == "workers"
     seq = args.seq
 
@@ -122,12 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if stalled.value:
             time.sleep(args.stall_seconds)       # the worker waits on a stalled storage backend
         if shard is not None:
-            if squeezed.value and not joined:
-                # a worker is part of its rank's container: it drops its own view of the shard and joins
-                # the rank's memory cgroup, where its reads are charged from then on
-                joined.append(True)
-                shard.squeeze(os.environ["EROICA_MEMORY_CGROUP"], args.mem_limit_mb)
-            shard.read()
+            shard.read()        # in a worker; once the rank is squeezed, the worker joins its cgroup first
         return torch.stack(items)
 
     def make_loader(workers: int, seq_len: int) -> DataLoader:
@@ -151,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                 h = self.blocks[-1](h)
             return self.head(h)
 
-    shard = Shard(args.ckpt_dir, rank, args.shard_mb, args.read_mb) if "host_memory_pressure" in args.plan.values() \
-        else None
+    memory = "host_memory_pressure" in args.plan.values()
+    shard = Shard(args.ckpt_dir, rank, args.shard_mb, args.read_mb << 20) if memory else None
     loader = make_loader(2, seq)
     eval_batches = [torch.randint(0, vocab, (args.batch, seq + 1), generator=torch.Generator().manual_seed(k))
                     for k in range(3)]
@@ -175,8 +167,6 @@ def main(argv: list[str] | None = None) -> int:
                 start_fault(fault, rank, step, args, hogs, shard)
                 if fault == "dataloader_stall":
                     stalled.value = True
-                elif fault == "host_memory_pressure":
-                    squeezed.value = True
                 elif fault == "framework_config" and args.config_fault == "workers":
                     batches = iter(mon.wrap_loader(make_loader(0, seq)))
                 elif fault == "workload_imbalance":

@@ -65,6 +65,12 @@ CASES = [
     # harder variants: intermittent, and a smaller slowdown
     ("dataloader_stall", "2", ["--every", "3"], "DataLoader"),
     ("gc_pause", "1", ["--gc-objects", "20000"], "gc.collect"),
+    # faults that live in the loader's worker processes
+    pytest.param("slow_storage", "2", ["--loader-workers", "2", "--storage-fault", "reads", "--read-kb", "256"],
+                 "DataLoader", marks=pytest.mark.skipif(
+                     not BLKIO, reason="needs a writable cgroup v1 blkio controller (root)")),
+    pytest.param("host_memory_pressure", "1", ["--loader-workers", "2", "--mem-limit-mb", "48"], "DataLoader",
+                 marks=pytest.mark.skipif(not MEMCG, reason="needs a writable cgroup v1 memory controller (root)")),
     # two culprits at once, different causes
     ("dataloader_stall,gc_pause", "1,3", [], "DataLoader"),
 ]
