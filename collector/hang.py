@@ -5,13 +5,15 @@ training thread is, before the collective timeout kills the job.
 Where the thread is comes from `sys._current_frames()`, read from this thread: a training thread
 blocked in a collective, a lock, a queue or a sleep has released the GIL, so this thread runs and
 the stuck thread's Python frames are intact (a thread spinning in Python code also yields the GIL
-every few milliseconds). py-spy would also see a thread that holds the GIL inside C code, but it
-needs ptrace rights and a binary on every node; this needs neither. A thread stuck in C while
+every few milliseconds). A thread stuck in C while
 holding the GIL stops this thread too, so this thread keeps a dead man's switch: at every tick it
 re-arms `faulthandler.dump_traceback_later` (a C thread that needs no GIL) for the limit plus two
 polls; when this thread cannot run that long, faulthandler writes every thread's stack to
 `<run dir>/hang-native/rank-<r>.txt` after a header that names the training thread, its last step and
-the limit, and the engine reads it for the rank that wrote no snapshot.
+the limit, and the engine reads it for the rank that wrote no snapshot. Its C frames come from a
+peer on the same host, whose watchdog runs py-spy on a peer that runs no Python
+(eroica.collector.native_stack; it needs ptrace rights, and faulthandler's frames stand alone where
+it cannot run).
 
 Each rank also keeps a heartbeat in the job's store (`eroica/hang/hb/<rank>`: step, time, pid,
 host), so a stalled rank can say which peers are alive, which stopped stepping, and which are gone
@@ -39,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eroica.collector import native_stack
 from eroica.collector.faulttimer import TimerOwner
 from eroica.collector.heartbeats import HB_KEY, host_addresses, peers_view
 from eroica.collector.sites import OURS
@@ -220,6 +223,7 @@ class HangWatch:
         self._native_fd: int | None = None
         self._native_step: int | None = None
         self._native_owner = TimerOwner()
+        self._pyspied: set[int] = set()        # peers already dumped with py-spy in this process
         self._hook: Callable[..., None] | None = None
         self._prev_hook: Callable[..., Any] = sys.excepthook
         self._peers_every = 2 * poll_seconds * max(1.0, world_size / 1024)   # fewer looks at a big job's store
@@ -377,6 +381,16 @@ class HangWatch:
         elif self._snap is not None and self.reported_step == self.step and self.peers_at > self._snap["wall_time"]:
             self._snap = {**self._snap, "peers": self.peers, "peers_wall_time": self.peers_at}
             self._write(self._snap, quiet=True)          # the peers as the store saw them after the stall
+            self._dump_silent_peers(limit)
+
+    def _dump_silent_peers(self, limit: float) -> None:
+        """py-spy on a peer of this host that runs no Python (eroica.collector.native_stack), once."""
+        if self.out_dir is None or not self.peers:
+            return
+        for r, pid in native_stack.silent_peers(self.peers, limit):
+            if r not in self._pyspied:
+                self._pyspied.add(r)
+                native_stack.write_dump(Path(self.out_dir), r, pid, self.rank)
 
     def _sample(self, now: float) -> None:
         nics, cpu = _nics(), _cpu_seconds()

@@ -27,7 +27,16 @@ from eroica.engine.facts import HangState
 from eroica.engine.rules.conclusion import Conclusion
 from eroica.engine.rules.ir import RuleIR
 from eroica.engine.rules.runner import evaluate
-from eroica.schema.hang import NATIVE_HEADER, Category, Cause, HangFinding, HangFrame, HangRankState, HangSnapshot
+from eroica.schema.hang import (
+    NATIVE_HEADER,
+    Category,
+    Cause,
+    HangFinding,
+    HangFrame,
+    HangRankState,
+    HangSnapshot,
+    native_frames,
+)
 
 LIBRARY = ("/torch/", "/eroica/", "/threading.py", "/queue.py", "/selectors.py", "/socket.py", "/contextlib.py",
            "/multiprocessing/", "/site-packages/", "/lib/python3", "<frozen")
@@ -78,6 +87,7 @@ def native_snapshot(path: Path) -> dict | None:  # type: ignore[type-arg]
             cur.append({"file": file, "line": no, "function": m.group(3).strip(),
                         "code": linecache.getline(file, no).strip()[:160]})
     stack = threads.get(int(head["thread"], 16), [])
+    native, native_gap = _pyspy(path.with_name(f"rank-{head['rank']}.pyspy.txt"), head.get("pid"))
     return {"schema": "eroica.hang/v1", "job": head.get("job", ""), "rank": head["rank"],
             "world_size": head["world_size"], "host": head.get("host"), "pid": head.get("pid"),
             "wall_time": dumped_at, "last_step": head.get("last_step"),
@@ -85,7 +95,19 @@ def native_snapshot(path: Path) -> dict | None:  # type: ignore[type-arg]
             "limit_seconds": head["limit_seconds"],
             "stack": stack, "stack_gap": None if stack else "the training thread is not in faulthandler's dump",
             "seq": None, "last_entered": None, "last_completed": None, "error": None, "nics": {}, "peers": {},
-            "native": True}
+            "native": True, "native_frames": native, "native_gap": native_gap}
+
+
+def _pyspy(path: Path, pid: int | None) -> tuple[list[str], str | None]:
+    """The C and Python frames a peer read with py-spy (eroica.collector.native_stack), or why none."""
+    try:
+        head, _, text = path.read_text(errors="replace").partition("\n")
+        meta = json.loads(head)
+    except (OSError, ValueError):
+        return [], "no peer on its host read its native stack (py-spy)"
+    if meta.get("gap"):
+        return [], str(meta["gap"])[:240]
+    return native_frames(text, int(pid or meta.get("pid") or 0)), None
 
 
 def latest(snaps: list[dict]) -> list[dict]:  # type: ignore[type-arg]
@@ -243,10 +265,13 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
         down = [n for n in _down(s) if sum(n in _down(o) for o in snaps if o is not s) < (len(snaps) - 1) / 2]
         err = f"{FAILED}{s['error'][:200]}" if s.get("error") else ""
         if s.get("native"):
+            frames = s.get("native_frames") or []
+            c_side = (f"; in C: {' <- '.join(frames[:4])} (py-spy, from a peer on its host)" if frames
+                      else f"; its C frames: {s['native_gap']}" if s.get("native_gap") else "")
             out.append(HangRankState(state="before_collective", detail="its training thread holds the GIL inside "
                                      "native code, so its watchdog could not run: the stack is faulthandler's dump, "
                                      f"{s['stalled_seconds']:.0f} s after the watchdog last saw a step (step "
-                                     f"{s['last_step']})", **common))
+                                     f"{s['last_step']}){c_side}", native_frames=frames, **common))
         elif down:
             out.append(HangRankState(state="link_down", detail=f"interface {', '.join(down)} is down{err}", **common))
         elif (mis := _mismatch(s, snaps)) is not None:

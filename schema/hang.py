@@ -138,6 +138,9 @@ class HangRankState(Frozen):
     waits_on_lock: bool = False
     detail: str = ""
     host: str | None = None                  # where it ran, as it or its peers' view of the store said
+    # a rank that held the GIL in C code: its main thread's frames as py-spy read them from a peer on
+    # its host (`hang-native/rank-<R>.pyspy.txt`), innermost first, C and Python alike
+    native_frames: list[str] = Field(default_factory=list)
 
 
 Cause = Literal["hang_dataloader", "hang_user_code", "hang_desync", "rank_died", "hang_link", "hang_unknown"]
@@ -156,3 +159,18 @@ class HangFinding(Frozen):
     limit_seconds: float
     states: list[HangRankState]
     hosts: list[str] = Field(default_factory=list)     # the culprits' hosts
+
+
+def native_frames(text: str, pid: int, limit: int = 32) -> list[str]:
+    """The frames `py-spy dump --native` printed for a process's main thread (its thread id is the
+    pid), innermost first, as `function (file or library)`."""
+    frames: list[str] = []
+    mine = False
+    for line in text.splitlines():
+        if line.startswith("Thread "):
+            if mine:
+                break
+            mine = line.split()[1] == str(pid)
+        elif mine and line.startswith("    ") and line.strip():
+            frames.append(line.strip()[:160])
+    return frames[:limit]

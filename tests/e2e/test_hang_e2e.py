@@ -124,6 +124,14 @@ def test_a_rank_holding_the_gil_in_native_code(tmp_path: Path) -> None:
     f, secs, alive = hang(tmp_path, "hang_gil", rank=1)
     assert (f.root_cause, f.ranks) == ("hang_user_code", [1]), f
     assert f.where is not None and "PyDLL" in f.where.code and "GIL" in f.states[1].detail, f
+    # its C frames, read from outside by a peer on its host (at the peer's next look at the store, after
+    # the verdict above): where it really waits
+    again = localize(tmp_path)
+    assert again is not None
+    native = again.states[1].native_frames
+    assert native and native[0].startswith(("clock_nanosleep", "nanosleep", "sleep")), native
+    assert any("ffi_call" in fr or "_ctypes" in fr for fr in native), native
+    assert "py-spy" in again.states[1].detail
     assert alive and secs < BOUND_SECONDS + 6, secs
 
 
