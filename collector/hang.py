@@ -384,13 +384,23 @@ class HangWatch:
             self._dump_silent_peers(limit)
 
     def _dump_silent_peers(self, limit: float) -> None:
-        """py-spy on a peer of this host that runs no Python (eroica.collector.native_stack), once."""
-        if self.out_dir is None or not self.peers:
-            return
-        for r, pid in native_stack.silent_peers(self.peers, limit):
-            if r not in self._pyspied:
-                self._pyspied.add(r)
-                native_stack.write_dump(Path(self.out_dir), r, pid, self.rank)
+        """A snapshot for each peer of this host that runs no Python, read with py-spy
+        (eroica.collector.native_stack): written once by the first peer there, and posted."""
+        for r, view in native_stack.silent_peers(self.peers or {}, limit):
+            if r in self._pyspied:
+                continue
+            self._pyspied.add(r)
+            path = native_stack.claim(self.out_dir, r)
+            if self.out_dir is not None and path is None:
+                continue                                 # a peer on this host already has it
+            snap = native_stack.snapshot_for(r, view, self.rank, self.world_size, self.job, limit)
+            if path is not None:
+                tmp = path.with_name(f".{path.name}.tmp")
+                tmp.write_text(json.dumps(snap, indent=1))
+                tmp.replace(path)
+            if self.send is not None:
+                with contextlib.suppress(Exception):
+                    self.send(json.dumps(snap))
 
     def _sample(self, now: float) -> None:
         nics, cpu = _nics(), _cpu_seconds()

@@ -35,7 +35,6 @@ from eroica.schema.hang import (
     HangFrame,
     HangRankState,
     HangSnapshot,
-    native_frames,
 )
 
 LIBRARY = ("/torch/", "/eroica/", "/threading.py", "/queue.py", "/selectors.py", "/socket.py", "/contextlib.py",
@@ -54,10 +53,22 @@ def load_snapshots(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
         except (OSError, json.JSONDecodeError):
             continue
     own = {s["rank"] for s in latest(snaps)}
+    # a peer's py-spy reading of a rank that ran no Python (eroica.collector.native_stack)
+    read: dict[int, dict] = {}  # type: ignore[type-arg]
+    for f in sorted(Path(run_dir).glob("hang-native/rank-*.pyspy.json")):
+        try:
+            doc = json.loads(f.read_text())
+            read[int(doc["rank"])] = doc
+        except (OSError, ValueError, KeyError, TypeError):
+            continue                      # a peer is still writing it
     for f in sorted(Path(run_dir).glob("hang-native/rank-*.txt")):
         n = native_snapshot(f)
         if n is not None and n["rank"] not in own:
-            snaps.append(n)
+            # faulthandler's Python frames, with the C frames the peer read
+            peer = read.pop(n["rank"], {})
+            snaps.append({**n, **{k: peer[k] for k in ("read_by_rank", "owns_gil", "native_frames", "native_gap")
+                                  if k in peer}})
+    snaps += [doc for r, doc in read.items() if r not in own]
     return latest(snaps)
 
 
@@ -87,7 +98,6 @@ def native_snapshot(path: Path) -> dict | None:  # type: ignore[type-arg]
             cur.append({"file": file, "line": no, "function": m.group(3).strip(),
                         "code": linecache.getline(file, no).strip()[:160]})
     stack = threads.get(int(head["thread"], 16), [])
-    native, native_gap = _pyspy(path.with_name(f"rank-{head['rank']}.pyspy.txt"), head.get("pid"))
     return {"schema": "eroica.hang/v1", "job": head.get("job", ""), "rank": head["rank"],
             "world_size": head["world_size"], "host": head.get("host"), "pid": head.get("pid"),
             "wall_time": dumped_at, "last_step": head.get("last_step"),
@@ -95,19 +105,21 @@ def native_snapshot(path: Path) -> dict | None:  # type: ignore[type-arg]
             "limit_seconds": head["limit_seconds"],
             "stack": stack, "stack_gap": None if stack else "the training thread is not in faulthandler's dump",
             "seq": None, "last_entered": None, "last_completed": None, "error": None, "nics": {}, "peers": {},
-            "native": True, "native_frames": native, "native_gap": native_gap}
+            "native": True, "faulthandler": True}
 
 
-def _pyspy(path: Path, pid: int | None) -> tuple[list[str], str | None]:
-    """The C and Python frames a peer read with py-spy (eroica.collector.native_stack), or why none."""
-    try:
-        head, _, text = path.read_text(errors="replace").partition("\n")
-        meta = json.loads(head)
-    except (OSError, ValueError):
-        return [], "no peer on its host read its native stack (py-spy)"
-    if meta.get("gap"):
-        return [], str(meta["gap"])[:240]
-    return native_frames(text, int(pid or meta.get("pid") or 0)), None
+def _native_detail(s: dict) -> str:  # type: ignore[type-arg]
+    """What is known of a rank that ran no Python: faulthandler's dump, a peer's py-spy reading, or both."""
+    frames = s.get("native_frames") or []
+    source = "faulthandler's dump" if s.get("faulthandler") else f"rank {s.get('read_by_rank')}'s py-spy reading"
+    gil = "holds the GIL" if s.get("owns_gil") is not False else "is stuck"
+    text = (f"its training thread {gil} inside native code, so its watchdog could not run: the stack is {source}, "
+            f"{s['stalled_seconds']:.0f} s after its last step (step {s['last_step']})")
+    if frames:
+        text += f"; in C: {' <- '.join(frames[:4])} (py-spy, read by rank {s.get('read_by_rank')} on its host)"
+    elif s.get("native_gap"):
+        text += f"; its C frames: {s['native_gap']}"
+    return text
 
 
 def latest(snaps: list[dict]) -> list[dict]:  # type: ignore[type-arg]
@@ -265,13 +277,8 @@ def states(snaps: list[dict]) -> list[HangRankState]:  # type: ignore[type-arg]
         down = [n for n in _down(s) if sum(n in _down(o) for o in snaps if o is not s) < (len(snaps) - 1) / 2]
         err = f"{FAILED}{s['error'][:200]}" if s.get("error") else ""
         if s.get("native"):
-            frames = s.get("native_frames") or []
-            c_side = (f"; in C: {' <- '.join(frames[:4])} (py-spy, from a peer on its host)" if frames
-                      else f"; its C frames: {s['native_gap']}" if s.get("native_gap") else "")
-            out.append(HangRankState(state="before_collective", detail="its training thread holds the GIL inside "
-                                     "native code, so its watchdog could not run: the stack is faulthandler's dump, "
-                                     f"{s['stalled_seconds']:.0f} s after the watchdog last saw a step (step "
-                                     f"{s['last_step']}){c_side}", native_frames=frames, **common))
+            out.append(HangRankState(state="before_collective", detail=_native_detail(s),
+                                     native_frames=s.get("native_frames") or [], **common))
         elif down:
             out.append(HangRankState(state="link_down", detail=f"interface {', '.join(down)} is down{err}", **common))
         elif (mis := _mismatch(s, snaps)) is not None:

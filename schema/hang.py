@@ -98,6 +98,13 @@ class HangSnapshot(_Part):
     nics: dict[str, Nic] = Field(default_factory=dict, max_length=256)
     peers: dict[str, PeerView] = Field(default_factory=dict, max_length=4096)
     peers_wall_time: float | None = None
+    # a rank that ran no Python (its training thread held the GIL in C code) has no snapshot of its own:
+    # a peer on its host read it with py-spy and wrote this one for it (eroica.collector.native_stack)
+    native: bool = False
+    read_by_rank: int | None = Field(None, ge=0, lt=MAX_WORLD_SIZE)
+    owns_gil: bool | None = None
+    native_frames: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=64)
+    native_gap: str | None = Field(None, max_length=1000)
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
 
@@ -160,17 +167,3 @@ class HangFinding(Frozen):
     states: list[HangRankState]
     hosts: list[str] = Field(default_factory=list)     # the culprits' hosts
 
-
-def native_frames(text: str, pid: int, limit: int = 32) -> list[str]:
-    """The frames `py-spy dump --native` printed for a process's main thread (its thread id is the
-    pid), innermost first, as `function (file or library)`."""
-    frames: list[str] = []
-    mine = False
-    for line in text.splitlines():
-        if line.startswith("Thread "):
-            if mine:
-                break
-            mine = line.split()[1] == str(pid)
-        elif mine and line.startswith("    ") and line.strip():
-            frames.append(line.strip()[:160])
-    return frames[:limit]

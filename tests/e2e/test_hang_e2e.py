@@ -120,19 +120,39 @@ def test_a_rank_that_calls_all_reduce_with_another_shape(tmp_path: Path) -> None
 
 
 def test_a_rank_holding_the_gil_in_native_code(tmp_path: Path) -> None:
-    """Its own watchdog cannot run: faulthandler's dead man's switch dumps its stack instead."""
-    f, secs, alive = hang(tmp_path, "hang_gil", rank=1)
+    """Its own watchdog cannot run: faulthandler's dead man's switch dumps its Python stack, and a peer
+    on its host reads its C frames with py-spy and posts a snapshot for it, so the service names it
+    too (not a silent rank) while the job still waits."""
+    seen: list[dict[str, Any]] = []
+    with serve(tmp_path) as url:
+        def ask_the_service() -> None:             # the job is still hung here
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and not seen:
+                for j in get(f"{url}/v1/jobs"):  # type: ignore[attr-defined]
+                    try:
+                        h = get(f"{url}/v1/jobs/{j['id']}/hang")
+                    except OSError:
+                        continue
+                    if h.get("ranks") == [1] and h["states"][1]["native_frames"]:  # type: ignore[index,union-attr]
+                        seen.append(h)  # type: ignore[arg-type]
+                time.sleep(0.5)
+        f, secs, alive = hang(tmp_path / "job", "hang_gil", rank=1, during=ask_the_service,
+                              env={"EROICA_SINK": url, "EROICA_SINK_TOKEN": SERVE_TOKEN})
     assert (f.root_cause, f.ranks) == ("hang_user_code", [1]), f
     assert f.where is not None and "PyDLL" in f.where.code and "GIL" in f.states[1].detail, f
+    assert alive and secs < BOUND_SECONDS + 6, secs
     # its C frames, read from outside by a peer on its host (at the peer's next look at the store, after
     # the verdict above): where it really waits
-    again = localize(tmp_path)
+    again = localize(tmp_path / "job")
     assert again is not None
     native = again.states[1].native_frames
     assert native and native[0].startswith(("clock_nanosleep", "nanosleep", "sleep")), native
     assert any("ffi_call" in fr or "_ctypes" in fr for fr in native), native
     assert "py-spy" in again.states[1].detail
-    assert alive and secs < BOUND_SECONDS + 6, secs
+    # the service had only the peer's snapshot of rank 1: it localized it all the same
+    assert seen, "the service did not localize the rank holding the GIL while the job waited"
+    assert seen[0]["root_cause"] == "hang_user_code" and "PyDLL" in seen[0]["where"]["code"]
+    assert "holds the GIL" in seen[0]["states"][1]["detail"]
 
 
 def test_a_rank_killed_with_sigkill(tmp_path: Path) -> None:
