@@ -26,6 +26,7 @@ from eroica.collector.layout import process_group_layout
 from eroica.collector.output import PatternOutput
 from eroica.collector.policy import TriggerPolicy
 from eroica.collector.privacy import Privacy, agree_salt, level_from
+from eroica.collector.raw_keep import RawTraceKeeper, busy_score, trace_target
 from eroica.collector.sink import ENV as SINK_ENV
 from eroica.collector.sink import TOKEN_ENV as SINK_TOKEN_ENV
 from eroica.collector.sink import PatternSink
@@ -134,6 +135,7 @@ class Monitor:
         self._store: StoreWorker | None = None
         self._hang: HangWatch | None = None
         self._sink: PatternSink | None = None
+        self._raw: RawTraceKeeper | None = None
         try:
             self.policy = TriggerPolicy.from_env(policy)
             r, w, backend, job_store = dist_info()
@@ -160,6 +162,9 @@ class Monitor:
             # --store HOST:PORT` reaches them without knowing the job's process-group names
             raw = getattr(store, "_underlying_non_prefix_store", store)
             self._control = ControlAgent(raw, self.rank, self.out_dir, self.policy.control_lead_steps)
+            self._raw = RawTraceKeeper(raw if job_store is not None else None, self.rank, self.world_size,
+                                       self.policy.raw_trace_max_ranks, self.policy.raw_trace_wait_seconds,
+                                       lambda text: self._gap("raw_trace", text))
             level = level_from(privacy)
             gather_group = None
             self._sink = make_sink(sink, job_name(job), self.out_dir, self.rank)
@@ -266,6 +271,8 @@ class Monitor:
                 self._win.sampler.close()
             if self._store is not None:
                 self._store.close()
+            if self._raw is not None:                     # the last window's keep decision, bounded
+                self._raw.join(self.policy.close_timeout_seconds)
             if self._sink is not None and self.rank == 0:
                 self._sink.submit_end()
             if self._out is not None:
@@ -466,10 +473,9 @@ class Monitor:
         t_sum = time.monotonic()
         t_closed = time.time()
         wid = window_id(plan)
-        trace_path = None
-        if self.policy.keep_raw_trace and (self._out is None or self._out.keeps_names):  # raw names
-            (self.out_dir / wid).mkdir(parents=True, exist_ok=True)
-            trace_path = str(self.out_dir / wid / f"rank-{self.rank}.trace.json")
+        final = self.out_dir / wid / f"rank-{self.rank}.trace.json"
+        trace_path, elect = trace_target(self.policy.keep_raw_trace, self._out is None or self._out.keeps_names,
+                                         self._raw is not None, final, lambda t: self._gap("raw_trace", t))
         self._judge()
         history = list(self._detector.history)
         n_window = len(self._win.bounds) - 1
@@ -497,3 +503,5 @@ class Monitor:
                 doc = None
         if self._out is not None and self._out.publish(wid, doc):
             self.windows_completed.append(wid)
+        if elect and trace_path is not None and self._raw is not None:
+            self._raw.offer(wid, busy_score(doc) if doc is not None else 0.0, Path(trace_path), final)

@@ -106,8 +106,16 @@ class TriggerPolicy(BaseModel):
         "module/optimizer/collective wrappers, autograd nodes one by one, user regions (a tenth of the "
         "events). all: every aten operator too, at the profiler's full cost"
     )
-    keep_raw_trace: bool = Field(False, description="keep a bounded Chrome trace of the window")
-    raw_trace_max_bytes: int = Field(8 * 1024 * 1024, ge=0)
+    keep_raw_trace: Literal["off", "suspects", "all"] = Field(
+        "suspects", description="a bounded Chrome trace of the window, kept by: the suspected ranks and one "
+        "healthy peer, elected in the job through its store (eroica.collector.raw_keep); every rank; or none. "
+        "true and false still mean all and off"
+    )
+    raw_trace_max_bytes: int = Field(2 * 1024 * 1024, ge=0, description="per rank and window; a larger trace "
+                                     "is not kept (a gap says so)")
+    raw_trace_max_ranks: int = Field(3, ge=1, description="suspects: ranks per window that keep theirs")
+    raw_trace_wait_seconds: float = Field(30.0, gt=0, description="suspects: how long a rank waits for the "
+                                          "keep decision before it deletes its spooled trace")
     enabled: bool = True
     eligible_jobs: tuple[str, ...] = Field(
         ("*",), description="job names (shell patterns) the detector watches; the name comes from "
@@ -139,6 +147,17 @@ class TriggerPolicy(BaseModel):
         if not any(fnmatch.fnmatchcase(job_name, pat) for pat in self.eligible_jobs):
             return f"job {job_name!r} matches none of eligible_jobs {list(self.eligible_jobs)}"
         return None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _raw_trace_bool(cls, data: object) -> object:
+        """keep_raw_trace was a bool: true keeps every rank's, false none."""
+        if isinstance(data, dict):
+            v = data.get("keep_raw_trace")
+            if isinstance(v, bool) or (isinstance(v, str) and v.strip().lower() in ("1", "0", "true", "false")):
+                on = v if isinstance(v, bool) else v.strip().lower() in ("1", "true")
+                data = {**data, "keep_raw_trace": "all" if on else "off"}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> TriggerPolicy:

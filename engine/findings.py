@@ -76,6 +76,8 @@ def _factors(c: Conclusion, facts: list[Fact], slow: RankSlowness | None, analys
     own = [float(x) for f in facts if (x := getattr(f, "excess_step_ratio", None)) is not None]
     shares = [f.share_ratio for f in facts if isinstance(f, StepShare)]
     excess = max(own or shares, default=slow.excess_step_ratio if slow else 0.0)
+    if own and slow is not None:     # a job-wide cost beside the rank's own: the larger is what it costs
+        excess = max(excess, slow.excess_step_ratio)
     consistency = next((float(x) for f in facts if (x := getattr(f, "consistency_ratio", None)) is not None), 1.0)
     absolute = c.basis == "expected_range"
     return ConfidenceFactors(

@@ -108,6 +108,12 @@ def check_diagnosis(tmp_path: Path, fault: str, rank: str, extra: list[str], fun
     culprits = {r for _, r in expected}
     victims = {r for f in confident for r in f.ranks} - culprits
     assert not victims, f"ranks that only waited were blamed: {victims}; {got}"
+    # the suspects and one healthy peer keep their raw trace (elected in the job): at most 3 of the 4,
+    # the busy culprits among them (a capped link makes no rank busier: its culprit is not elected)
+    kept = {int(r) for r in w.raw_traces}
+    assert 1 <= len(kept) <= 3 and kept < {0, 1, 2, 3}, w.raw_traces
+    if "nic_degraded" not in fault:
+        assert culprits <= kept, (culprits, w.raw_traces)
 
 
 def test_healthy_run_gives_no_confident_finding(tmp_path: Path) -> None:
