@@ -27,6 +27,7 @@ what was kept either way.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -40,6 +41,7 @@ from eroica.schema.patterns import Category, PatternsDoc
 PREFIX = "eroica/raw/"
 SUSPECT_Z = 3.0            # robust z of a rank's busy time per step above the others'
 MAD_FLOOR = 1e-4           # seconds: busy times this alike are equal
+DISK_RESERVE = 256 << 20   # bytes free on the run's disk below which no raw trace is written
 
 
 def busy_score(doc: PatternsDoc) -> float:
@@ -86,6 +88,11 @@ def trace_target(mode: str, names_kept: bool, can_elect: bool, final: Path,
     elect = mode == "suspects" and can_elect
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(final.parent).free
+        if free < DISK_RESERVE:         # the pattern documents come first
+            problem(f"raw trace of {final.parent.name} not kept: {free >> 20} MiB free on its disk "
+                    f"(kept from {DISK_RESERVE >> 20} MiB)")
+            return None, False
         rank = final.name.removeprefix("rank-").removesuffix(".trace.json")
         return str(RawTraceKeeper.spool(final.parent.parent, final.parent.name, int(rank)) if elect else final), elect
     except OSError as exc:
