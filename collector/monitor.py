@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -27,9 +26,7 @@ from eroica.collector.output import PatternOutput
 from eroica.collector.policy import TriggerPolicy
 from eroica.collector.privacy import Privacy, agree_salt, level_from
 from eroica.collector.raw_keep import RawTraceKeeper, busy_score, trace_target
-from eroica.collector.sink import ENV as SINK_ENV
-from eroica.collector.sink import TOKEN_ENV as SINK_TOKEN_ENV
-from eroica.collector.sink import PatternSink
+from eroica.collector.sink import PatternSink, make_sink, sink_job_id, sink_job_name  # noqa: F401 (re-export)
 from eroica.collector.store_worker import StoreWorker
 from eroica.collector.summarize import summarize
 from eroica.collector.sync import LocalStore, WindowCoordinator, WindowPlan
@@ -43,39 +40,7 @@ FORCE_ENV = "EROICA_FORCE_WINDOW_AT_STEP"
 # bench/overhead.py's model). A step above the detector's threshold is judged at once, so the fast test
 # fires at the step it would step by step; the sustained test, up to this many - 1 steps later.
 JUDGE_EVERY_STEPS = 8
-JOB_ID = re.compile(r"[^A-Za-z0-9._-]+")
 INF = float("inf")
-
-
-def make_sink(url: str | None, job: str, out_dir: Path, rank: int) -> PatternSink | None:
-    """A sink when one is named (the argument, else EROICA_SINK); the job's id is its name, else the
-    run directory's name; what cannot be sent is spooled under the run directory."""
-    url = url or os.environ.get(SINK_ENV) or None
-    if not url:
-        return None
-    return PatternSink(url, sink_job_id(job, out_dir), out_dir / ".spool" / f"rank-{rank}",
-                       os.environ.get(SINK_TOKEN_ENV), job_name=sink_job_name(job))
-
-
-def sink_job_id(job: str, out_dir: Path) -> str:
-    """The run's id at the service: its run directory's name (one per run, the same on every rank),
-    after the job's name when it has a real one. A scheduler's name alone would merge runs: torchrun
-    sets TORCHELASTIC_RUN_ID to "none" for every static job, and a restarted job keeps its name."""
-    run = out_dir.resolve().name
-    name = _real_name(job)
-    raw = run if not name or name == run else f"{name}.{run}"
-    return JOB_ID.sub("-", raw).strip("-.")[-128:].lstrip("-.") or "job"
-
-
-def _real_name(job: str) -> str:
-    """The scheduler's name when it is one: torchrun's static "none" and the like are not."""
-    return "" if job.strip().lower() in ("", "none", "default") else job.strip()
-
-
-def sink_job_name(job: str) -> str | None:
-    """The job's name at the service, shared by its runs (so a restart is followed), when it has a
-    real one; None otherwise (each run then stands alone)."""
-    return JOB_ID.sub("-", _real_name(job)).strip("-.")[:128].strip("-.") or None
 
 
 MAX_NAME = 200          # characters of a function or region name kept
@@ -272,7 +237,7 @@ class Monitor:
             if self._store is not None:
                 self._store.close()
             if self._raw is not None:                     # the last window's keep decision, bounded
-                self._raw.join(self.policy.close_timeout_seconds)
+                self._raw.join(min(self.policy.close_timeout_seconds, 3.0))
             if self._sink is not None and self.rank == 0:
                 self._sink.submit_end()
             if self._out is not None:

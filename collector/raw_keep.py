@@ -29,8 +29,8 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from eroica.schema.patterns import Category, PatternsDoc
 PREFIX = "eroica/raw/"
 SUSPECT_Z = 3.0            # robust z of a rank's busy time per step above the others'
 MAD_FLOOR = 1e-4           # seconds: busy times this alike are equal
+POLL_SECONDS = 0.2         # how often a rank looks for the keep list
 DISK_RESERVE = 256 << 20   # bytes free on the run's disk below which no raw trace is written
 
 
@@ -108,6 +109,7 @@ class RawTraceKeeper:
         self.store, self.rank, self.world, self.max_ranks = store, rank, world_size, max_ranks
         self.wait_seconds, self.problem = wait_seconds, problem
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
         self.decided: dict[str, bool] = {}        # window -> kept (for tests and the overhead bench)
 
     @staticmethod
@@ -121,8 +123,11 @@ class RawTraceKeeper:
         return self._thread is not None and self._thread.is_alive()
 
     def join(self, timeout: float) -> None:
+        """The pending decision gets `timeout`, then stops (its trace dropped and said)."""
         if self._thread is not None:
             self._thread.join(timeout)
+            self._stop.set()
+            self._thread.join(2 * POLL_SECONDS + 1.0)
 
     def offer(self, window: str, score: float, spool: Path, final: Path) -> None:
         if not spool.exists():
@@ -147,7 +152,12 @@ class RawTraceKeeper:
                 raw = self.store.get(key + "/scores")
                 keep = choose(parse_scores(raw.decode() if isinstance(raw, bytes) else str(raw)), self.max_ranks)
                 self.store.set(key + "/keep", ",".join(map(str, keep)))
-            self.store.wait([key + "/keep"], timedelta(seconds=self.wait_seconds))
+            # polled, not a blocking wait: close() stops it at once (a thread blocked in the store
+            # when the interpreter exits can abort the process)
+            deadline = time.monotonic() + self.wait_seconds
+            while not self.store.check([key + "/keep"]):
+                if self._stop.wait(POLL_SECONDS) or time.monotonic() > deadline:
+                    raise TimeoutError(f"no keep list within {self.wait_seconds:g} s")
             raw = self.store.get(key + "/keep")
             kept = str(self.rank) in (raw.decode() if isinstance(raw, bytes) else str(raw)).split(",")
             if kept:

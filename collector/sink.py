@@ -19,6 +19,8 @@ import contextlib
 import gzip
 import itertools
 import json
+import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -297,3 +299,37 @@ def read_meta(spool: Path) -> dict[str, Any] | None:
         return meta if isinstance(meta, dict) and isinstance(meta.get("job_id"), str) else None
     except (OSError, ValueError):
         return None
+
+
+JOB_ID = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def make_sink(url: str | None, job: str, out_dir: Path, rank: int) -> PatternSink | None:
+    """A sink when one is named (the argument, else EROICA_SINK); the job's id is its name, else the
+    run directory's name; what cannot be sent is spooled under the run directory."""
+    url = url or os.environ.get(ENV) or None
+    if not url:
+        return None
+    return PatternSink(url, sink_job_id(job, out_dir), out_dir / ".spool" / f"rank-{rank}",
+                       os.environ.get(TOKEN_ENV), job_name=sink_job_name(job))
+
+
+def sink_job_id(job: str, out_dir: Path) -> str:
+    """The run's id at the service: its run directory's name (one per run, the same on every rank),
+    after the job's name when it has a real one. A scheduler's name alone would merge runs: torchrun
+    sets TORCHELASTIC_RUN_ID to "none" for every static job, and a restarted job keeps its name."""
+    run = out_dir.resolve().name
+    name = _real_name(job)
+    raw = run if not name or name == run else f"{name}.{run}"
+    return JOB_ID.sub("-", raw).strip("-.")[-128:].lstrip("-.") or "job"
+
+
+def _real_name(job: str) -> str:
+    """The scheduler's name when it is one: torchrun's static "none" and the like are not."""
+    return "" if job.strip().lower() in ("", "none", "default") else job.strip()
+
+
+def sink_job_name(job: str) -> str | None:
+    """The job's name at the service, shared by its runs (so a restart is followed), when it has a
+    real one; None otherwise (each run then stands alone)."""
+    return JOB_ID.sub("-", _real_name(job)).strip("-.")[:128].strip("-.") or None

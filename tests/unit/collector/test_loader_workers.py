@@ -8,6 +8,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,6 +42,20 @@ def _spin(items: list[torch.Tensor]) -> torch.Tensor:
 
 def _sample(collate: Callable[[list[torch.Tensor]], torch.Tensor] | None, workers: int, seconds: float,
             main_pause: float = 0.0) -> HardwareSummary:
+    """Sampled in a fresh interpreter: the test runner's own children (earlier tests' forks) are no loader's."""
+    import json
+    import subprocess
+    import sys
+
+    name = getattr(collate, "__name__", "")
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_loader_workers as t; "
+            f"print(json.dumps(t._sample_here(getattr(t, {name!r}, None), {workers}, {seconds}, {main_pause})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return HardwareSummary.model_validate(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _sample_here(collate: Callable[[list[torch.Tensor]], torch.Tensor] | None, workers: int, seconds: float,
+                 main_pause: float = 0.0) -> dict[str, object]:
     loader = DataLoader(Rows(), batch_size=4, num_workers=workers, collate_fn=collate,
                         persistent_workers=bool(workers), prefetch_factor=2 if workers else None)
     it = iter(loader)
@@ -58,7 +73,7 @@ def _sample(collate: Callable[[list[torch.Tensor]], torch.Tensor] | None, worker
         client.close()
         del it
     assert series is not None
-    return hardware_summary(series, seconds)
+    return hardware_summary(series, seconds).model_dump()
 
 
 def test_a_stalled_loader_shows_its_workers_busy_asleep_outside_the_loader() -> None:
