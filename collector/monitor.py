@@ -440,7 +440,8 @@ class Monitor:
         wid = window_id(plan)
         final = self.out_dir / wid / f"rank-{self.rank}.trace.json"
         trace_path, elect = trace_target(self.policy.keep_raw_trace, self._out is None or self._out.keeps_names,
-                                         self._raw is not None, final, lambda t: self._gap("raw_trace", t))
+                                         self._raw is not None, final, self.rank,
+                                         lambda t: self._gap("raw_trace", t))
         self._judge()
         history = list(self._detector.history)
         n_window = len(self._win.bounds) - 1

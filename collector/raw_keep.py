@@ -80,7 +80,7 @@ def parse_scores(raw: str) -> dict[int, float]:
     return out
 
 
-def trace_target(mode: str, names_kept: bool, can_elect: bool, final: Path,
+def trace_target(mode: str, names_kept: bool, can_elect: bool, final: Path, rank: int,
                  problem: Callable[[str], None]) -> tuple[str | None, bool]:
     """Where a window's raw trace goes (the election's spool beside `final`, or `final`), and whether
     it is elected; None when none is kept: `mode` off, names not kept (a trace has raw names), no folder."""
@@ -94,8 +94,7 @@ def trace_target(mode: str, names_kept: bool, can_elect: bool, final: Path,
             problem(f"raw trace of {final.parent.name} not kept: {free >> 20} MiB free on its disk "
                     f"(kept from {DISK_RESERVE >> 20} MiB)")
             return None, False
-        rank = final.name.removeprefix("rank-").removesuffix(".trace.json")
-        return str(RawTraceKeeper.spool(final.parent.parent, final.parent.name, int(rank)) if elect else final), elect
+        return str(RawTraceKeeper.spool(final.parent.parent, final.parent.name, rank) if elect else final), elect
     except OSError as exc:
         problem(f"no folder for the raw trace of {final.parent.name}: {exc!r}"[:300])
         return None, False
