@@ -130,6 +130,7 @@ class Monitor:
             self._raw = RawTraceKeeper(raw if job_store is not None else None, self.rank, self.world_size,
                                        self.policy.raw_trace_max_ranks, self.policy.raw_trace_wait_seconds,
                                        lambda text: self._gap("raw_trace", text))
+            self._raw.on_kept = self._send_trace
             level = level_from(privacy)
             gather_group = None
             self._sink = make_sink(sink, job_name(job), self.out_dir, self.rank)
@@ -471,3 +472,11 @@ class Monitor:
             self.windows_completed.append(wid)
         if elect and trace_path is not None and self._raw is not None:
             self._raw.offer(wid, busy_score(doc) if doc is not None else 0.0, Path(trace_path), final)
+        elif trace_path is not None and final.exists():
+            self._send_trace(wid, final)
+
+    def _send_trace(self, wid: str, path: Path) -> None:
+        """A kept raw trace goes to the service too (its job page links it); a full queue is a gap."""
+        if self._sink is not None and not self._sink.submit_trace(wid, self.rank, self.world_size, self.job.hostname,
+                                                                  path):
+            self._gap("sink", f"raw trace of {wid} not sent to {self._sink.url}: earlier items still pending")

@@ -110,6 +110,7 @@ class RawTraceKeeper:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.decided: dict[str, bool] = {}        # window -> kept (for tests and the overhead bench)
+        self.on_kept: Callable[[str, Path], None] | None = None   # (window, trace): e.g. sent to the service
 
     @staticmethod
     def spool(out_dir: Path, window: str, rank: int) -> Path:
@@ -137,11 +138,16 @@ class RawTraceKeeper:
             return
         if self.store is None or self.world <= 1 or not hasattr(self.store, "append"):
             os.replace(spool, final)                  # alone: its own trace is the one to keep
-            self.decided[window] = True
+            self._kept(window, final)
             return
         self._thread = threading.Thread(target=self._settle, args=(window, score, spool, final),
                                         name="eroica-raw-keep", daemon=True)
         self._thread.start()
+
+    def _kept(self, window: str, final: Path) -> None:
+        self.decided[window] = True
+        if self.on_kept is not None:
+            self.on_kept(window, final)
 
     def _settle(self, window: str, score: float, spool: Path, final: Path) -> None:
         key = PREFIX + window
@@ -161,9 +167,10 @@ class RawTraceKeeper:
             kept = str(self.rank) in (raw.decode() if isinstance(raw, bytes) else str(raw)).split(",")
             if kept:
                 os.replace(spool, final)
+                self._kept(window, final)
             else:
                 spool.unlink(missing_ok=True)
-            self.decided[window] = kept
+                self.decided[window] = False
         except Exception as exc:  # noqa: BLE001 - never into the job: the trace is dropped and said
             spool.unlink(missing_ok=True)
             self.decided[window] = False

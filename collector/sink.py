@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from eroica.collector.writer import QueueThread
+from eroica.schema.raw_trace import RawTraceHeader, pack
 from eroica.schema.steps import StepSeriesSummary
 
 ENV = "EROICA_SINK"
 SERIES_EVERY = 20       # steps per summary of the always-on step-time series (rank 0)
 TOKEN_ENV = "EROICA_SINK_TOKEN"
-KINDS = ("patterns", "batch", "steps", "hang", "end")     # batch: many documents, one per line
+KINDS = ("patterns", "batch", "steps", "hang", "end", "traces")     # batch: many documents, one per line
 BATCH_LINES = 256          # spooled documents replayed in one request, at most
 BATCH_BYTES = 8 << 20
 META = "meta.json"
@@ -125,6 +126,17 @@ class PatternSink(QueueThread):
     def submit_hang(self, text: str) -> bool:
         """Queue a hang snapshot (the watchdog's): the service localizes the hang while the job waits."""
         return self._put(("hang", text.encode()))
+
+    def submit_trace(self, window_id: str, rank: int, world_size: int, host: str | None, path: Path) -> bool:
+        """Queue a kept raw trace (its file read now, off the training thread: the keeper's or the
+        closing window's); False when the queue is full or the file cannot be read (said)."""
+        try:
+            body = pack(RawTraceHeader(window_id=window_id, rank=rank, world_size=world_size, host=host),
+                        Path(path).read_bytes())
+        except (OSError, ValueError) as exc:
+            self._note(f"raw trace of {window_id} ({path}) not sent: {exc!r}"[:300])
+            return False
+        return self._put(("traces", body))
 
     def submit_end(self) -> bool:
         """Queue the run's end (rank 0, at close): the service resolves the alerts of its open issues."""

@@ -74,8 +74,19 @@ class Finding(Out):
     scope: str                   # "host": the host's problem, named once; "rank": the ranks'
 
 
+class RawTrace(Out):
+    rank: int
+    host: str | None
+    trace_bytes: int
+    url: str                          # GET it: the Chrome trace JSON, for Perfetto or chrome://tracing
+
+
+class JobWindow(Window):
+    raw_traces: list[RawTrace]        # the window's kept raw traces (suspects and a healthy peer), if any
+
+
 class JobDetail(Job):
-    windows: list[Window]
+    windows: list[JobWindow]
     steps: list[Step]
 
 

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from eroica.engine.errors import RunDirError
 from eroica.engine.load import parse_doc
 from eroica.schema.diagnosis import Diagnosis
-from eroica.service import pages, store
+from eroica.service import pages, store, traces
 from eroica.service.bulk import BulkIngested, ingest_many, split_lines
 from eroica.service.db import make_engine, migrate
 from eroica.service.guard import Access, Guard
@@ -279,6 +279,7 @@ def create_app(settings: Settings, start: bool = True) -> FastAPI:
 
     app.include_router(api_router(svc))
     app.include_router(issue_router(svc))
+    app.include_router(traces.router(svc))
     app.include_router(pages.router(svc))
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
 

@@ -192,6 +192,29 @@ hangs = sa.Table(   # each rank's newest hang snapshot (the watchdog's; revision
     sa.Column("at", sa.Float, nullable=False),
 )
 
+raw_traces = sa.Table(   # the kept raw traces of a job's windows, its newest few (revision 0013)
+    "raw_traces", meta,
+    sa.Column("job_id", sa.String(128), sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("window_id", sa.String(64), primary_key=True),
+    sa.Column("rank", sa.Integer, primary_key=True),
+    sa.Column("body", sa.LargeBinary, nullable=False),            # the Chrome trace's JSON, gzip'd
+    sa.Column("trace_bytes", sa.Integer, nullable=False),         # its size before gzip
+    sa.Column("host", sa.String(255)),
+    sa.Column("at", sa.Float, nullable=False),
+)
+
+def traces_of(c: sa.Connection, job_id: str) -> dict[str, list[dict[str, Any]]]:
+    """A job's kept traces by window: rank, host and size, ranks in order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in c.execute(sa.select(raw_traces.c.window_id, raw_traces.c.rank, raw_traces.c.host,
+                                   raw_traces.c.trace_bytes).where(raw_traces.c.job_id == job_id)
+                         .order_by(raw_traces.c.window_id, raw_traces.c.rank)).mappings():
+        out.setdefault(row["window_id"], []).append(
+            {"rank": row["rank"], "host": row["host"], "trace_bytes": row["trace_bytes"],
+             "url": f"/v1/jobs/{job_id}/traces/{row['window_id']}/{row['rank']}"})
+    return out
+
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 

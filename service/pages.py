@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from eroica.engine.render import render
 from eroica.schema.diagnosis import Diagnosis
 from eroica.service import store
-from eroica.service.db import findings, host_counts, hosts_of, issues, jobs, reading, steps, windows
+from eroica.service.db import findings, host_counts, hosts_of, issues, jobs, reading, steps, traces_of, windows
 from eroica.service.fleet import host_ranking, week_summary
 from eroica.service.guard import COOKIE, SESSION_SECONDS, principal_of, read_limited
 from eroica.service.lifecycle import LINK_KINDS, state_of, transition
@@ -141,11 +141,12 @@ def router(svc: Service) -> APIRouter:
             iss = [i for i in c.execute(sa.select(issues).where(issues.c.job_id.in_(runs))
                                         .order_by(issues.c.last_seen.desc())).mappings()
                    if i["job_id"] == job_id or job_id in (i["runs"] or [])]
+            kept = traces_of(c, job_id)
         by_window: dict[int, list[Any]] = {}
         for f in fs:
             by_window.setdefault(f["window_pk"], []).append(f)
         return page("job.html.j2", job=j, windows=ws, by_window=by_window, plot=step_plot(series, ws), issues=iss,
-                    link_kinds=LINK_KINDS, needs_token=svc.settings.token is not None
+                    traces=kept, link_kinds=LINK_KINDS, needs_token=svc.settings.token is not None
                     and principal_of(request).kind not in ("admin", "session"))
 
     @r.post("/issues/{iid}/act", response_model=None)

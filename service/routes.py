@@ -16,7 +16,7 @@ from eroica.schema.steps import StepSeriesSummary
 from eroica.service import api_models as m
 from eroica.service import hangs, store
 from eroica.service.bulk import BulkIngested
-from eroica.service.db import findings, hosts_of, issues, jobs, reading, steps, windows
+from eroica.service.db import findings, hosts_of, issues, jobs, reading, steps, traces_of, windows
 from eroica.service.fleet import drain_list, host_ranking, week_summary
 from eroica.service.guard import NDJSON, Principal, decode_body, principal_of, read_limited, unpack_body
 from eroica.service.inputs import MAX_INT, TransitionIn, refusal
@@ -184,7 +184,9 @@ def api_router(svc: Service) -> APIRouter:
             ws = c.execute(sa.select(windows).where(windows.c.job_id == job_id).order_by(windows.c.start_step))
             series = c.execute(sa.select(steps).where(steps.c.job_id == job_id).order_by(steps.c.first_step))
             hosts = hosts_of(c, [job_id])[job_id]
-            return {**dict(j), "hosts": hosts, "windows": [window_json(w) for w in ws.mappings()],
+            kept = traces_of(c, job_id)
+            return {**dict(j), "hosts": hosts,
+                    "windows": [{**window_json(w), "raw_traces": kept.get(w["window_id"], [])} for w in ws.mappings()],
                     "steps": [dict(s) for s in series.mappings()]}
 
     @r.get("/windows/{pk}", response_model=m.WindowDetail)

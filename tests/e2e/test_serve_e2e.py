@@ -57,6 +57,11 @@ def test_the_sink_ships_the_window_and_the_finding_is_served_while_the_job_runs(
         run_online(tmp_path, url, tmp_path / "job-sink", {"EROICA_SINK": url, "EROICA_SINK_TOKEN": TOKEN})
         job = get(f"{url}/v1/jobs/job-sink")
         assert isinstance(job, dict) and job["steps"], "rank 0's step-time summaries did not arrive"
+        # the stalled rank's window trace was kept (a suspect) and sent: the job links it, it opens
+        kept = [t for w in job["windows"] for t in w["raw_traces"] if t["rank"] == 1]
+        assert kept, f"no raw trace of rank 1 at the service: {[w['raw_traces'] for w in job['windows']]}"
+        trace = get(url + kept[0]["url"])
+        assert isinstance(trace, dict) and trace["traceEvents"]
         assert not list((tmp_path / "job-sink").glob(".spool/*/*.json.gz")), "documents left in the spool"
 
 
