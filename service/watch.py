@@ -22,11 +22,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
 from pydantic import ValidationError
 
 from eroica.collector.sink import read_meta, spooled_kind
+from eroica.schema.raw_trace import RawTraceHeader, pack
 from eroica.schema.steps import StepSeriesSummary
-from eroica.service import hangs, store
+from eroica.service import hangs, store, traces
+from eroica.service.db import jobs, reading
 from eroica.service.errors import IngestError
 from eroica.service.inputs import refusal
 from eroica.service.runs import JOB_ID
@@ -37,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("eroica.service")
 WINDOW_DIR = re.compile(r"^w\d+-s\d+$")
 FALLBACK_SCAN_SECONDS = 10.0
+
+
+TRACE_FILE = re.compile(r"^rank-(\d{1,7})\.trace\.json$")      # a kept raw trace (eroica.collector.raw_keep)
 
 
 def is_window_file(f: Path) -> bool:
@@ -83,7 +89,30 @@ class Watcher:
         if self.seen.get(f) == key:
             return 0
         self.seen[f] = key
+        t = TRACE_FILE.match(f.name)
+        if t is not None:
+            if not self._trace(job, f, int(t.group(1))):
+                del self.seen[f]                  # its job is not known yet: the next scan tries again
+            return 0
         return self._ingest(job, f)
+
+    def _trace(self, job: str, f: Path, rank: int) -> bool:
+        """A kept raw trace beside the window's documents, stored for the job's page; False when the
+        job is not known yet (its world size comes from its documents)."""
+        with reading(self.svc.eng) as c:
+            world = c.execute(sa.select(jobs.c.world_size).where(jobs.c.id == job)).scalar()
+        if world is None:
+            return False
+        try:
+            body = f.read_bytes()
+            head, packed = traces.parse(pack(RawTraceHeader(window_id=f.parent.name, rank=rank, world_size=world),
+                                             body))
+            traces.add(self.svc.eng, job, head, packed, len(body))
+        except IngestError as exc:
+            log.warning("eroica serve: %s: %s (%s)", f, exc.message, exc.field)
+        except (OSError, ValueError) as exc:
+            log.warning("eroica serve: %s: %r", f, exc)
+        return True
 
     def _ingest(self, job: str, f: Path) -> int:
         try:
@@ -127,6 +156,9 @@ class Watcher:
                 hangs.add(self.svc.eng, job, hangs.parse(body), name=name)
             elif kind == "end":
                 store.end_job(self.svc.eng, job, "job")
+            elif kind == "traces":
+                head, packed = traces.parse(body)
+                traces.add(self.svc.eng, job, head, packed, len(body), name=name)
         except IngestError as exc:
             log.warning("eroica serve: spooled %s: %s (%s): removed", f, exc.message, exc.field)
         except (OSError, EOFError, gzip.BadGzipFile) as exc:

@@ -70,3 +70,8 @@ def test_a_watched_run_root_is_diagnosed_while_the_job_runs(tmp_path: Path) -> N
     root.mkdir()
     with serve(tmp_path, "--watch", str(root)) as url:
         run_online(tmp_path, url, root / "job-watched", {})
+        # the stalled rank's kept trace, written beside the window's documents, reaches the job too
+        deadline = time.monotonic() + 20
+        while not (kept := get(f"{url}/v1/jobs/job-watched/traces")) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert isinstance(kept, dict) and any(t["rank"] == 1 for ts in kept.values() for t in ts), kept

@@ -121,3 +121,29 @@ def test_what_a_sink_spooled_is_ingested_to_its_routes_and_removed(tmp_path: Pat
             {"first_step": 20, "last_step": 39, "median_seconds": 0.1, "p90_seconds": 0.12, "world_size": 4}).encode()))
         until(lambda: not list(later.glob("*.json.gz")))
         assert watcher.scans == 1
+
+
+def test_a_kept_raw_trace_beside_the_documents_and_a_spooled_one_are_stored_for_the_job(tmp_path: Path) -> None:
+    from eroica.schema.raw_trace import RawTraceHeader, pack
+    from eroica.service.db import traces_of
+
+    root = tmp_path / "runs"
+    docs = incident_docs("INC-0017")
+    wid = json.loads(docs[0])["window"]["window_id"]
+    trace = {"traceEvents": [{"name": "DataLoader.__next__", "ph": "X", "ts": 1, "dur": 5, "pid": 1, "tid": 1}]}
+    # the trace lands first: its job is not known yet, so a later look takes it (here the documents')
+    write_atomic(root / "job-t" / wid / "rank-2.trace.json", json.dumps(trace).encode())
+    svc = Service(Settings(db_url=f"sqlite:///{tmp_path / 't.db'}"))
+    with watching(svc, root) as (watcher, _):
+        for r, d in enumerate(docs):
+            write_atomic(root / "job-t" / wid / f"rank-{r}.json", d)
+        until(lambda: ranks_of(svc, "job-t") == len(docs))
+        assert watcher.scan() == 0
+        spool = root / "job-t" / ".spool" / "rank-3"
+        write_atomic(spool / "meta.json", json.dumps({"job_id": "job-t"}).encode())
+        write_atomic(spool / f"{1000:020d}-{0:06d}-traces.json.gz", gzip.compress(pack(
+            RawTraceHeader(window_id=wid, rank=3, world_size=len(docs), host="node-3"), json.dumps(trace).encode())))
+        until(lambda: not list(spool.glob("*.json.gz")))
+        with svc.eng.connect() as c:
+            kept = traces_of(c, "job-t")
+    assert [(t["rank"], t["host"]) for t in kept[wid]] == [(2, None), (3, "node-3")]
