@@ -92,6 +92,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--read-kb", type=int, default=512, help="slow_storage reads: shard bytes read per batch")
     p.add_argument("--loader-workers", type=int, default=0,
                    help="the loader's worker processes (persistent, prefetching); 0: batches are built in the rank")
+    p.add_argument("--decode-ms", type=float, default=0.0,
+                   help="CPU time each batch costs whoever builds it (decoding, augmenting): a busy loop, every rank")
     p.add_argument("--mem-limit-mb", type=int, default=96, help="host_memory_pressure: the rank's memory limit")
     p.add_argument("--stop-after-windows", type=int, default=1)
     p.add_argument("--independent", action="store_true",
@@ -282,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
             threading.Event().wait()            # a read from storage that never returns
         if shard is not None:
             shard.read()                        # the samples' bytes come from this rank's shard
+        if args.decode_ms:                      # decoding and augmenting the samples: CPU work, no sleep
+            until = time.thread_time() + args.decode_ms / 1000
+            while time.thread_time() < until:
+                pass
         xs = torch.stack([x for x, _ in items])
         ys = torch.tensor([y for _, y in items])
         return xs, ys
