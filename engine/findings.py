@@ -79,7 +79,7 @@ def _factors(c: Conclusion, facts: list[Fact], slow: RankSlowness | None, analys
     if own and slow is not None:     # a job-wide cost beside the rank's own: the larger is what it costs
         excess = max(excess, slow.excess_step_ratio)
     consistency = next((float(x) for f in facts if (x := getattr(f, "consistency_ratio", None)) is not None), 1.0)
-    absolute = c.basis == "expected_range"
+    absolute = c.basis in ("expected_range", "absolute")
     return ConfidenceFactors(
         rule_ratio=c.rule_confidence, prior_rule_id=c.rule_id,
         # 0.5 at a 5% excess of a step, 1.0 from 25%: small deviations are closer to the noise
@@ -90,7 +90,9 @@ def _factors(c: Conclusion, facts: list[Fact], slow: RankSlowness | None, analys
         peer_group_ratio=1.0 if absolute else _peer_factor(valid, n),
         # missing ranks halve it at most: what the reporting ranks show is still evidence
         coverage_ratio=round(0.5 + 0.5 * coverage_ratio, 4),
-        peer_group=(g.reason if g else "no peer group") + ("; judged against the expected range" if absolute else ""),
+        peer_group=(g.reason if g else "no peer group") + {
+            "expected_range": "; judged against the expected range",
+            "absolute": "; judged on an absolute measurement, not on the peers' work"}.get(c.basis, ""),
         peer_group_valid=valid,
     )
 

@@ -47,9 +47,12 @@ class Emit(Strict):
     function: str | None = None          # "$alias.field" or a literal
     fix_template: str | None = None
     derive: dict[str, Any] | None = None  # {kind: <new fact kind>, field: value|$alias.field, ...}
-    # what the rule judges the rank against: its peers (default), or the expected range of a healthy step
-    # (single-rank evidence: the peer-group factor does not apply, the rule's own prior bounds it)
-    basis: Literal["peers", "expected_range"] = "peers"
+    # what the rule judges the rank against: its peers (default); the expected range of a healthy step
+    # (single-rank evidence); or an absolute measurement of something that is not the job's work (a
+    # foreign process's CPU in the rank's container, with the job's own history for the slowdown), which
+    # peers running different programs by design do not weaken. For the last two the peer-group factor
+    # does not apply; the rule's own prior bounds it
+    basis: Literal["peers", "expected_range", "absolute"] = "peers"
     # collector sources the conclusion depends on: where a suspect rank could not collect one of them
     # (an evidence_gap fact), its confidence is multiplied by missing_evidence_factor (0: it stands down)
     needs: list[str] = Field(default_factory=list)
