@@ -31,7 +31,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from eroica.collector.proc_sources import CLK_TCK
+from eroica.collector.proc_sources import stat_fields
 
 MAX_WORKERS = 32            # workers read per sample; a loader with more is read in part
 RESCAN_EVERY = 5            # reads between listings of the rank's children
@@ -135,8 +135,7 @@ class LoaderWorkers:
     def _one(self, w: int) -> tuple[str, str]:
         with open(f"/proc/{w}/stat") as fh:
             raw = fh.read()
-        f = raw[raw.rindex(")") + 2:].split()
-        state, majflt, cpu = f[0], float(f[9]), (float(f[11]) + float(f[12])) / CLK_TCK
+        state, _minflt, majflt, cpu = stat_fields(raw)
         with open(f"/proc/{w}/schedstat") as fh:
             wait = float(fh.read().split()[1])
         read_bytes = 0.0

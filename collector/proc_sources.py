@@ -78,11 +78,15 @@ class ProcStat:
         return self.parse(_read(self.path))
 
     def parse(self, raw: str) -> tuple[float, ...]:
-        fields = raw[raw.rindex(")") + 2 :].split()
-        # fields[0] is field 3 (state); minflt=10, majflt=12, utime=14, stime=15 (1-based)
-        minflt, majflt = float(fields[7]), float(fields[9])
-        cpu = (float(fields[11]) + float(fields[12])) / CLK_TCK
+        _state, minflt, majflt, cpu = stat_fields(raw)
         return cpu, minflt, majflt
+
+
+def stat_fields(raw: str) -> tuple[str, float, float, float]:
+    """A /proc/<pid>/stat line's state, minor and major faults, and CPU seconds (user + system)."""
+    fields = raw[raw.rindex(")") + 2 :].split()     # the name may hold spaces and parentheses
+    # fields[0] is field 3 (state); minflt=10, majflt=12, utime=14, stime=15 (1-based)
+    return fields[0], float(fields[7]), float(fields[9]), (float(fields[11]) + float(fields[12])) / CLK_TCK
 
 
 @dataclass
