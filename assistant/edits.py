@@ -76,6 +76,9 @@ def set_kwargs(call: cst.Call, values: dict[str, str], keep: Callable[[str, cst.
     kw_like = next((a for a in args if a.keyword is not None), None)
     if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
         sep = args[-2].comma
+        if isinstance(sep.whitespace_after, cst.ParenthesizedWhitespace):   # its line break, not its comment
+            sep = sep.with_changes(whitespace_after=sep.whitespace_after.with_changes(
+                first_line=cst.TrailingWhitespace(newline=sep.whitespace_after.first_line.newline)))
     else:
         sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
     tail = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
@@ -284,7 +287,9 @@ def gc_freeze(text: str, target: Candidate, gen0: int) -> str:
                 loop.with_changes(leading_lines=[])]
     if "gc.freeze()" in text:
         raise NotDrafted("the code already calls gc.freeze()")
-    kind = cst.While if target.text.startswith("while") else cst.For
+    head = target.text.lstrip()
+    kind = cst.While if head.startswith("while") else cst.For if head.startswith(("for ", "async for ")) \
+        else cst.SimpleStatementLine                   # a trainer's train()/fit() call runs the loop
     return ensure_imports(splice(text, target, kind, before), ["import gc"]).code
 
 

@@ -10,6 +10,7 @@ is counted as a wrong draft."""
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from eroica.assistant.backends import CODE_ACTIONS, Context, action_of, offline
-from eroica.assistant.gate import GateReport, Scope, check_diff, removed_lines, touched_files
+from eroica.assistant.gate import GateReport, Scope, check_diff, misplaced, removed_lines, touched_files
 from eroica.assistant.models import Remediation, load_remediations
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.evaluate import find_incidents
@@ -63,6 +64,23 @@ class Case:
 @dataclass
 class DraftEval:
     cases: list[Case] = field(default_factory=list)
+    diffs: set[tuple[str, str]] = field(default_factory=set)     # (repository, diff) of every draft made
+
+    def distinct(self) -> tuple[int, int, int]:
+        """Drafted and due (cause, function, repository) kinds: the same finding of several incidents
+        drafts the same change, counted once (right only when every one of them was); and how many
+        distinct diffs were drafted at all."""
+        kinds: dict[tuple[str, str | None, str], bool] = {}
+        for c in self.cases:
+            if c.verdict in ("drafted", "missed", "wrong"):
+                key = (c.cause, c.function, c.repo)
+                kinds[key] = kinds.get(key, True) and c.verdict == "drafted"
+        return sum(kinds.values()), len(kinds), len(self.diffs)
+
+    def reasons(self, verdict: str) -> Counter[str]:
+        """Why, by cause, for the cases of one verdict (the reason without the file and code it names)."""
+        return Counter(f"{c.cause}: " + (": ".join(c.detail.split(": ")[:2]).removesuffix(" (tests excluded)")[:110]
+                                         or "?") for c in self.cases if c.verdict == verdict)
 
     def counts(self) -> tuple[int, int, int, int]:
         should = [c for c in self.cases if c.verdict in ("drafted", "missed")]
@@ -117,14 +135,16 @@ def code_findings(incidents: Path) -> list[tuple[str, Finding, Remediation]]:
     return out
 
 
-def _inside(diff: str, span: Span) -> str | None:
+def _inside(diff: str, span: Span, repo: Path) -> str | None:
+    """Why the draft is not where the repository says the fix belongs: a deleted or rewritten line
+    outside the expected lines, or an added one (other than an import or helper in the header)."""
     files = touched_files(diff)
     if files != [span.file]:
         return f"touches {', '.join(files)} (expected {span.file})"
     bad = [(n, t) for _f, n, t in removed_lines(diff) if not span.line <= n <= span.end_line]
     if bad:
         return f"changes line {bad[0][0]} outside {span.file}:{span.line}-{span.end_line}"
-    return None
+    return misplaced(diff, repo, Scope(lines={span.file: [(span.line, span.end_line)]}))
 
 
 def evaluate(incidents: Path, repos_root: Path, validate: bool = True,
@@ -150,7 +170,7 @@ def evaluate(incidents: Path, repos_root: Path, validate: bool = True,
             progress(f"gate {len(gates)}/{len(unique)}: {repo.name} {hashlib.sha1(key[1].encode()).hexdigest()[:8]}")
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(gate, unique))
-    out = DraftEval()
+    out = DraftEval(diffs=set(unique))
     for inc, repo, f, span, diff, why in drafts:
         g: GateReport | None = gates.get((repo.name, diff)) if diff else None
         if span is None:
@@ -158,7 +178,7 @@ def evaluate(incidents: Path, repos_root: Path, validate: bool = True,
                 if diff else ("none", why)
         elif not diff:
             verdict, detail = "missed", why
-        elif (off := _inside(diff, span)) is not None:
+        elif (off := _inside(diff, span, repo.path)) is not None:
             verdict, detail = "wrong", off
         elif g is not None and g.refusal:
             verdict, detail = "missed", f"the gate refused it: {g.refusal}"
@@ -191,11 +211,16 @@ def table(ev: DraftEval) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     drafted, should, wrong, none = ev.counts()
+    kinds_ok, kinds, diffs = ev.distinct()
     lines += ["", "cells: drafts that target the right lines, apply, compile and pass the repository's validation / "
               "findings whose target exists there; '-': no target there, nothing drafted (correct)",
-              f"draft yield: {drafted}/{should}",
+              f"draft yield: {kinds_ok}/{kinds} distinct (cause, function, repository); {drafted}/{should} counting "
+              f"each incident's finding; {diffs} distinct diffs drafted",
               f"drafts touching anything else: {wrong}",
               f"no target, nothing drafted: {none}"]
+    for verdict, label in (("none", "nothing drafted, because"), ("missed", "missed, because"),
+                           ("wrong", "wrong, because")):
+        lines += [f"  {label}: {why} ({n})" for why, n in ev.reasons(verdict).most_common()]
     for c in ev.cases:
         if c.verdict in ("missed", "wrong"):
             lines.append(f"  {c.verdict}: {c.incident} {c.cause} ({c.function}) on {c.repo}: {c.detail[:200]}")

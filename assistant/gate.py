@@ -10,6 +10,8 @@ the timeout). Each check is recorded, and a rejection says which one failed."""
 
 from __future__ import annotations
 
+import ast
+import io
 import os
 import py_compile
 import re
@@ -18,6 +20,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tokenize
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +84,78 @@ def removed_lines(diff: str) -> list[tuple[str, int, str]]:
         elif line.startswith(" ") or line == "":
             old += 1
     return out
+
+
+def added_lines(diff: str) -> list[tuple[str, int, str]]:
+    """(file, the old line it follows (0: the top), text) of every line the diff adds."""
+    out, rel, old = [], "", 0
+    for line in diff.splitlines():
+        if line.startswith("--- "):
+            rel = line[4:].split("\t")[0].strip().removeprefix("a/")
+        elif line.startswith("+++ "):
+            continue
+        elif (m := HUNK.match(line)) is not None:
+            old = int(m.group(1)) - (0 if m.group(2) == "0" else 1)   # `-N,0`: the insertion follows line N
+        elif line.startswith("+"):
+            out.append((rel, old, line[1:]))
+        elif line.startswith(("-", " ")) or line == "":
+            old += 1
+    return out
+
+
+HEADER_LINE = re.compile(r"^(import \S|from \S+ import |_\w+\s*(:\s*[\w\[\]., ]+)?\s*=|\s*$|#)")
+
+
+def header_end(text: str) -> int:
+    """The last line of a module's header: its docstring and top-level imports (0 when none)."""
+    try:
+        body = ast.parse(text).body
+    except SyntaxError:
+        return 0
+    end = 0
+    for i, node in enumerate(body):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or (
+                i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+            end = node.end_lineno or node.lineno
+        elif not isinstance(node, (ast.Assign, ast.AnnAssign)):   # module constants may sit between imports
+            break
+    return end
+
+
+def misplaced(diff: str, repo: Path, scope: Scope) -> str | None:
+    """Why an added line sits where the evidence did not reach, or copies a comment; None when none does.
+    An added line must follow a line of the located target (or the line just before it), or be an import
+    or a module-level helper in the file's header; a comment of the file's that it carries must come
+    from a line the draft rewrites (the draft's own comments are new)."""
+    texts: dict[str, str] = {}
+    known: dict[str, set[str]] = {}          # each file's comments before the draft
+    removed = Counter(c for _f, _n, t in removed_lines(diff) if (c := _comment(t)))
+    added_comments: Counter[str] = Counter()
+    for rel, after, text in added_lines(diff):
+        if rel not in texts:
+            texts[rel] = (repo / rel).read_text() if (repo / rel).is_file() else ""
+            known[rel] = _comments(texts[rel])
+        if not (scope.allows(rel, after) or scope.allows(rel, after + 1)
+                or (after <= header_end(texts[rel]) and HEADER_LINE.match(text))):
+            return f"the draft adds a line outside the located target, after {rel}:{after}: {text.strip()[:80]!r}"
+        if (c := _comment(text)) and c in known[rel]:
+            added_comments[c] += 1
+            if added_comments[c] > removed[c]:
+                return f"the draft copies the comment {c!r} onto a new line in {rel} (after line {after})"
+    return None
+
+
+def _comments(text: str) -> set[str]:
+    return {c for line in text.splitlines() if "#" in line and (c := _comment(line))}
+
+
+def _comment(line: str) -> str:
+    """A line's comment (after `#` outside a string), stripped; '' when it has none."""
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return ""
+    return next((t.string.lstrip("#").strip() for t in toks if t.type == tokenize.COMMENT), "")
 
 
 def scratch_copy(repo: Path, into: Path) -> tuple[Path, dict[str, Path]]:
@@ -148,6 +224,10 @@ def check_diff(diff: str, repo: Path, scope: Scope, validate: str | None = None,
         return r.fail(f"the draft deletes or rewrites {len(outside)} line(s) outside the located target, "
                       f"first {f}:{n} {t.strip()[:80]!r}")
     r.checks.append("deletes or rewrites lines only inside the located target")
+    where = misplaced(diff, repo, scope)
+    if where is not None:
+        return r.fail(where)
+    r.checks.append("adds lines only inside the located target or to the file's imports, copying no comment")
     with tempfile.TemporaryDirectory(prefix="eroica-gate-") as tmp:
         work, big = scratch_copy(repo, Path(tmp))
         patch = Path(tmp) / "draft.diff"

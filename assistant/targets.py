@@ -197,7 +197,24 @@ def loop(repo: Path, f: Finding) -> Target:
         held = collect(repo, lambda n, _d: isinstance(n, (cst.For, cst.While)))
         outer += [c for c in held if c not in outer and any(c.file == r and c.line <= ln <= c.end_line
                                                               for r, ln in frames)]
-    return choose("loop", outer, frames, "training loop", outermost=True)
+    if outer:
+        return choose("loop", outer, frames, "training loop", outermost=True)
+    # no loop of the user's: a framework's trainer runs it (`trainer.train()`, `trainer.fit(...)`): the
+    # statement that starts it is where the code before the loop goes
+    runs = collect(repo, lambda n, _d: isinstance(n, cst.SimpleStatementLine) and _starts_trainer(n), "rainer")
+    return choose("loop", runs, frames, "training loop (or trainer.train()/fit() call)")
+
+
+TRAINER_RUN = re.compile(r"\b\w*[Tt]rainer\b.*\.(train|fit)\(")
+
+
+def _starts_trainer(stmt: cst.SimpleStatementLine) -> bool:
+    """One call statement on a trainer: `trainer.fit(model)`, `Trainer(...).train()`, `pl.Trainer(...).fit(m)`."""
+    if len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Expr) or not isinstance(stmt.body[0].value, cst.Call):
+        return False
+    call = stmt.body[0].value
+    return (isinstance(call.func, cst.Attribute) and call.func.attr.value in ("train", "fit")
+            and TRAINER_RUN.search(cst.Module([]).code_for_node(call)) is not None)
 
 
 def anomaly(repo: Path, f: Finding) -> Target:

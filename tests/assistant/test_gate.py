@@ -77,6 +77,10 @@ CORPUS = [
     ("an AWS key", draft(LOOP, LOOP + "        k = 'AKIAABCDEFGHIJKLMNOP'\n"), "secret"),
     ("a deleted line outside the target", draft("        return pickle.load(fh)\n", "        return None\n"),
      "outside the located target"),
+    ("a line added outside the target", draft("def resume(path):\n", "def resume(path):\n    print(path)\n"),
+     "adds a line outside the located target"),
+    ("a comment copied onto a new line", draft(LOOP, LOOP + "        opt.zero_grad()  # used by the resume path\n"),
+     "copies the comment 'used by the resume path'"),
     ("a test file", unified_diff("tests/test_train.py", "a\n", "b\n"), "evidence does not reach"),
     ("another file", unified_diff("README.md", "", "x\n"), "evidence does not reach"),
     ("not a diff", "replace line 16 with opt.step()", "not a unified diff"),
@@ -90,6 +94,16 @@ def test_every_dangerous_or_wrong_draft_is_rejected_with_its_reason(repo: Path, 
     r = check_diff(diff, repo, SCOPE, validate="true")
     assert r.refusal is not None and reason in r.refusal, (name, r.refusal)
     assert (repo / "train.py").read_text() == TRAIN                        # never the user's checkout
+
+
+def test_an_import_at_the_top_and_a_rewritten_lines_own_comment_may_be_added(repo: Path) -> None:
+    diff = unified_diff("train.py", TRAIN, TRAIN.replace("import os\n", "import gc\nimport os\n").replace(
+        "        opt.step()\n", "        opt.step()  # one step\n        gc.collect()  # eroica draft: here\n"))
+    r = check_diff(diff, repo, SCOPE, validate="true")
+    assert r.refusal is None and any("copying no comment" in c for c in r.checks), r.refusal
+    moved = unified_diff("train.py", TRAIN, TRAIN.replace("import pickle  # used by the resume path\n",
+                                                          "import pickle  # used by the resume path, kept\n"))
+    assert "outside the located target" in str(check_diff(moved, repo, SCOPE, validate="true").refusal)
 
 
 def test_what_was_already_there_may_stay(repo: Path) -> None:

@@ -80,3 +80,14 @@ def test_a_site_whose_absolute_path_exists_elsewhere_resolves_inside_the_reposit
     repo.mkdir()
     (repo / "train.py").write_text("x = 1\n")
     assert targets.resolve_site(repo, f"{original}:1 < /nowhere/else.py:3") == [("train.py", 1)]
+
+
+def test_new_loader_arguments_copy_no_neighbours_comment() -> None:
+    from eroica.assistant.edits import loader_kwargs
+    from eroica.assistant.targets import Candidate
+
+    text = ("from torch.utils.data import DataLoader\ndef make(ds):\n    return DataLoader(ds,\n"
+            "                      batch_size=8,  # small\n                      shuffle=True)  # every epoch\n")
+    out = loader_kwargs(text, Candidate("t.py", 3, 5, "return DataLoader("), 4, 4, False)
+    assert out.count("# small") == 1 and out.count("# every epoch") == 1, out
+    assert "shuffle=True,\n" in out and "persistent_workers=True)  # every epoch" in out, out

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-import eroica
+from eroica.collector import Monitor
 
 
 def build_loader(n: int = 256) -> DataLoader:
@@ -32,7 +32,7 @@ def main(epochs: int = 1) -> None:
     dist.init_process_group("gloo")
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    mon = eroica.Monitor("runs/plain")
+    mon = Monitor("runs/plain")
     step = 0
     for _ in range(epochs):
         for x, y in mon.wrap_loader(build_loader()):
