@@ -14,7 +14,7 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from eroica.assistant.targets import Candidate, callee, dotted
+from eroica.assistant.targets import Candidate, callee
 
 
 class NotDrafted(Exception):
@@ -129,40 +129,20 @@ def loader_kwargs(text: str, target: Candidate, workers: int, prefetch: int, pin
 
 
 def balanced_sampler(text: str, target: Candidate) -> str:
-    """Every rank the same number of samples: a DistributedSampler with drop_last on the loader."""
+    """The same work per rank per step: a Trainer buckets its samples by length. At the same batch size a
+    rank with more work per step holds longer (or bigger) samples, so equalizing sample counts
+    (DistributedSampler, drop_last) would change nothing; for a plain DataLoader a person chooses the
+    bucketing (a length-grouped batch sampler, a token budget per batch): nothing is drafted."""
     def fix(n: cst.CSTNode) -> cst.CSTNode:
         assert isinstance(n, cst.Call)
-        if callee(n) == "TrainingArguments":   # the Trainer builds the sampler: bucket by length there
-            kv = ("train_sampling_strategy", '"group_by_length"') if _transformers_major() >= 5 else \
-                ("group_by_length", "True")
-            return set_kwargs(n, dict([kv]), lambda k, o: kv[1])
-        kw = {a.keyword.value: a for a in n.args if a.keyword is not None}
-        sampler = kw.get("sampler") or kw.get("batch_sampler")
-        if sampler is not None:
-            s = sampler.value
-            if isinstance(s, cst.Call) and callee(s) == "DistributedSampler":
-                if any(a.keyword is not None and a.keyword.value == "drop_last" for a in s.args):
-                    raise NotDrafted("the loader's DistributedSampler already drops the uneven tail: the imbalance "
-                                     "is in the samples' sizes (bucket them by length), which a person must choose")
-                return n.with_changes(args=[a.with_changes(value=set_kwargs(s, {"drop_last": "True"},
-                                                                            lambda k, o: None))
-                                            if a is sampler else a for a in n.args])
-            raise NotDrafted(f"the loader already has a custom sampler ({dotted(s) or 'an expression'})")
-        dataset = kw["dataset"].value if "dataset" in kw else next((a.value for a in n.args if a.keyword is None), None)
-        if dataset is None:
-            raise NotDrafted("the loader's dataset argument was not found")
-        shuffle = kw.get("shuffle")
-        ds = cst.Module([]).code_for_node(dataset)
-        random = shuffle is not None and dotted(shuffle.value) == "True"
-        on = "torch.distributed.is_initialized()"
-        if random:   # the sampler shuffles when distributed; DataLoader refuses shuffle=True beside a sampler
-            n = n.with_changes(args=[a.with_changes(value=cst.parse_expression(f"not {on}")) if a is shuffle else a
-                                     for a in n.args])
-        return set_kwargs(n, {"sampler": f"torch.utils.data.distributed.DistributedSampler({ds}"
-                                         f"{', shuffle=True' if random else ''}, drop_last=True) if {on} else None"},
-                          lambda k, o: None)
-    module = edit_at(text, target, cst.Call, fix)
-    return module.code if "TrainingArguments" in target.text else ensure_imports(module, ["import torch"]).code
+        if callee(n) != "TrainingArguments":
+            raise NotDrafted("at the same batch size, a rank with more work per step holds longer or bigger samples: "
+                             "equal sample counts (DistributedSampler, drop_last) would not balance them; bucket "
+                             "the samples by length or cap the tokens per batch, which a person must choose")
+        kv = ("train_sampling_strategy", '"group_by_length"') if _transformers_major() >= 5 else \
+            ("group_by_length", "True")
+        return set_kwargs(n, dict([kv]), lambda k, o: kv[1])
+    return edit_at(text, target, cst.Call, fix).code
 
 
 def _transformers_major() -> int:

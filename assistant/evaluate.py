@@ -10,6 +10,7 @@ is counted as a wrong draft."""
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +28,8 @@ from eroica.engine.rules.loader import builtin_knowledge_dir
 from eroica.schema.diagnosis import Finding
 
 EVAL_FILE = "eroica-eval.yaml"
-FAKE_ROOT = "/home/ci/checkouts"     # the sites as a collector on another machine records them (absolute)
+FAKE_ROOT = "/home/ci/checkouts"
+WHERE = re.compile(r"^\S+:\d+ `[^`]*`: ")     # the sites as a collector on another machine records them (absolute)
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,10 @@ class DraftEval:
 
     def reasons(self, verdict: str) -> Counter[str]:
         """Why, by cause, for the cases of one verdict (the reason without the file and code it names)."""
-        return Counter(f"{c.cause}: " + (": ".join(c.detail.split(": ")[:2]).removesuffix(" (tests excluded)")[:110]
-                                         or "?") for c in self.cases if c.verdict == verdict)
+        def why(detail: str) -> str:
+            detail = WHERE.sub("", detail)             # "train.py:8 `return DataLoader(`: ..." names a place
+            return ": ".join(detail.split(": ")[:2]).removesuffix(" (tests excluded)")[:110] or "?"
+        return Counter(f"{c.cause}: {why(c.detail)}" for c in self.cases if c.verdict == verdict)
 
     def counts(self) -> tuple[int, int, int, int]:
         should = [c for c in self.cases if c.verdict in ("drafted", "missed")]

@@ -91,3 +91,19 @@ def test_new_loader_arguments_copy_no_neighbours_comment() -> None:
     out = loader_kwargs(text, Candidate("t.py", 3, 5, "return DataLoader("), 4, 4, False)
     assert out.count("# small") == 1 and out.count("# every epoch") == 1, out
     assert "shuffle=True,\n" in out and "persistent_workers=True)  # every epoch" in out, out
+
+
+def test_a_length_imbalance_never_gets_drop_last_and_a_trainer_buckets_by_length() -> None:
+    import pytest
+
+    from eroica.assistant.edits import NotDrafted, balanced_sampler
+    from eroica.assistant.targets import Candidate
+
+    loader = ("from torch.utils.data import DataLoader\ndef make(d, s):\n"
+              "    return DataLoader(d, batch_size=1, sampler=s)\n")
+    with pytest.raises(NotDrafted, match="bucket the samples by length"):
+        balanced_sampler(loader, Candidate("t.py", 3, 3, "return DataLoader("))
+    args = ("from transformers import TrainingArguments\ndef a():\n"
+            "    return TrainingArguments(output_dir='o')\n")
+    out = balanced_sampler(args, Candidate("t.py", 3, 3, "return TrainingArguments("))
+    assert "group_by_length" in out and "drop_last" not in out
