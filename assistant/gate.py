@@ -68,26 +68,9 @@ def touched_files(diff: str) -> list[str]:
     return out
 
 
-def removed_lines(diff: str) -> list[tuple[str, int, str]]:
-    """(file, old line number, text) of every line the diff deletes or rewrites."""
-    out, rel, old = [], "", 0
-    for line in diff.splitlines():
-        if line.startswith("--- "):
-            rel = line[4:].split("\t")[0].strip().removeprefix("a/")
-        elif line.startswith("+++ "):
-            continue
-        elif (m := HUNK.match(line)) is not None:
-            old = int(m.group(1))
-        elif line.startswith("-"):
-            out.append((rel, old, line[1:]))
-            old += 1
-        elif line.startswith(" ") or line == "":
-            old += 1
-    return out
-
-
-def added_lines(diff: str) -> list[tuple[str, int, str]]:
-    """(file, the old line it follows (0: the top), text) of every line the diff adds."""
+def _hunk_lines(diff: str) -> list[tuple[str, str, int, str]]:
+    """(sign, file, the last old line before it (0: the top), text) of every removed ('-') and added
+    ('+') line of a unified diff."""
     out, rel, old = [], "", 0
     for line in diff.splitlines():
         if line.startswith("--- "):
@@ -97,10 +80,23 @@ def added_lines(diff: str) -> list[tuple[str, int, str]]:
         elif (m := HUNK.match(line)) is not None:
             old = int(m.group(1)) - (0 if m.group(2) == "0" else 1)   # `-N,0`: the insertion follows line N
         elif line.startswith("+"):
-            out.append((rel, old, line[1:]))
-        elif line.startswith(("-", " ")) or line == "":
+            out.append(("+", rel, old, line[1:]))
+        elif line.startswith("-"):
+            out.append(("-", rel, old, line[1:]))
+            old += 1
+        elif line.startswith(" ") or line == "":
             old += 1
     return out
+
+
+def removed_lines(diff: str) -> list[tuple[str, int, str]]:
+    """(file, old line number, text) of every line the diff deletes or rewrites."""
+    return [(rel, after + 1, text) for sign, rel, after, text in _hunk_lines(diff) if sign == "-"]
+
+
+def added_lines(diff: str) -> list[tuple[str, int, str]]:
+    """(file, the old line it follows (0: the top), text) of every line the diff adds."""
+    return [(rel, after, text) for sign, rel, after, text in _hunk_lines(diff) if sign == "+"]
 
 
 HEADER_LINE = re.compile(r"^(import \S|from \S+ import |_\w+\s*(:\s*[\w\[\]., ]+)?\s*=|\s*$|#)")
