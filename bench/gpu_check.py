@@ -24,11 +24,12 @@ import time
 from pathlib import Path
 
 HOG = r"""
-import torch, time
+import pathlib, sys, time, torch
 a = torch.randn(8192, 8192, device="cuda"); b = torch.randn(8192, 8192, device="cuda")
 t0 = time.time()
-while time.time() - t0 < float(__import__("sys").argv[1]):
+while time.time() - t0 < float(sys.argv[1]):
     (a @ b).sum().item()
+    pathlib.Path(sys.argv[2]).touch()    # running
 """
 
 
@@ -100,9 +101,12 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = [loop(args.out, "healthy", device, args.steps), loop(args.out, "pinned", device, args.steps)]
     if device == "cuda":
-        hog = subprocess.Popen([sys.executable, "-c", HOG, "120"])
+        ready = args.out / "hog.running"
+        hog = subprocess.Popen([sys.executable, "-c", HOG, "120", str(ready)])
         try:
-            time.sleep(5)                 # the co-located workload is running
+            deadline = time.monotonic() + 60
+            while not ready.exists() and time.monotonic() < deadline and hog.poll() is None:
+                time.sleep(0.2)           # until the co-located workload runs its products
             results.append(loop(args.out, "contended", device, args.steps))
         finally:
             hog.kill()

@@ -32,14 +32,22 @@ def decode_throttle_reasons(mask: int) -> list[str]:
 
 
 def gpu_index_for_rank() -> int:
-    """The NVML index of this rank's GPU: LOCAL_RANK mapped through CUDA_VISIBLE_DEVICES."""
+    """The NVML index of this rank's GPU: LOCAL_RANK mapped through CUDA_VISIBLE_DEVICES (ranks past
+    the visible devices share them in turn, as `jobinfo.device_of` names them)."""
     local = int(os.environ.get("LOCAL_RANK", 0))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
-        ids = [v for v in visible.split(",") if v.strip()]
-        if local < len(ids) and ids[local].strip().isdigit():
-            return int(ids[local])
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        if ids and ids[local % len(ids)].isdigit():
+            return int(ids[local % len(ids)])
     return local
+
+
+def device_handle(nvml: Any, index: int) -> Any:
+    """The NVML handle of GPU `index`, taken modulo the GPUs the driver lists: more ranks than GPUs on
+    a host (two ranks sharing one GPU) read the GPU they share, never a missing index."""
+    count = int(nvml.nvmlDeviceGetCount())
+    return nvml.nvmlDeviceGetHandleByIndex(index % count if count > 0 else index)
 
 
 @dataclass
@@ -56,7 +64,7 @@ class NvmlSource:
     def __post_init__(self) -> None:
         n = self.nvml
         n.nvmlInit()
-        self.handle = n.nvmlDeviceGetHandleByIndex(self.index)
+        self.handle = device_handle(n, self.index)
         probes = {
             "gpu_sm_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM),
             "gpu_mem_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_MEM),
@@ -109,7 +117,7 @@ class NvlinkSource:
     def __post_init__(self) -> None:
         n = self.nvml
         n.nvmlInit()
-        self.handle = n.nvmlDeviceGetHandleByIndex(self.index)
+        self.handle = device_handle(n, self.index)
         self.links: list[int] = []
         for link in range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18))):
             try:
@@ -154,7 +162,7 @@ class XidSource:
     def __post_init__(self) -> None:
         n = self.nvml
         n.nvmlInit()
-        self.handle = n.nvmlDeviceGetHandleByIndex(self.index)
+        self.handle = device_handle(n, self.index)
         self.events = n.nvmlEventSetCreate()
         n.nvmlDeviceRegisterEvents(self.handle, n.nvmlEventTypeXidCriticalError, self.events)
         self.last = 0.0
@@ -273,6 +281,9 @@ class ReplayNvml:
 
     def nvmlInit(self) -> None:  # noqa: N802 (pynvml's names)
         pass
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return 1                          # a replay is one recorded GPU
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
         return index

@@ -1,5 +1,9 @@
 """NVML through the sampler interface: a REPLAY of recorded samples on CPU machines; real NVML on GPUs."""
 
+import json
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -146,3 +150,41 @@ def test_an_nvml_error_other_than_a_timeout_is_raised_to_the_sampler() -> None:
     s.start()
     s.stop()
     assert any(g.source == "xid" and "read failed" in g.reason for g in s.gaps)
+
+
+def test_ranks_past_the_gpus_read_the_gpu_they_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    from eroica.collector.nvml import gpu_index_for_rank
+
+    assert NvmlSource(ReplayNvml(RECORDED), 3).handle == 0      # four ranks on a one-GPU host
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    assert gpu_index_for_rank() == 5
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1a2b")           # UUIDs: the local rank, modulo at open
+    assert gpu_index_for_rank() == 3
+
+
+H200 = json.loads((Path(__file__).parents[2] / "data" / "nvml" / "h200.json").read_text())
+
+
+def _summary(samples: list[dict], seconds: float = 0.05):  # type: ignore[no-untyped-def,type-arg]
+    s = HardwareSampler([NvmlSource(ReplayNvml(samples), 0)], 0.002, capacity=200)
+    s.start()
+    time.sleep(seconds)
+    return hardware_summary(s.stop(), seconds)
+
+
+def test_a_real_h200_recording_replays_through_the_live_source() -> None:
+    """REPLAY of what NVML answered on an NVIDIA H200 (bench/nvml_record.py, driver 580.159.04): every
+    field the source asks for is there, and the GPU parking its SM clock at 345 MHz while idle sets
+    only the idle reason, which is not throttling."""
+    samples = H200["samples"]
+    src = NvmlSource(ReplayNvml(samples), 0)
+    assert src.unavailable == [] and len(src.columns) == 16
+    load = _summary([x for x in samples if x["phase"] == "load"])
+    assert load.gpu["gpu_sm_clock_mhz"] == 1980 and load.gpu["gpu_util_ratio"] > 0.8
+    assert load.gpu["gpu_throttled_sample_ratio"] == 0.0 and load.gpu["gpu_pcie_width"] == 16
+    parked = [x for x in samples if x["gpu_sm_clock_mhz"] < 1000]
+    assert parked and {x["gpu_throttle_mask"] for x in parked} <= {0, 1}
+    idle = _summary(parked)
+    assert idle.gpu["gpu_sm_clock_mhz"] < 400 and idle.gpu["gpu_throttled_sample_ratio"] == 0.0
+    assert decode_throttle_reasons(1) == ["gpu_idle"]
