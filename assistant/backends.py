@@ -82,10 +82,41 @@ class Context:
         return Scope(lines={t.found.file: [(t.found.line, t.found.end_line)]}, keys=frozenset(keys))
 
 
+SATURATED = 0.8      # data.loader-saturated: workers busy this share of their time have no headroom left
+BLOCKED = 0.3        # a share of the workers' time in D state or in the run queue that names another cause
+
+
+def more_workers(f: Finding) -> tuple[str | None, str]:
+    """May a loader get more workers? (refusal or None, the evidence that decided). A loader whose
+    workers were sampled already runs in parallel: more workers help only when they have no headroom
+    left and are not held by the disk or by CPUs they share."""
+    sig = {s.signal: s.value for s in f.signals}
+    busy = sig.get("loader_worker_busy_ratio")
+    if busy is None:
+        return None, "no loader workers were sampled on the rank: it loads its batches in the training process"
+    io, rq = sig.get("loader_worker_io_wait_ratio", 0.0), sig.get("loader_worker_runqueue_wait_ratio", 0.0)
+    said = (f"its loader workers are busy {busy:.0%} of their time, in D state {io:.0%}, waiting for a CPU "
+            f"{rq:.0%}")
+    if io >= BLOCKED:
+        return f"{said}: more workers would queue more reads on the same device (a storage problem)", said
+    if rq >= BLOCKED:
+        return f"{said}: more workers would crowd the CPUs they already wait for (contention)", said
+    if busy < SATURATED:
+        return (f"{said}: the loader is already parallel and its workers have headroom, so more of them would "
+                "wait too; the rank waits elsewhere in its input pipeline (collate, transfer, its own process)"), said
+    return None, said
+
+
 def _code(ctx: Context, rem: Remediation, action: CodeAction) -> Proposal:
     t, repo = ctx.target, ctx.repo
     if repo is None:
         return Proposal(kind="none", rationale="no repository given (--repo): the code cannot be drafted")
+    evidence = ""
+    if ctx.action == "dataloader_kwargs":
+        refused, evidence = more_workers(ctx.finding)
+        if refused is not None:
+            return Proposal(kind="none", rationale=f"no more loader workers: {refused}")
+        evidence = f" Evidence: {evidence}."
     if t is None or t.found is None:
         return Proposal(kind="none", rationale=f"no target: {t.why if t else 'nothing located'}")
     c, p = t.found, rem.params
@@ -96,7 +127,7 @@ def _code(ctx: Context, rem: Remediation, action: CodeAction) -> Proposal:
         return Proposal(kind="none", rationale=f"{c}: {exc}")
     if new == text:
         return Proposal(kind="none", rationale=f"{c}: already as the fix would make it")
-    return Proposal(kind="diff", rationale=f"{rem.title}. Target: {c} ({t.why}).",
+    return Proposal(kind="diff", rationale=f"{rem.title}. Target: {c} ({t.why}).{evidence}",
                     diff=edits.unified_diff(c.file, text, new))
 
 

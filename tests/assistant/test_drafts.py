@@ -195,3 +195,29 @@ def test_the_cli_drafts_and_says_nothing_was_applied(tmp_path: Path, capsys) -> 
     assert main(["draft", str(tmp_path / "missing.json"), "-o", str(tmp_path / "o2")]) == 2
     assert "no such file" in capsys.readouterr().out
     assert main(["draft", str(dj), "--backend", "openai", "-o", str(tmp_path / "o3")]) == 2
+
+
+def test_a_loader_that_is_already_parallel_never_gets_more_workers(tmp_path: Path) -> None:
+    """More workers only where the workers the rank already runs have no headroom left and are held
+    neither by the disk nor by CPUs they wait for; the evidence that decided is in the change request."""
+    from eroica.assistant.backends import more_workers
+    from eroica.schema.diagnosis import SignalComparison
+
+    diagnosis = diagnose(ROOT / "incidents" / "INC-0047" / "patterns", OPTS)     # a stalled loader worker
+    (f,) = [f for w in diagnosis.windows for f in w.findings if f.root_cause == "dataloader_stall"][:1]
+    assert more_workers(f)[0] is None                                          # busy 100%, not blocked
+    outcomes = draft_all(diagnosis, tmp_path / "out", repo(tmp_path))
+    (o,) = [o for o in outcomes if o.finding.startswith("dataloader_stall")][:1]
+    assert o.kind == "code" and "its loader workers are busy 100% of their time" in \
+        (Path(o.directory) / "change_request.md").read_text()
+
+    def signals(**ratios: float):  # type: ignore[no-untyped-def]
+        return f.model_copy(update={"signals": [SignalComparison(signal=f"loader_worker_{k}_ratio", value=v,
+                                                                 peer_median=0.0, peer_p10=0.0, peer_p90=0.0)
+                                                for k, v in ratios.items()]})
+
+    assert "already parallel" in (more_workers(signals(busy=0.5))[0] or "")
+    assert "same device" in (more_workers(signals(busy=1.0, io_wait=0.9))[0] or "")
+    assert "crowd the CPUs" in (more_workers(signals(busy=0.9, runqueue_wait=0.4))[0] or "")
+    assert more_workers(f.model_copy(update={"signals": []})) == (
+        None, "no loader workers were sampled on the rank: it loads its batches in the training process")
