@@ -27,30 +27,46 @@ def unified_diff(rel: str, before: str, after: str) -> str:
 
 
 class _At(cst.CSTTransformer):
-    """Calls `fn` on the node of type `kind` that starts on `line`; records whether it did."""
+    """Calls `fn` on the outermost node of type `kind` that starts on `line` and that `accept`s; records
+    whether it did. (Outermost: `DataLoader(TensorDataset(torch.randn(...)))` starts three calls on one
+    line; `accept` names the one the evidence located.)"""
 
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, kind: type, line: int, fn: Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel]) -> None:
+    def __init__(self, kind: type, line: int, fn: Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel],
+                 accept: Callable[[cst.CSTNode], bool]) -> None:
         super().__init__()
-        self.kind, self.line, self.fn, self.done = kind, line, fn, False
+        self.kind, self.line, self.fn, self.accept, self.done = kind, line, fn, accept, False
+        self.chosen: cst.CSTNode | None = None
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if (self.chosen is None and isinstance(node, self.kind) and self.accept(node)
+                and self.get_metadata(PositionProvider, node).start.line == self.line):
+            self.chosen = node
+        return super().on_visit(node)
 
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> Any:
         out = super().on_leave(original, updated)
-        if (not self.done and isinstance(original, self.kind)
-                and self.get_metadata(PositionProvider, original).start.line == self.line):
+        if original is self.chosen:
             self.done = True
             return self.fn(updated)
         return out
 
 
-def edit_at(text: str, target: Candidate, kind: type, fn: Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel]
-            ) -> cst.Module:
-    t = _At(kind, target.line, fn)
+def edit_at(text: str, target: Candidate, kind: type, fn: Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel],
+            accept: Callable[[cst.CSTNode], bool] = lambda _n: True) -> cst.Module:
+    t = _At(kind, target.line, fn, accept)
     module = MetadataWrapper(cst.parse_module(text)).visit(t)
     if not t.done:
         raise NotDrafted(f"{target}: the {kind.__name__} the evidence names is not on that line any more")
     return module
+
+
+LOADER_CALLS = ("DataLoader", "TrainingArguments")
+
+
+def _loader_call(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Call) and callee(node) in LOADER_CALLS
 
 
 def _arg(name: str, value: str, like: cst.Arg | None) -> cst.Arg:
@@ -125,7 +141,8 @@ def loader_kwargs(text: str, target: Candidate, workers: int, prefetch: int, pin
               names["persistent_workers"]: "True"}
     if pin:
         values[names["pin_memory"]] = "True"
-    return edit_at(text, target, cst.Call, lambda n: set_kwargs(n, values, keep)).code   # type: ignore[arg-type]
+    return edit_at(text, target, cst.Call, lambda n: set_kwargs(n, values, keep),  # type: ignore[arg-type]
+                   _loader_call).code
 
 
 def balanced_sampler(text: str, target: Candidate) -> str:
@@ -142,7 +159,7 @@ def balanced_sampler(text: str, target: Candidate) -> str:
         kv = ("train_sampling_strategy", '"group_by_length"') if _transformers_major() >= 5 else \
             ("group_by_length", "True")
         return set_kwargs(n, dict([kv]), lambda k, o: kv[1])
-    return edit_at(text, target, cst.Call, fix).code
+    return edit_at(text, target, cst.Call, fix, _loader_call).code
 
 
 def _transformers_major() -> int:

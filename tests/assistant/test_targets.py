@@ -93,6 +93,19 @@ def test_new_loader_arguments_copy_no_neighbours_comment() -> None:
     assert "shuffle=True,\n" in out and "persistent_workers=True)  # every epoch" in out, out
 
 
+def test_the_loader_arguments_go_on_the_loader_not_a_call_inside_it() -> None:
+    """`DataLoader(TensorDataset(torch.randn(...)))` starts three calls on one line: the draft once gave
+    `torch.randn` the workers (it compiled, and a validation that never built the loader passed it)."""
+    from eroica.assistant.edits import loader_kwargs
+    from eroica.assistant.targets import Candidate
+
+    text = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\ndef make():\n"
+            "    return DataLoader(TensorDataset(torch.randn(8, 4)),\n                      batch_size=2)\n")
+    out = loader_kwargs(text, Candidate("t.py", 4, 5, "return DataLoader("), 4, 4, False)
+    assert "torch.randn(8, 4))," in out and "batch_size=2,\n                      num_workers=4," in out, out
+    compile(out, "t.py", "exec")
+
+
 def test_a_length_imbalance_never_gets_drop_last_and_a_trainer_buckets_by_length() -> None:
     import pytest
 

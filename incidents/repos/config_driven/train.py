@@ -20,11 +20,15 @@ def build(cfg: dict):
     return loader, model
 
 
-def main() -> None:
+def main(max_steps: int | None = None) -> int:
     loader, model = build(load_config())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = 0
     while True:
         for (x,) in loader:
             model(x).sum().backward()
             opt.step()
             opt.zero_grad()
+            step += 1
+            if max_steps is not None and step >= max_steps:
+                return step
