@@ -27,8 +27,16 @@ THROTTLE_REASONS = {
 }
 
 
+IDLE_REASON = 0x1     # an idle GPU parks its clocks: set on every healthy GPU between kernels
+
+
 def decode_throttle_reasons(mask: int) -> list[str]:
     return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+
+
+def throttled(mask: int) -> bool:
+    """A reason other than idling holds the clocks down (an H200 at 345 MHz between jobs sets only 0x1)."""
+    return bool(mask & ~IDLE_REASON)
 
 
 def gpu_index_for_rank() -> int:

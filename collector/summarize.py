@@ -8,6 +8,7 @@ from typing import cast
 import numpy as np
 
 from eroica.collector.critical import Execution, attribute, metric_by_key, per_step_critical
+from eroica.collector.nvml import throttled
 from eroica.collector.sampler import SampleSeries
 from eroica.schema.patterns import (
     PER_STEP_SIGNALS,
@@ -142,7 +143,7 @@ def hardware_summary(series: SampleSeries | None, wall_s: float) -> HardwareSumm
             for x in ok:
                 mask |= int(x)
             gpu[c] = float(mask)
-            gpu["gpu_throttled_sample_ratio"] = round(float(np.mean([(int(x) & ~0x1) != 0 for x in ok])), 4)
+            gpu["gpu_throttled_sample_ratio"] = round(float(np.mean([throttled(int(x)) for x in ok])), 4)
         else:
             gpu[c] = round(float(ok.mean()), 3)
             gpu[c.replace("gpu_", "gpu_std_", 1)] = round(float(ok.std()), 3)

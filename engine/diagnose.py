@@ -20,8 +20,7 @@ from eroica.engine.report_data import enrich, heatmap, step_series
 from eroica.engine.rules.ir import RuleIR
 from eroica.engine.rules.loader import builtin_knowledge_dir, load_overrides, load_rules, rule_files
 from eroica.engine.rules.runner import evaluate
-from eroica.engine.taxonomy import (  # noqa: F401  (re-exported: the CLI and the service read them here)
-    CoverageFloor,
+from eroica.engine.taxonomy import (
     Resolution,
     TaxonomyEntry,
     load_coverage_floor,

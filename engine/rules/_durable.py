@@ -1,6 +1,6 @@
 """The only module that imports durable_rules: RuleIR -> a JSON ruleset on a private host.
 
-Absorbs the engine's traps (see shared docs, durable-rules.md): no background timer threads,
+Absorbs durable_rules' traps: no background timer threads,
 no module-global registry, a unique ruleset name per run, batch asserts that still run actions,
 JSON-safe floats, aliases prefixed so they never shadow `Closure` attributes, one sink rule per
 derived fact kind, and action errors collected and raised instead of swallowed.

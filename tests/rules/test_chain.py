@@ -11,11 +11,12 @@ import pytest
 from site_fixtures import SITE_TAXONOMY  # the same site root cause, reached through the chain
 
 from eroica.cli.main import main
-from eroica.engine.diagnose import DiagnoseOptions, diagnose, load_taxonomy
+from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.errors import RuleError
 from eroica.engine.hypotheses import load_hypotheses
 from eroica.engine.rules.compiler import compile_rules
 from eroica.engine.rules.loader import load_rules
+from eroica.engine.taxonomy import load_taxonomy
 
 ROOT = Path(__file__).parents[2]
 

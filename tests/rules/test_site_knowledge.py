@@ -8,8 +8,9 @@ from pathlib import Path
 from site_fixtures import SITE_TAXONOMY
 
 from eroica.cli.main import main
-from eroica.engine.diagnose import DiagnoseOptions, diagnose, load_taxonomy
+from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.errors import RuleError
+from eroica.engine.taxonomy import load_taxonomy
 
 ROOT = Path(__file__).parents[2]
 
