@@ -56,6 +56,24 @@ def load_remediations(directory: Path) -> dict[str, Remediation]:
     return out
 
 
+class Verification(Frozen):
+    """What re-running the job measured with a draft applied, beside the same command on the unchanged
+    code (`eroica draft --verify CMD`). Step: the median over the window's steps of the slowest rank's
+    step; healthy: the job's step before the slowdown (the diagnosis' window history)."""
+
+    verified: bool
+    command: str
+    summary: str                               # "step 160 ms -> 63 ms; healthy 61 ms; ..."
+    why: str | None = None                     # what kept it from being verified
+    before_step_seconds: float | None = None
+    after_step_seconds: float | None = None
+    healthy_step_seconds: float | None = None
+    function: str | None = None
+    before_function_seconds: float | None = None   # the finding's function on its ranks, per step
+    after_function_seconds: float | None = None
+    tolerance_ratio: float = 0.1
+
+
 class DraftOutcome(Frozen):
     """One finding's outcome: what was written, or why nothing could be drafted."""
 
@@ -70,3 +88,4 @@ class DraftOutcome(Frozen):
     windows: list[str] = Field(default_factory=list)       # every window that found it (one request for all)
     target: str | None = None                              # file:line the evidence located, if any
     checks: list[str] = Field(default_factory=list)        # the gate's checks that passed
+    verification: Verification | None = None               # --verify: the re-run's measurement

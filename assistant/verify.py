@@ -1,0 +1,230 @@
+"""Verified by re-running (`eroica draft --verify CMD`): each code draft that passed the gate is applied
+to a scratch copy of the repository and the job's reproduction command runs again there, attached by
+eroica with a window forced after warm-up, beside one run of the same command on the unchanged code.
+The change request then says what the re-runs measured, e.g. "step 160 ms -> 63 ms; healthy 61 ms;
+DataLoader.__next__ 121 ms -> 1 ms per step on rank 1", and a draft whose re-run does not bring the
+job's step within 10% of its healthy step is "not verified", with the numbers.
+
+Healthy is the job's own history: the step before the slowdown, from the run's earliest window (its
+`steps.before_median_seconds`), else the baseline the unchanged re-run's detector measured. The
+command is the user's own job, run as given (not sandboxed, unlike the gate's validation): only what
+`--verify` names runs, in a scratch copy, bounded in time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from eroica.assistant.gate import scratch_copy
+from eroica.assistant.models import DraftOutcome, Verification
+from eroica.schema.diagnosis import Diagnosis, Finding
+from eroica.schema.patterns import PatternsDoc
+
+TOLERANCE = 0.10            # within 10% of the healthy step: the slowdown is gone
+RANK_FILE = re.compile(r"rank-\d+\.json")        # a window's pattern documents (not its raw traces)
+#: runs `command` in `cwd`, attached, its windows written under `out`, for at most `timeout` seconds;
+#: returns why it failed (None when it exited 0)
+Runner = Callable[[str, Path, Path, float], "str | None"]
+
+
+@dataclass(frozen=True)
+class Measured:
+    step_seconds: float | None = None         # median over the window's steps of the slowest rank's step
+    baseline_seconds: float | None = None     # the detector's baseline before the window (rank median)
+    function_seconds: float | None = None     # the function on the given ranks, critical seconds per step
+    why: str | None = None
+
+
+def measure(run_dir: Path, ranks: list[int], function: str | None) -> Measured:
+    """The job's step in the run's forced window (else its last window), and `function`'s time per
+    step on `ranks` (the largest of them)."""
+    windows = sorted(p for p in run_dir.glob("w*") if p.is_dir() and _rank_files(p))
+    if not windows:
+        return Measured(why=f"the re-run opened no window in {run_dir} (was --verify-window-step within its steps?)")
+    docs = [[PatternsDoc.model_validate_json(f.read_bytes()) for f in _rank_files(w)] for w in windows]
+    chosen = next((ds for ds in docs if ds and ds[0].window.trigger == "forced"), docs[-1])
+    n = min(len(d.step_times.during_seconds) for d in chosen)
+    if n == 0:
+        return Measured(why="the re-run's window holds no complete step")
+    slowest = [max(d.step_times.during_seconds[i] for d in chosen) for i in range(n)]
+    baselines = [d.step_times.baseline_median_seconds for d in chosen if d.step_times.baseline_median_seconds]
+    fn = None
+    if function:
+        per_rank = [sum(f.critical_seconds for f in d.functions if f.name == function) / max(len(
+            d.step_times.during_seconds), 1) for d in chosen if d.job.rank in ranks]
+        fn = max(per_rank) if per_rank else None
+    return Measured(step_seconds=statistics.median(slowest),
+                    baseline_seconds=statistics.median(baselines) if baselines else None, function_seconds=fn)
+
+
+def _rank_files(wdir: Path) -> list[Path]:
+    return sorted(f for f in wdir.glob("rank-*.json") if RANK_FILE.fullmatch(f.name))
+
+
+def _ms(x: float | None) -> str:
+    return "?" if x is None else f"{x * 1000:.0f} ms"
+
+
+def judge(command: str, before: Measured, after: Measured, healthy: float | None, function: str | None,
+          ranks: list[int]) -> Verification:
+    """The verdict: verified when the re-run with the draft holds the step within TOLERANCE of healthy."""
+    summary = f"step {_ms(before.step_seconds)} -> {_ms(after.step_seconds)}; healthy {_ms(healthy)}"
+    if function and (before.function_seconds is not None or after.function_seconds is not None):
+        summary += (f"; {function} {_ms(before.function_seconds)} -> {_ms(after.function_seconds)} per step on "
+                    f"rank {', '.join(map(str, ranks))}")
+    why = after.why or before.why
+    if why is None and healthy is None:
+        why = "no healthy step to compare with (the diagnosis' window has no history, the re-run no baseline)"
+    if why is None and after.step_seconds is not None and healthy is not None \
+            and after.step_seconds > healthy * (1 + TOLERANCE):
+        why = (f"the step with the draft, {_ms(after.step_seconds)}, is {after.step_seconds / healthy - 1:.0%} "
+               f"above the healthy {_ms(healthy)} (at most {TOLERANCE:.0%})")
+    return Verification(
+        verified=why is None, command=command, summary=summary, why=why,
+        before_step_seconds=before.step_seconds, after_step_seconds=after.step_seconds, healthy_step_seconds=healthy,
+        function=function, before_function_seconds=before.function_seconds,
+        after_function_seconds=after.function_seconds, tolerance_ratio=TOLERANCE)
+
+
+def _finding(diagnosis: Diagnosis, o: DraftOutcome) -> Finding | None:
+    """The outcome's finding in the window it was drafted from."""
+    for w in diagnosis.windows:
+        if o.windows and w.window != o.windows[0]:
+            continue
+        for f in w.findings:
+            if f.root_cause == o.root_cause and list(f.ranks) == o.ranks:
+                return f
+    return None
+
+
+def healthy_step(diagnosis: Diagnosis) -> float | None:
+    """The job's step before its slowdown: the history of the run's earliest window that has one (a
+    later window's history already holds the slow steps)."""
+    for w in sorted(diagnosis.windows, key=lambda w: w.start_step):
+        if w.steps.before_median_seconds:
+            return w.steps.before_median_seconds
+    return None
+
+
+def verify_all(diagnosis: Diagnosis, outcomes: list[DraftOutcome], repo: Path, command: str, runner: Runner,
+               timeout: float, progress: Callable[[str], None] = lambda _s: None) -> list[DraftOutcome]:
+    """Re-run `command` on the unchanged repository once and with each distinct code draft applied;
+    each code outcome gets its Verification (also `verification.json` and a section of its change
+    request)."""
+    code = [o for o in outcomes if o.kind == "code" and (Path(o.directory) / "patch.diff").exists()]
+    if not code:
+        return outcomes
+    out: dict[int, DraftOutcome] = {}
+    healthy = healthy_step(diagnosis)
+    with tempfile.TemporaryDirectory(prefix="eroica-verify-") as tmp:
+        base = Path(tmp)
+        progress(f"re-running `{command}` on the unchanged code")
+        failed = _run(runner, command, repo, base / "before", base / "before-run", timeout)
+        after_runs: dict[str, tuple[Path, str | None]] = {}         # a diff's re-run, once per distinct diff
+        for o in code:
+            f = _finding(diagnosis, o)
+            function = f.function if f is not None else None
+            before = Measured(why=f"the run on the unchanged code failed: {failed}") if failed else \
+                measure(base / "before-run", o.ranks, function)
+            patch = Path(o.directory) / "patch.diff"
+            diff = patch.read_text()
+            if diff not in after_runs:
+                progress(f"re-running `{command}` with the draft for {o.finding} applied")
+                k = len(after_runs)
+                after_runs[diff] = (base / f"after-run-{k}",
+                                    _run(runner, command, repo, base / f"after-{k}", base / f"after-run-{k}", timeout,
+                                         patch))
+            run_dir, failed_after = after_runs[diff]
+            after = Measured(why=f"the run with the draft failed: {failed_after}") if failed_after else \
+                measure(run_dir, o.ranks, function)
+            v = judge(command, before, after, healthy or before.baseline_seconds, function, o.ranks)
+            (Path(o.directory) / "verification.json").write_text(v.model_dump_json(indent=2) + "\n")
+            _append(Path(o.directory) / "change_request.md", v)
+            out[id(o)] = o.model_copy(update={"verification": v})
+    return [out.get(id(o), o) for o in outcomes]
+
+
+def _run(runner: Runner, command: str, repo: Path, into: Path, run_dir: Path, timeout: float,
+         patch: Path | None = None) -> str | None:
+    into.mkdir(parents=True)
+    work, _big = scratch_copy(repo, into)
+    if patch is not None:
+        res = subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch.resolve())], cwd=work,
+                             capture_output=True, text=True, timeout=60)
+        if res.returncode != 0:
+            return f"the draft does not apply: {res.stderr.strip()[:200]}"
+    return runner(command, work, run_dir, timeout)
+
+
+def _append(change_request: Path, v: Verification) -> None:
+    verdict = "**Verified by re-running the job.**" if v.verified else "**Not verified.**"
+    lines = ["", "## Verified by re-running", "", f"{verdict} `{v.command}` ran on the unchanged code and with this "
+             "change applied, each in a scratch copy, attached by eroica.", "", f"- Measured: {v.summary}."]
+    if v.why:
+        lines.append(f"- Why not verified: {v.why}.")
+    else:
+        lines.append(f"- The step with the change is within {v.tolerance_ratio:.0%} of the healthy step.")
+    lines.append("- The numbers: `verification.json` beside this file.")
+    text = change_request.read_text() if change_request.exists() else ""
+    change_request.write_text(text.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
+
+
+def outcomes_json(outcomes: list[DraftOutcome]) -> str:
+    return json.dumps([x.model_dump() for x in outcomes], indent=2) + "\n"
+
+
+def link_verified(outcomes: list[DraftOutcome], service: str, job: str, token: str | None,
+                  who: str = "eroica draft --verify") -> list[str]:
+    """Link each verified change request to its finding's issue in the service (`eroica serve`): the
+    job's open issue of the same root cause and ranks moves to `linked`, kind change_request, its
+    history saying what the re-run measured. Returns one line per outcome: linked, or why not."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+
+    def call(path: str, body: dict[str, object] | None = None) -> object:
+        req = urllib.request.Request(service.rstrip("/") + path, headers=headers, method="POST" if body else "GET",
+                                     data=json.dumps(body).encode() if body is not None else None)
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    said = []
+    try:
+        found = call(f"/v1/issues?job={urllib.parse.quote(job)}")
+    except (OSError, ValueError) as exc:
+        return [f"no link: the service at {service} did not answer GET /v1/issues: {exc}"]
+    open_issues = [i for i in found if isinstance(i, dict) and i.get("state") in ("open", "acknowledged", "linked")] \
+        if isinstance(found, list) else []
+    for o in outcomes:
+        v = o.verification
+        if v is None:
+            continue
+        if not v.verified:
+            said.append(f"{o.finding}: not linked (not verified: {v.why})")
+            continue
+        ranks = ",".join(map(str, o.ranks))
+        issue = next((i for i in open_issues if i["root_cause"] == o.root_cause and i["ranks"] == ranks), None)
+        if issue is None:
+            said.append(f"{o.finding}: not linked (job {job} has no open {o.root_cause} issue on ranks {ranks})")
+            continue
+        url = str((Path(o.directory) / "change_request.md").resolve())
+        try:
+            call(f"/v1/issues/{issue['id']}/link", {"who": who, "url": url, "kind": "change_request",
+                                                    "why": f"verified by re-running: {v.summary}"})
+        except urllib.error.HTTPError as exc:
+            said.append(f"{o.finding}: not linked (HTTP {exc.code}: {exc.read()[:200]!r})")
+            continue
+        except OSError as exc:
+            said.append(f"{o.finding}: not linked ({exc})")
+            continue
+        said.append(f"{o.finding}: linked to issue {issue['id']} of job {job}")
+    return said

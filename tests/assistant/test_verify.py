@@ -1,0 +1,53 @@
+"""The verification's measure and verdict on recorded windows (tests/e2e/test_verify_e2e.py runs it
+end to end on a real job)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from patterns_factory import make_doc, write_run
+
+from eroica.assistant.verify import Measured, judge, measure
+
+
+def _run(tmp: Path, step: float, data: float, trigger: str = "forced") -> Path:
+    docs = []
+    for r in range(4):
+        busy = {"compute:forward": 0.02, "data:DataLoader.__next__": data if r == 1 else 0.001}
+        d = make_doc(r, step=step, busy=busy)
+        docs.append(d.model_copy(update={"window": d.window.model_copy(update={"trigger": trigger})}))
+    write_run(tmp, docs)
+    (tmp / docs[0].window.window_id / "rank-0.trace.json").write_text(json.dumps({"traceEvents": []}))
+    return tmp
+
+
+def test_the_step_and_the_function_are_read_from_the_forced_window(tmp_path: Path) -> None:
+    m = measure(_run(tmp_path, 0.16, 0.12), [1], "DataLoader.__next__")
+    assert m.why is None and abs(m.step_seconds - 0.16) < 1e-9 and abs(m.function_seconds - 0.12) < 1e-9
+    assert "opened no window" in (measure(tmp_path / "none", [1], None).why or "")
+
+
+def test_a_draft_that_leaves_the_job_slow_is_not_verified() -> None:
+    before, healthy = Measured(step_seconds=0.16, function_seconds=0.12), 0.06
+    ok = judge("cmd", before, Measured(step_seconds=0.063, function_seconds=0.001), healthy, "DataLoader.__next__", [1])
+    assert ok.verified and ok.summary == ("step 160 ms -> 63 ms; healthy 60 ms; DataLoader.__next__ 120 ms -> 1 ms "
+                                          "per step on rank 1")
+    slow = judge("cmd", before, Measured(step_seconds=0.09, function_seconds=0.03), healthy, "DataLoader.__next__", [1])
+    assert not slow.verified and "50% above the healthy 60 ms (at most 10%)" in (slow.why or "")
+    failed = judge("cmd", before, Measured(why="the run with the draft failed: exit 1: boom"), healthy, None, [1])
+    assert not failed.verified and "exit 1" in (failed.why or "")
+    assert not judge("cmd", before, Measured(step_seconds=0.06), None, None, [1]).verified     # no healthy step
+
+
+def test_verify_and_link_say_what_they_need(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from eroica.cli.main import main
+    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+
+    d = tmp_path / "d.json"
+    d.write_text(diagnose(Path(__file__).parents[2] / "incidents" / "INC-0001" / "patterns",
+                          DiagnoseOptions(in_process=True)).model_dump_json())
+    assert main(["draft", str(d), "--verify", "true", "-o", str(tmp_path / "o")]) == 2
+    assert "--verify needs --repo" in capsys.readouterr().out
+    assert main(["draft", str(d), "--link", "http://127.0.0.1:9", "-o", str(tmp_path / "o")]) == 2
+    assert "--link needs --verify" in capsys.readouterr().out

@@ -1,0 +1,72 @@
+"""Fixes proven to work, through the service: a user's training script whose rank 1 reads its samples
+one by one from a volume that turned slow (num_workers=0) runs under `eroica run` against `eroica
+serve`; the service opens a dataloader_stall issue; `eroica draft --verify CMD --link` takes the
+window's diagnosis from the service, drafts more loader workers against a copy of the script, the gate
+checks the draft, and the job is re-run with it applied and without it, under the same conditions.
+The change request says what the re-runs measured, the draft is verified (the step back within 10% of
+the job's healthy step), and the issue is linked to the verified change request."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from service_support import SERVE_TOKEN, get, serve
+
+from eroica.cli.main import main
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.e2e
+SCRIPT = Path(__file__).parent / "verify_repos" / "slow_reads"
+TORCHRUN = f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc-per-node 4 train.py"
+JOB = "verify-slow-reads"
+
+
+def test_a_loader_draft_is_verified_by_re_running_the_job_and_linked(tmp_path: Path, capsys,  # type: ignore[no-untyped-def]
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(SCRIPT, repo)
+    eroica = str(Path(sys.executable).parent / "eroica")
+    with serve(tmp_path) as url:
+        res = subprocess.run([eroica, "run", "--sink", url, "--job", JOB, "--", *shlex.split(TORCHRUN),
+                              "--steps", "100"], cwd=repo, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "EROICA_SINK_TOKEN": SERVE_TOKEN})
+        assert res.returncode == 0, res.stderr[-2000:]
+        job = next(j["id"] for j in get(f"{url}/v1/jobs") if j["name"] == JOB)  # type: ignore[union-attr]
+        issue, deadline = None, time.time() + 60
+        while issue is None and time.time() < deadline:
+            issue = next((i for i in get(f"{url}/v1/issues?job={job}")  # type: ignore[union-attr]
+                          if i["root_cause"] == "dataloader_stall" and "1" in i["ranks"].split(",")), None)
+            time.sleep(0.3)
+        assert issue is not None, (get(f"{url}/v1/jobs/{job}"), res.stderr[-1500:])
+        (tmp_path / "d.json").write_bytes(json.dumps(get(f"{url}/v1/windows/{issue['last_window_pk']}/diagnosis"))
+                                          .encode())
+        monkeypatch.setenv("EROICA_SINK_TOKEN", SERVE_TOKEN)
+        assert main(["draft", str(tmp_path / "d.json"), "--repo", str(repo), "-o", str(tmp_path / "drafts"),
+                     "--verify", f"{TORCHRUN} --steps 70", "--verify-window-step", "50",
+                     "--link", url, "--job", job]) == 0
+        out = capsys.readouterr().out
+        drafts = json.loads((tmp_path / "drafts" / "drafts.json").read_text())
+        (o,) = [o for o in drafts if o["root_cause"] == "dataloader_stall" and o["ranks"] == [
+            int(r) for r in issue["ranks"].split(",")]]
+        v = o["verification"]
+        why = json.dumps(v) + out
+        assert o["kind"] == "code" and v is not None and v["verified"], why
+        assert v["before_step_seconds"] > 1.3 * v["after_step_seconds"], why       # unchanged, the re-run was slow
+        assert v["after_step_seconds"] <= 1.1 * v["healthy_step_seconds"], why
+        assert v["function"] == "DataLoader.__next__"
+        assert v["after_function_seconds"] < 0.3 * v["before_function_seconds"], why
+        text = (Path(o["directory"]) / "change_request.md").read_text()
+        assert "**Verified by re-running the job.**" in text and f"Measured: {v['summary']}" in text
+        linked = next(i for i in get(f"{url}/v1/issues?job={job}") if i["id"] == issue["id"])  # type: ignore[union-attr]
+        assert linked["state"] == "linked" and linked["link_kind"] == "change_request", linked
+        assert linked["link_url"].endswith("change_request.md") and v["summary"] in linked["history"][-1]["why"]
+        assert f"linked to issue {issue['id']}" in out
+    assert "num_workers=0" in (repo / "train.py").read_text()              # the user's code is untouched
