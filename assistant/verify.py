@@ -154,7 +154,10 @@ def verify_all(diagnosis: Diagnosis, outcomes: list[DraftOutcome], repo: Path, c
 def _run(runner: Runner, command: str, repo: Path, into: Path, run_dir: Path, timeout: float,
          patch: Path | None = None) -> str | None:
     into.mkdir(parents=True)
-    work, _big = scratch_copy(repo, into)
+    work, big = scratch_copy(repo, into)
+    for rel, original in big.items():      # files too big to copy: the job reads the originals (no sandbox here)
+        (work / rel).unlink()
+        (work / rel).symlink_to(original)
     if patch is not None:
         res = subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch.resolve())], cwd=work,
                              capture_output=True, text=True, timeout=60)

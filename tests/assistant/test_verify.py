@@ -51,3 +51,21 @@ def test_verify_and_link_say_what_they_need(tmp_path: Path, capsys) -> None:  # 
     assert "--verify needs --repo" in capsys.readouterr().out
     assert main(["draft", str(d), "--link", "http://127.0.0.1:9", "-o", str(tmp_path / "o")]) == 2
     assert "--link needs --verify" in capsys.readouterr().out
+
+
+def test_a_re_run_reads_the_repositorys_big_files_from_the_original(tmp_path: Path) -> None:
+    from eroica.assistant import gate
+    from eroica.assistant.verify import _run
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "train.py").write_text("print(open('data.bin', 'rb').read(4))\n")
+    (repo / "data.bin").write_bytes(b"DATA" + b"\0" * (gate.BIG_FILE_BYTES + 1))
+    seen: list[str] = []
+
+    def runner(command: str, cwd: Path, out: Path, timeout: float) -> str | None:
+        seen.append((cwd / "data.bin").read_bytes()[:4].decode())
+        return None
+
+    assert _run(runner, "python train.py", repo, tmp_path / "into", tmp_path / "run", 10) is None
+    assert seen == ["DATA"]
