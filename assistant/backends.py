@@ -163,6 +163,33 @@ SYSTEM = (
 )
 
 
+#: the reply's JSON schema, which the server enforces while the model writes (llama.cpp compiles it to
+#: a grammar): even a small model's reply parses, and the gate judges what it says
+PROPOSAL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "kind": {"type": "string", "enum": ["diff", "config", "none"]},
+        "diff": {"type": "string"},
+        "config": {"type": "array", "items": {
+            "type": "object",
+            "properties": {"key": {"type": "string"}, "before": {"type": "string"}, "after": {"type": "string"}},
+            "required": ["key", "before", "after"], "additionalProperties": False}},
+        "rationale": {"type": "string"},
+    },
+    "required": ["kind", "diff", "config", "rationale"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMATS = ("json_schema", "json_object")
+
+
+def response_format(kind: str) -> dict[str, Any]:
+    """OpenAI's form (`json_schema`: hosted APIs, vLLM, llama-server), or `json_object` with the schema
+    beside it (llama-cpp-python's server, which refuses the other)."""
+    if kind == "json_object":
+        return {"type": "json_object", "schema": PROPOSAL_SCHEMA}
+    return {"type": "json_schema", "json_schema": {"name": "proposal", "strict": True, "schema": PROPOSAL_SCHEMA}}
+
+
 @dataclass
 class ModelSettings:
     base_url: str
@@ -170,6 +197,7 @@ class ModelSettings:
     api_key: str
     timeout_seconds: float = 60.0
     max_tokens: int = 1024
+    response_format: str = "json_schema"          # or json_object (llama-cpp-python's server)
 
     @classmethod
     def from_env(cls, base_url: str | None = None, model: str | None = None) -> ModelSettings:
@@ -177,9 +205,13 @@ class ModelSettings:
         if not url:
             raise BackendConfigError("the openai backend needs an endpoint: --base-url or EROICA_LLM_BASE_URL "
                              "(any OpenAI-compatible server: vLLM, llama.cpp server, Ollama, a hosted API)")
+        form = os.environ.get("EROICA_LLM_RESPONSE_FORMAT", "json_schema")
+        if form not in RESPONSE_FORMATS:
+            raise BackendConfigError(f"EROICA_LLM_RESPONSE_FORMAT={form!r}: one of {', '.join(RESPONSE_FORMATS)} "
+                                     "(json_object for llama-cpp-python's server)")
         return cls(base_url=url, model=model or os.environ.get("EROICA_LLM_MODEL", "default"),
                    api_key=os.environ.get("EROICA_LLM_API_KEY") or os.environ.get("OPENAI_API_KEY") or "none",
-                   timeout_seconds=float(os.environ.get("EROICA_LLM_TIMEOUT_SECONDS", "60")))
+                   timeout_seconds=float(os.environ.get("EROICA_LLM_TIMEOUT_SECONDS", "60")), response_format=form)
 
 
 def prompt(ctx: Context, redact: Redactor) -> str:
@@ -217,9 +249,9 @@ def llm(ctx: Context, settings: ModelSettings, redact: Redactor) -> Proposal:
     try:
         client = OpenAI(base_url=settings.base_url, api_key=settings.api_key, timeout=settings.timeout_seconds,
                         max_retries=0)
-        resp = client.chat.completions.create(
+        resp = client.chat.completions.create(  # type: ignore[call-overload]
             model=settings.model, temperature=0, seed=0, max_tokens=settings.max_tokens,
-            response_format={"type": "json_object"},
+            response_format=response_format(settings.response_format),
             messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": ctx.sent}])
         text = _content(resp).strip()
     except Exception as exc:  # the endpoint: timeouts, HTTP errors, refused connections

@@ -99,10 +99,12 @@ def test_the_gate_refuses_a_config_key_the_evidence_does_not_name() -> None:
 class Replay(BaseHTTPRequestHandler):
     replies: list[tuple[int, str, float]] = []     # (HTTP status, message content, delay seconds)
     prompts: list[str] = []
+    formats: list[dict] = []  # type: ignore[type-arg]
 
     def do_POST(self) -> None:  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Replay.prompts.append(body["messages"][-1]["content"])
+        Replay.formats.append(body.get("response_format", {}))
         status, content, delay = Replay.replies.pop(0)
         time.sleep(delay)
         payload = json.dumps({"id": "r", "object": "chat.completion", "created": 0, "model": body["model"],
@@ -130,6 +132,7 @@ def server():  # type: ignore[no-untyped-def]
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     Replay.prompts.clear()
+    Replay.formats.clear()
     yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
     srv.shutdown()
     srv.server_close()
@@ -181,6 +184,23 @@ def test_the_openai_backend_ends_in_a_valid_draft_or_a_recorded_refusal(tmp_path
                                 ("alice@example.com", "<email>")):
         assert secret not in sent and placeholder in sent, (secret, placeholder)
     assert "x `<host>`" in (Path(results[0].directory) / "change_request.md").read_text()
+    # the reply's schema went with every request, in OpenAI's form: the server holds the model to it
+    from eroica.assistant.backends import PROPOSAL_SCHEMA
+    assert all(f == {"type": "json_schema", "json_schema": {"name": "proposal", "strict": True,
+                                                            "schema": PROPOSAL_SCHEMA}} for f in Replay.formats)
+    assert len(Replay.formats) == 6
+
+
+def test_llama_cpp_pythons_server_gets_the_schema_in_its_own_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    from eroica.assistant.backends import PROPOSAL_SCHEMA, response_format
+    from eroica.assistant.errors import BackendConfigError
+
+    monkeypatch.setenv("EROICA_LLM_RESPONSE_FORMAT", "json_object")
+    s = ModelSettings.from_env("http://127.0.0.1:1/v1")
+    assert response_format(s.response_format) == {"type": "json_object", "schema": PROPOSAL_SCHEMA}
+    monkeypatch.setenv("EROICA_LLM_RESPONSE_FORMAT", "yaml")
+    with pytest.raises(BackendConfigError, match="json_object for llama-cpp-python"):
+        ModelSettings.from_env("http://127.0.0.1:1/v1")
 
 
 def test_the_cli_drafts_and_says_nothing_was_applied(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -67,7 +67,8 @@ def server():  # type: ignore[no-untyped-def]
 
 
 def test_eroica_draft_through_a_real_model_ends_in_a_gated_draft_or_a_recorded_refusal(
-        server: str, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+        server: str, tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("EROICA_LLM_RESPONSE_FORMAT", "json_object")    # llama_cpp.server's form of the schema
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "incidents" / "repos" / "plain_loop", repo)
     src = (repo / "train.py").read_text()
