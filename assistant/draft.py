@@ -114,8 +114,13 @@ def draft_all(diagnosis: Diagnosis, out_dir: Path, repo: Path | None = None, bac
             d = d / "code"                               # a code change beside the ticket (async checkpoint)
             d.mkdir(exist_ok=True)
         outcomes.append(_software(diagnosis, w, f, rem, d, o, approver, common))
-    (out_dir / "drafts.json").write_text(json.dumps([x.model_dump() for x in outcomes], indent=2) + "\n")
+    write_outcomes(out_dir, outcomes)
     return outcomes
+
+
+def write_outcomes(out_dir: Path, outcomes: list[DraftOutcome]) -> None:
+    """`drafts.json`: every outcome, as `eroica draft` printed them."""
+    (out_dir / "drafts.json").write_text(json.dumps([x.model_dump() for x in outcomes], indent=2) + "\n")
 
 
 def _software(diagnosis: Diagnosis, w: WindowDiagnosis, f: Finding, rem: Remediation | None, d: Path,

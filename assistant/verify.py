@@ -14,10 +14,12 @@ command is the user's own job, run as given (not sandboxed, unlike the gate's va
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import subprocess
 import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +27,10 @@ from pathlib import Path
 from eroica.assistant.gate import scratch_copy
 from eroica.assistant.models import DraftOutcome, Verification
 from eroica.schema.diagnosis import Diagnosis, Finding
+from eroica.schema.files import RANK_FILE
 from eroica.schema.patterns import PatternsDoc
 
 TOLERANCE = 0.10            # within 10% of the healthy step: the slowdown is gone
-RANK_FILE = re.compile(r"rank-\d+\.json")        # a window's pattern documents (not its raw traces)
 #: runs `command` in `cwd`, attached, its windows written under `out`, for at most `timeout` seconds;
 #: returns why it failed (None when it exited 0)
 Runner = Callable[[str, Path, Path, float], "str | None"]
@@ -65,7 +67,7 @@ def measure(run_dir: Path, ranks: list[int], function: str | None) -> Measured:
 
 
 def _rank_files(wdir: Path) -> list[Path]:
-    return sorted(f for f in wdir.glob("rank-*.json") if RANK_FILE.fullmatch(f.name))
+    return sorted(f for f in wdir.glob("rank-*.json") if RANK_FILE.match(f.name))
 
 
 def _ms(x: float | None) -> str:
@@ -179,19 +181,11 @@ def _append(change_request: Path, v: Verification) -> None:
     change_request.write_text(text.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
 
 
-def outcomes_json(outcomes: list[DraftOutcome]) -> str:
-    return json.dumps([x.model_dump() for x in outcomes], indent=2) + "\n"
-
-
 def link_verified(outcomes: list[DraftOutcome], service: str, job: str, token: str | None,
                   who: str = "eroica draft --verify") -> list[str]:
     """Link each verified change request to its finding's issue in the service (`eroica serve`): the
     job's open issue of the same root cause and ranks moves to `linked`, kind change_request, its
     history saying what the re-run measured. Returns one line per outcome: linked, or why not."""
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
 
     def call(path: str, body: dict[str, object] | None = None) -> object:

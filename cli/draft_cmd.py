@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from eroica.assistant.backends import ModelSettings
-from eroica.assistant.draft import Options, draft_all, load_diagnosis
+from eroica.assistant.draft import Options, draft_all, load_diagnosis, write_outcomes
 from eroica.assistant.redact import load_pattern_file
-from eroica.assistant.verify import Runner
+from eroica.assistant.verify import Runner, link_verified, verify_all
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,11 +97,10 @@ def run(args: argparse.Namespace) -> int:
         repo=args.repo, backend=args.backend, settings=settings, redact_patterns=patterns, validate=args.validate,
         validate_timeout_seconds=args.validate_timeout, sandboxed_validation=not args.unsandboxed_validation))
     if args.verify:
-        from eroica.assistant.verify import link_verified, outcomes_json, verify_all
         outcomes = verify_all(d, outcomes, args.repo, args.verify, runner(args.verify_window_step),
                               args.verify_timeout, progress=lambda s: print(f"eroica draft: {s}", file=sys.stderr,
                                                                             flush=True))
-        (args.output / "drafts.json").write_text(outcomes_json(outcomes))
+        write_outcomes(args.output, outcomes)
         if args.link:
             for line in link_verified(outcomes, args.link, args.job, os.environ.get("EROICA_SINK_TOKEN")):
                 print(f"eroica draft: {line}")
