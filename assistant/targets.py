@@ -266,7 +266,9 @@ def region(repo: Path, f: Finding) -> Target:
     def call_stmt(n: cst.CSTNode, _d: list[str]) -> bool:
         return (isinstance(n, cst.SimpleStatementLine) and len(n.body) == 1 and isinstance(n.body[0], cst.Expr)
                 and isinstance(n.body[0].value, cst.Call) and callee(n.body[0].value) == name)
-    return choose("call", collect(repo, call_stmt, name), None, f"statement calling {name}()")
+    # a sampled user function's site: inside it, then where it was called from
+    return choose("call", collect(repo, call_stmt, name), resolve_site(repo, f.sites.get(f"function.{name}")),
+                  f"statement calling {name}()")
 
 
 def checkpoint(repo: Path, f: Finding) -> Target:

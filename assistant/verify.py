@@ -38,7 +38,7 @@ Runner = Callable[[str, Path, Path, float], "str | None"]
 
 @dataclass(frozen=True)
 class Measured:
-    step_seconds: float | None = None         # median over the window's steps of the slowest rank's step
+    step_seconds: float | None = None         # median of every rank's steps in the window
     baseline_seconds: float | None = None     # the detector's baseline before the window (rank median)
     function_seconds: float | None = None     # the function on the given ranks, critical seconds per step
     why: str | None = None
@@ -52,17 +52,19 @@ def measure(run_dir: Path, ranks: list[int], function: str | None) -> Measured:
         return Measured(why=f"the re-run opened no window in {run_dir} (was --verify-window-step within its steps?)")
     docs = [[PatternsDoc.model_validate_json(f.read_bytes()) for f in _rank_files(w)] for w in windows]
     chosen = next((ds for ds in docs if ds and ds[0].window.trigger == "forced"), docs[-1])
-    n = min(len(d.step_times.during_seconds) for d in chosen)
-    if n == 0:
+    # every rank's steps pooled, as the diagnosis' "step time in window" and the healthy step (the
+    # ranks' baselines) are: the slowest rank's step per step would be biased up by each step's jitter
+    # (four ranks on a noisy host: ~10%) against a healthy reference that is not
+    steps = [x for d in chosen for x in d.step_times.during_seconds]
+    if not steps:
         return Measured(why="the re-run's window holds no complete step")
-    slowest = [max(d.step_times.during_seconds[i] for d in chosen) for i in range(n)]
     baselines = [d.step_times.baseline_median_seconds for d in chosen if d.step_times.baseline_median_seconds]
     fn = None
     if function:
         per_rank = [sum(f.critical_seconds for f in d.functions if f.name == function) / max(len(
             d.step_times.during_seconds), 1) for d in chosen if d.job.rank in ranks]
         fn = max(per_rank) if per_rank else None
-    return Measured(step_seconds=statistics.median(slowest),
+    return Measured(step_seconds=statistics.median(steps),
                     baseline_seconds=statistics.median(baselines) if baselines else None, function_seconds=fn)
 
 

@@ -10,6 +10,8 @@ blocks, shuffled anew each round, so machine noise and drift hit every mode alik
 - `window_framework`: the same window with `op_detail="framework"` (a profiler session: autograd
   nodes one by one) beside the default `light` (no profiler session: framework functions timed by
   eroica's own wrappers, the backward pass as one function), to compare the two in one run;
+- `window_nostack`: the same window without the stack sampler (`stack_sample_interval_seconds=0`),
+  paired with `window` in the same rounds: what naming the user's own Python time costs;
 - `window_rank`: the same window sampled by a helper of the rank's own (`sampler_scope="rank"`)
   beside the default, the host's one helper ticking every rank's sampler;
 - `attach`, `attach_window`: the same two without a line of eroica in the loop (zero-code attach,
@@ -44,9 +46,9 @@ import time
 from pathlib import Path
 from statistics import mean, median, quantiles
 
-MODES = ("none", "none2", "idle", "window", "window_framework", "window_rank", "attach", "attach_window",
-         "profiler")
-WINDOWS = ("window", "window_framework", "window_rank", "attach_window")
+MODES = ("none", "none2", "idle", "window", "window_framework", "window_nostack", "window_rank", "attach",
+         "attach_window", "profiler")
+WINDOWS = ("window", "window_framework", "window_nostack", "window_rank", "attach_window")
 CLOSES = {"window": "close", "attach_window": "attach_close"}     # their close steps, timed apart
 
 
@@ -125,6 +127,8 @@ def worker(args: argparse.Namespace) -> None:
                 prof.start()
             if mode == "window_framework":
                 mon.policy = policy.model_copy(update={"op_detail": "framework"})
+            if mode == "window_nostack":
+                mon.policy = policy.model_copy(update={"stack_sample_interval_seconds": 0.0})
             if mode == "window_rank":
                 mon._win.sampler = own_sampler
             if mode in WINDOWS:
@@ -140,7 +144,7 @@ def worker(args: argparse.Namespace) -> None:
             for k in range(args.block):
                 t, c0 = time.perf_counter(), time.thread_time()
                 step()
-                if mode in ("idle", "window", "window_framework", "window_rank"):
+                if mode in ("idle", "window", "window_framework", "window_nostack", "window_rank"):
                     c = time.thread_time()
                     mon.step()
                     if mode == "idle":
@@ -271,7 +275,8 @@ def main() -> int:
     # the same blocks in the training thread's CPU time: the work the window adds to the step, without
     # the wall clock's noise from 4 ranks sharing 2 cores (the sampler helper's own CPU is printed below)
     cpu_ratios = {m: [median(b) / median(nb) for r in rows for b, nb in zip(r["cpu"][m], r["cpu"]["none"])]
-                  for m in ("none2", "idle", "window", "window_framework", "window_rank", "attach_window", "profiler")}
+                  for m in ("none2", "idle", "window", "window_framework", "window_nostack", "window_rank",
+                            "attach_window", "profiler")}
     cpu_noise = max(abs(q - 1) for q in quantiles(cpu_ratios["none2"], n=4)[::2])
     print(f"the same in the training thread's CPU per step (A/A +-{cpu_noise:.2%}): window "
           f"{_spread(cpu_ratios['window'])}, zero-code window {_spread(cpu_ratios['attach_window'])}, window with "
@@ -281,6 +286,11 @@ def main() -> int:
     # cancels): what light saves over framework
     paired = [median(a) / median(b) for r in rows for a, b in zip(r["cpu"]["window"], r["cpu"]["window_framework"])]
     print(f"op_detail=light against framework, paired in the same rounds (training-thread CPU): {_spread(paired)}")
+    stack = [median(a) / median(b) for r in rows for a, b in zip(r["cpu"]["window"], r["cpu"]["window_nostack"])]
+    stack_wall = [median(a) / median(b)
+                  for r in rows for a, b in zip(r["times"]["window"], r["times"]["window_nostack"])]
+    print(f"the stack sampler (every {TriggerPolicy().stack_sample_interval_seconds * 1000:.0f} ms) against none, "
+          f"paired in the same rounds: training-thread CPU {_spread(stack)}, wall {_spread(stack_wall)}")
     host = [median(a) / median(b) for r in rows for a, b in zip(r["cpu"]["window"], r["cpu"]["window_rank"])]
     host_wall = [median(a) / median(b) for r in rows for a, b in zip(r["times"]["window"], r["times"]["window_rank"])]
     print(f"the host's one sampler helper against a helper per rank (sampler_scope=rank): window "

@@ -80,6 +80,10 @@ class TriggerPolicy(BaseModel):
         "over loopback, half over real links, where each rank's link is also sampled at ~1 kHz); "
         "rank: a helper per rank (a fault in one helper touches one rank). A rank that cannot reach the "
         "host helper samples on its own")
+    stack_sample_interval_seconds: float = Field(
+        0.01, ge=0, le=1.0, description="while a window is open, how often the training thread's innermost "
+        "user frame is read (0 = off): time no recorded function holds is named after the user's function "
+        "that spent it (eroica.collector.stack_sampler); one frame walk per sample, in the rank's own process")
     max_events: int = Field(200_000, ge=1000, description="cap on function executions kept per window")
     poll_every_steps: int = Field(
         4, ge=1, description="how often ranks check the store for a planned window (one store round trip)"

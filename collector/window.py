@@ -12,6 +12,8 @@ from eroica.collector.hooks.gc_hook import GcHook
 from eroica.collector.host_sampler import HostSamplerClient
 from eroica.collector.policy import TriggerPolicy
 from eroica.collector.sampler_proc import SamplerClient
+from eroica.collector.sites import MAX_SITES, SITE_PREFIX
+from eroica.collector.stack_sampler import StackSampler
 from eroica.collector.summarize import WindowRecord
 from eroica.collector.sync import WindowPlan
 from eroica.collector.torch_ops import TorchOpsRecorder
@@ -33,6 +35,7 @@ class WindowLifecycle:
         self.sampler = sampler
         self.ops = TorchOpsRecorder()
         self.gc = GcHook(self.record)
+        self.stacks: StackSampler | None = None
         self.events: list[Execution] = []
         self.events_dropped = 0
         self.max_events = 0
@@ -79,6 +82,11 @@ class WindowLifecycle:
         if gap is not None:
             self.gaps.append(gap)
         self.gc.install()
+        if policy.stack_sample_interval_seconds > 0:
+            self.stacks = StackSampler(policy.stack_sample_interval_seconds)
+            gap = self.stacks.start()               # the training thread: the one opening the window
+            if gap is not None:
+                self.gaps.append(gap)
         self.recording = True
         self.ops.mark_step(step)
         self.bounds = [time.monotonic_ns()]
@@ -101,11 +109,23 @@ class WindowLifecycle:
         ops = self.ops.stop(policy.max_events, trace_path, policy.raw_trace_max_bytes)
         series = self.sampler.stop() if self.sampler is not None else None
         new = [g for g in (self.sampler.gaps if self.sampler is not None else []) if g not in gaps]
+        sampled: list[Execution] = []
+        config = dict(config)
+        if self.stacks is not None and len(self.bounds) >= 2:
+            sampled, sites, gap = self.stacks.stop(self.bounds[0], self.bounds[-1])
+            for key, site in sites.items():       # bounded like every other site
+                if SITE_PREFIX + key not in config and sum(k.startswith(SITE_PREFIX) for k in config) < MAX_SITES:
+                    config[SITE_PREFIX + key] = site
+            if gap is not None:
+                self.gaps.append(gap)
+        elif self.stacks is not None:
+            self.stacks.stop_thread()
+        self.stacks = None
         rec = WindowRecord(
             job=job, window_id=window_id(plan), start_step=plan.start_step, trigger=plan.trigger,
             triggered_by_rank=plan.triggered_by_rank, step_bounds_ns=list(self.bounds), before_seconds=before,
-            baseline_median_seconds=baseline, executions=ops.executions + self.events, samples=series,
-            gaps=gaps + new + self.gaps + ops.gaps, config=dict(config),
+            baseline_median_seconds=baseline, executions=ops.executions + self.events + sampled, samples=series,
+            gaps=gaps + new + self.gaps + ops.gaps, config=config,
             events_dropped=ops.dropped + self.events_dropped, detector_seconds_total=detector[0],
             detector_calls_total=detector[1], raw_trace_bytes=ops.raw_trace_bytes,
             autograd_nodes=ops.autograd_nodes, autograd_nodes_until_ns=ops.autograd_nodes_until_ns,
@@ -117,3 +137,5 @@ class WindowLifecycle:
         """Stop taking events (the Monitor was disabled); the recorders close at `close` or process exit."""
         self.recording = False
         self.gc.remove()
+        if self.stacks is not None:
+            self.stacks.stop_thread()

@@ -43,7 +43,7 @@ HOW = {
     "workload_imbalance": "the rank's batch is repeated --imbalance-factor times (more samples than its peers)",
     "gc_pause": "the rank fills a bounded deque with 60k cyclic objects per step (full GC collections)",
     "untracked_work": "the rank spins the CPU --stall-seconds per step between its regions, in code no region "
-                      "or op names (no rule knows it)",
+                      "or op names (the stack sampler names the function)",
 }
 #: how the held-out job is hurt, where it differs from the demo's
 HOW_LM = {
@@ -63,8 +63,9 @@ HOW_LM = {
                             "mmap; the rank and its workers drop the shard from the page cache and join a 96 MiB "
                             "memory cgroup (a container too small for the data it maps)",
 }
-#: faults no rule names by design: the expected finding is the fallback, reported below 0.5
-FALLBACK_EXPECTED = {"untracked_work": {"root_cause": "unknown", "min_confidence": 0.3, "max_confidence": 0.5}}
+#: faults whose expected finding is not named after them: time in code no region or op names is
+#: named after its function by the stack sampler, and blocking or spinning there is user code
+EXPECTED_AS = {"untracked_work": {"root_cause": "user_code", "function_contains": "step_end_faults"}}
 
 
 WORKLOADS = {
@@ -203,7 +204,7 @@ def record(args: RecordSpec) -> int:
     if healthy:
         expected: dict[str, object] = {"expect": [], "min_confidence": 0.5}
     else:
-        expected = {"expect": [{**FALLBACK_EXPECTED.get(f, {"root_cause": f}), "ranks": [r]}
+        expected = {"expect": [{**EXPECTED_AS.get(f, {"root_cause": f}), "ranks": [r]}
                                for f, r in zip(faults, ranks)],
                     "min_confidence": 0.5, "top": len(faults) == 1,
                     "must_not": [{"ranks_other_than": sorted(set(ranks))}]}

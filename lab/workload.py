@@ -18,8 +18,9 @@ MASTER_ADDR, MASTER_PORT in the environment, as torchrun sets them). Faults are 
 - host_memory_pressure: every rank reads its data shard through the page cache (mmap); the rank
   drops its shard from the cache and joins a memory cgroup too small to hold it, so every read
   faults the pages back in from disk;
-- untracked_work: the rank spins the CPU between its regions, in code no region or op names (a
-  fault eroica has no rule for: it must say `unknown`, name the rank, and point at untracked time);
+- untracked_work: the rank spins the CPU between its regions, in code no region or op names; the
+  stack sampler names the function that spends it (`step_end_faults`): user code. Recordings from
+  before the sampler (INC-0036) hold only untracked time: there it must say `unknown`;
 - nic_degraded: the launcher caps the rank's link (each rank has its own network namespace) with
   a token bucket when the rank announces the fault step.
 

@@ -4,7 +4,11 @@ serve`; the service opens a dataloader_stall issue; `eroica draft --verify CMD -
 window's diagnosis from the service, drafts more loader workers against a copy of the script, the gate
 checks the draft, and the job is re-run with it applied and without it, under the same conditions.
 The change request says what the re-runs measured, the draft is verified (the step back within 10% of
-the job's healthy step), and the issue is linked to the verified change request."""
+the job's healthy step), and the issue is linked to the verified change request.
+
+A second script, nobody's instrumentation in it, waits on a metrics endpoint after every step; rank 1's
+turned slow. The stack sampler names the user function (`report_metrics`) in time no recorded function
+held, the finding is user_code, the draft moves the call off the step, and the re-run verifies it."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from eroica.cli.main import main
 pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).parent / "verify_repos" / "slow_reads"
+METRICS = Path(__file__).parent / "verify_repos" / "blocking_metrics"
 TORCHRUN = f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc-per-node 4 train.py"
 JOB = "verify-slow-reads"
 
@@ -70,3 +75,30 @@ def test_a_loader_draft_is_verified_by_re_running_the_job_and_linked(tmp_path: P
         assert linked["link_url"].endswith("change_request.md") and v["summary"] in linked["history"][-1]["why"]
         assert f"linked to issue {issue['id']}" in out
     assert "num_workers=0" in (repo / "train.py").read_text()              # the user's code is untouched
+
+
+def test_a_blocking_call_found_by_sampling_is_moved_off_the_step_and_verified(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    repo = tmp_path / "repo"
+    shutil.copytree(METRICS, repo)
+    eroica = str(Path(sys.executable).parent / "eroica")
+    res = subprocess.run([eroica, "run", "--out", str(tmp_path / "run"), "--", *shlex.split(TORCHRUN),
+                          "--steps", "100"], cwd=repo, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert main(["diagnose", str(tmp_path / "run"), "--format", "json", "-o", str(tmp_path / "d.json")]) == 0
+    found = [f for w in json.loads((tmp_path / "d.json").read_text())["windows"] for f in w["findings"]]
+    assert any(f["root_cause"] == "user_code" and f["ranks"] == [1] and f["function"] == "report_metrics"
+               and f["confidence"] >= 0.5 for f in found), found
+    assert main(["draft", str(tmp_path / "d.json"), "--repo", str(repo), "-o", str(tmp_path / "drafts"),
+                 "--verify", f"{TORCHRUN} --steps 70", "--verify-window-step", "50"]) == 0
+    out = capsys.readouterr().out
+    drafts = json.loads((tmp_path / "drafts" / "drafts.json").read_text())
+    (o,) = [o for o in drafts if o["root_cause"] == "user_code" and o["ranks"] == [1]]
+    v = o["verification"]
+    why = json.dumps(v) + out
+    print(v["summary"])
+    assert o["kind"] == "code" and v is not None and v["verified"], why
+    assert v["before_step_seconds"] > 1.3 * v["after_step_seconds"], why
+    assert v["function"] == "report_metrics" and v["after_function_seconds"] < 0.2 * v["before_function_seconds"], why
+    diff = (Path(o["directory"]) / "patch.diff").read_text()
+    assert "+        _eroica_background.submit(report_metrics, args, rank, step, loss.item())" in diff, diff
+    assert "report_metrics(args, rank, step, loss.item())" in (repo / "train.py").read_text()   # untouched

@@ -1,0 +1,84 @@
+"""The stack sampler names the user function that spends time no recorded function holds: a real
+thread, really sampled (no fake clock), blocking in a function of this file."""
+
+from __future__ import annotations
+
+import json
+import os
+import sysconfig
+import threading
+import time
+from pathlib import Path
+
+from eroica.collector.critical import Execution, attribute
+from eroica.collector.stack_sampler import StackSampler, is_user_file
+from eroica.schema.patterns import Category
+
+
+def report_metrics(done: threading.Event) -> None:
+    time.sleep(0.25)                          # a blocking call: C code, no Python frame of its own
+    json.dumps(list(range(10)))               # the standard library: still this function's time
+    done.set()
+
+
+def train(started: threading.Event, done: threading.Event) -> None:
+    started.wait(5)
+    report_metrics(done)
+
+
+def test_library_and_eroica_files_are_not_user_code() -> None:
+    assert not is_user_file(json.__file__)
+    assert not is_user_file(os.path.join(sysconfig.get_paths()["purelib"], "torch", "nn", "modules", "module.py"))
+    assert not is_user_file(threading.__file__) and not is_user_file("<frozen importlib._bootstrap>")
+    import eroica.collector.window as w
+    assert not is_user_file(w.__file__)
+    assert is_user_file(__file__)
+
+
+def test_a_blocking_user_function_is_named_with_its_call_site() -> None:
+    started, done = threading.Event(), threading.Event()
+    t = threading.Thread(target=train, args=(started, done))
+    t.start()
+    s = StackSampler(0.004)
+    assert s.start(t.ident) is None
+    t0 = time.monotonic_ns()
+    started.set()
+    assert done.wait(5)
+    t.join(5)
+    t1 = time.monotonic_ns()
+    ex, sites, gap = s.stop(t0, t1)
+    assert gap is None
+    mine = [e for e in ex if e.name == "report_metrics"]
+    assert mine and all(e.category == Category.python for e in ex)
+    held = sum(e.end_ns - e.start_ns for e in mine) / 1e9
+    assert 0.2 <= held <= 0.3, held
+    # the site: inside the function, then the line that called it (the statement a draft moves)
+    inner, caller = sites["function.report_metrics"].split(" < ")[:2]
+    lines = Path(__file__).read_text().splitlines()
+    assert inner.startswith(os.path.abspath(__file__) + ":")
+    assert "time.sleep(0.25)" in lines[int(inner.rsplit(":", 1)[1]) - 1]
+    assert "report_metrics(done)" in lines[int(caller.rsplit(":", 1)[1]) - 1]
+
+
+def test_sampled_time_holds_only_what_no_recorded_function_holds() -> None:
+    s = StackSampler(0.004)
+    sampled = s._executions(0, 0)                        # nothing sampled: nothing claimed
+    assert sampled == []
+    recorded = [Execution(0, 60_000_000, Category.compute, "aten::addmm")]
+    blocking = [Execution(20_000_000, 100_000_000, Category.python, "report_metrics")]
+    seg = attribute(recorded + blocking, 0, 120_000_000)
+    held = {seg.names[k][1]: 0 for k in seg.key}
+    for a, b, k in zip(seg.start_ns, seg.end_ns, seg.key):
+        held[seg.names[k][1]] += int(b - a)
+    assert held == {"aten::addmm": 60_000_000, "report_metrics": 40_000_000, "untracked": 20_000_000}
+
+
+def test_a_thread_that_ends_stops_the_sampling_without_error() -> None:
+    t = threading.Thread(target=time.sleep, args=(0.02,))
+    t.start()
+    s = StackSampler(0.002)
+    assert s.start(t.ident) is None
+    t.join()
+    time.sleep(0.02)
+    ex, _sites, gap = s.stop(0, time.monotonic_ns())
+    assert gap is None and all(e.name != "report_metrics" for e in ex)
