@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-frameworks test-llm lint typecheck bench bench-traces clean
+.PHONY: demo test test-fast test-frameworks test-llm lint typecheck bench bench-traces screenshots clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -65,6 +65,12 @@ $(HTA_VENV)/.installed:
 
 bench-traces: $(STAMP) $(HTA_VENV)/.installed
 	$(BIN)/python bench/traces.py
+
+# docs/serve-fleet.png, docs/serve-job.png and docs/report.png, from the real pages and report
+# (the browser tests that check them; needs chromium)
+screenshots: $(STAMP)
+	EROICA_SCREENSHOTS_DIR=$(CURDIR)/docs $(BIN)/pytest -q tests/service/test_pages_browser.py \
+		tests/test_reports.py -k "browser or chromium"
 
 clean:
 	rm -rf $(VENV) $(LLM_VENV) $(HTA_VENV) build *.egg-info runs

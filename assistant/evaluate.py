@@ -24,7 +24,7 @@ from eroica.assistant.gate import GateReport, Scope, check_diff, misplaced, remo
 from eroica.assistant.models import Remediation, load_remediations
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.evaluate import find_incidents
-from eroica.engine.rules.loader import builtin_knowledge_dir
+from eroica.engine.rules.source import builtin_knowledge_dir
 from eroica.schema.diagnosis import Finding
 
 EVAL_FILE = "eroica-eval.yaml"

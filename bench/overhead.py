@@ -20,7 +20,7 @@ blocks, shuffled anew each round, so machine noise and drift hit every mode alik
 Each block's median step is divided by the `none` block of its round; reported are the median and
 the interquartile range of that ratio over rounds and ranks. The idle cost is also measured
 directly: the training thread's CPU time inside `mon.step()`, its mean per call (work done every few
-steps - a store poll, the detector's turn - counts in full) and its median call. Targets (issue 20):
+steps - a store poll, the detector's turn - counts in full) and its median call. Targets:
 idle <= 0.2%, window <= +3% while open, closing a window <= 100 ms, amortized <= 1% under the
 default policy. Last, the pattern bytes per
 rank per window beside the same window's raw trace (the profiler's, or a light window's own).

@@ -21,7 +21,8 @@ from eroica.engine.evaluate import (
     naming_rules,
 )
 from eroica.engine.priors import MIN_FINDINGS, write_priors
-from eroica.engine.rules.loader import builtin_knowledge_dir, load_rules
+from eroica.engine.rules.loader import load_rules
+from eroica.engine.rules.source import builtin_knowledge_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -10,16 +10,9 @@ from eroica.engine.errors import RuleError
 from eroica.engine.rules.compiler import compile_each, compile_rule, fact_fields, trace_field, with_derivations
 from eroica.engine.rules.ir import THRESHOLD_OPS
 from eroica.engine.rules.lint_refs import boundary_problems, given_problems, reference_problems, summary_problems
-from eroica.engine.rules.loader import (
-    LoadedRule,
-    builtin_rules_dir,
-    line_of,
-    load_overrides,
-    load_rules,
-    parse_rule_file,
-    rule_files,
-)
+from eroica.engine.rules.loader import load_overrides, load_rules, parse_rule_file, rule_files
 from eroica.engine.rules.runner import RuleTestCase, run_tests
+from eroica.engine.rules.source import LoadedRule, builtin_rules_dir, line_of
 from eroica.engine.taxonomy import load_taxonomy
 
 _CMP = {"gt": operator.gt, "gte": operator.ge, "lt": operator.lt, "lte": operator.le}

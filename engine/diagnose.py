@@ -18,8 +18,9 @@ from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
 from eroica.engine.report_data import enrich, heatmap, step_series
 from eroica.engine.rules.ir import RuleIR
-from eroica.engine.rules.loader import builtin_knowledge_dir, load_overrides, load_rules, rule_files
+from eroica.engine.rules.loader import load_overrides, load_rules, rule_files
 from eroica.engine.rules.runner import evaluate
+from eroica.engine.rules.source import builtin_knowledge_dir
 from eroica.engine.taxonomy import (
     Resolution,
     TaxonomyEntry,

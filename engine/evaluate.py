@@ -30,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.errors import EngineError, RunDirError
 from eroica.engine.priors import PriorFit, PriorSample, fit_priors
-from eroica.engine.rules.loader import SAFE_LOADER, load_rules
+from eroica.engine.rules.loader import load_rules
+from eroica.engine.rules.source import SAFE_LOADER
 from eroica.schema.diagnosis import Finding
 
 

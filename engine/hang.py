@@ -403,7 +403,8 @@ def _conclusions(st: list[HangRankState]) -> dict[str, list[Conclusion]]:
 @functools.lru_cache(maxsize=1)
 def _rules() -> tuple[RuleIR, ...]:
     from eroica.engine.rules.compiler import compile_rules  # a hang is rare: compiled when one is seen
-    from eroica.engine.rules.loader import builtin_rules_dir, load_rules
+    from eroica.engine.rules.loader import load_rules
+    from eroica.engine.rules.source import builtin_rules_dir
 
     return tuple(compile_rules(load_rules([builtin_rules_dir()])))
 

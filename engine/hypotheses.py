@@ -17,7 +17,7 @@ from pydantic import create_model
 
 from eroica.engine.errors import RuleError
 from eroica.engine.facts import FACT_TYPES, Fact
-from eroica.engine.rules.loader import builtin_knowledge_dir, load_data_file
+from eroica.engine.rules.source import builtin_knowledge_dir, load_data_file
 
 SCHEMA = "eroica.hypotheses/v1"
 _TYPES: dict[str, type] = {"float": float, "int": int, "bool": bool, "str": str}

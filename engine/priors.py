@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from eroica.engine.errors import RuleError
-from eroica.engine.rules.loader import load_data_file
+from eroica.engine.rules.source import load_data_file
 
 SCHEMA = "eroica.priors/v1"
 SHRINK = 2.0

@@ -17,7 +17,7 @@ import yaml
 from eroica.engine.errors import RuleError
 from eroica.engine.facts import FACT_TYPES
 from eroica.engine.rules.ir import OPERATORS
-from eroica.engine.rules.loader import SAFE_LOADER, builtin_knowledge_dir
+from eroica.engine.rules.source import SAFE_LOADER, builtin_knowledge_dir
 
 
 @dataclass(frozen=True)

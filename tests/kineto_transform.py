@@ -1,6 +1,6 @@
 """A TRANSFORMED copy of real multi-rank Kineto traces: some ranks' host launches delayed.
 
-Issue 13, class 5: ranks whose host issues kernels late leave their device idle between
+Generalization case 5: ranks whose host issues kernels late leave their device idle between
 launches, and their peers wait for them in NCCL. No GPU here, so the shared real traces are
 rewritten, and the output files say so in their names (`*.delayed-launches.json.gz`) and in
 their metadata (`eroicaTransform`):

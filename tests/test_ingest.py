@@ -49,7 +49,7 @@ def test_the_8_rank_dlrm_set_is_ingested_and_diagnosed(tmp_path: Path) -> None:
 
 @NEEDS
 def test_ranks_whose_host_launches_late_are_one_host_launch_bound_finding(tmp_path: Path) -> None:
-    """Issue 13, class 5, on a TRANSFORMED copy of the real 8-GPU trace (tests/kineto_transform.py):
+    """Generalization case 5, on a TRANSFORMED copy of the real 8-GPU trace (tests/kineto_transform.py):
     ranks 2 and 6 launch every kernel 40 us late, their devices idle, the others wait in NCCL."""
     from kineto_transform import delay_launches
 

@@ -60,7 +60,7 @@ def test_the_cli_reads_csv_and_policy_files_and_names_bad_input(tmp_path: Path, 
 
 
 def test_a_recorded_slowdown_that_began_during_a_cooldown_is_profiled_again() -> None:
-    """Issue 13, class 6, on a real job's series (incident INC-0042): a small bump opens a window
+    """Generalization case 6, on a real job's series (incident INC-0042): a small bump opens a window
     that finds nothing; rank 2's input pipeline stalls from step 50, while the detector cools down.
     A detector whose window buys silence (`rearm_windows=1`, the old behaviour) never fires again:
     its lagged reference drifted into the slowdown. Judged against the last healthy reference it does."""

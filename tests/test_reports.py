@@ -13,6 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from patterns_factory import make_doc, write_run
+from screenshot_support import keep_screenshot
 
 from eroica.cli.schema_cmd import schema
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
@@ -95,6 +96,7 @@ def test_headless_chromium_shows_the_report_without_errors_or_network(tmp_path: 
                      and "file://" in str(e["params"].get("network_isolation_key", ""))
                      and not e["params"]["url"].startswith("file:")}
     assert page_requests == set(), page_requests
+    keep_screenshot(shot, "report.png")
 
 
 def test_a_kept_raw_trace_is_linked_for_perfetto(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from eroica.engine.errors import RuleCompileError
 from eroica.engine.facts import FACT_TYPES
 from eroica.engine.hypotheses import all_fact_types
 from eroica.engine.rules.ir import OPERATORS, REF, THRESHOLD_OPS, VAR, JoinIR, PatternIR, RuleIR, TestIR
-from eroica.engine.rules.loader import LoadedRule, line_of
+from eroica.engine.rules.source import LoadedRule, line_of
 
 
 def fact_fields(site_dirs: list[Path] | None = None) -> dict[str, set[str]]:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from pydantic import TypeAdapter, ValidationError
 
 from eroica.engine.hypotheses import all_fact_types
-from eroica.engine.rules.loader import LoadedRule, builtin_knowledge_dir, line_of
+from eroica.engine.rules.source import LoadedRule, builtin_knowledge_dir, line_of
 
 SUMMARY_FIELD = re.compile(r"\{([a-z_]+)\.([a-z_0-9]+)")
 

@@ -18,7 +18,7 @@ import yaml
 
 from eroica.engine.errors import RuleError
 from eroica.engine.rules.ir import OPERATORS, THRESHOLD_OPS
-from eroica.engine.rules.loader import SAFE_LOADER, LoadedRule, _line_map, line_of
+from eroica.engine.rules.source import SAFE_LOADER, LoadedRule, line_map, line_of
 
 KEYS = ("disabled", "confidence", "where")
 
@@ -55,7 +55,7 @@ def load_override_files(paths: list[Path]) -> dict[str, Override]:
         if not isinstance(ov, dict) or node is None:
             problems.append(f"{p}:1: expected a mapping `overrides: {{rule-id: {{disabled|confidence|where}}}}`")
             continue
-        lines = _line_map(node)
+        lines = line_map(node)
         for rid, spec in ov.items():
             o = Override(str(rid), spec if isinstance(spec, dict) else {}, str(p), lines)
             if not isinstance(spec, dict):

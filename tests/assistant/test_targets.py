@@ -11,7 +11,7 @@ from eroica.assistant.backends import Context, offline
 from eroica.assistant.evaluate import find_repos
 from eroica.assistant.models import load_remediations
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
-from eroica.engine.rules.loader import builtin_knowledge_dir
+from eroica.engine.rules.source import builtin_knowledge_dir
 
 ROOT = Path(__file__).parents[2]
 REPOS = ROOT / "incidents" / "repos"

@@ -1,5 +1,6 @@
-"""End to end, issue 13's failure classes on live 4-rank jobs (the same scenarios are recorded in
-the library as INC-0037..INC-0042, where the engine's answer before the fix is shown wrong):
+"""End to end, the generalization cases (ways the rules failed on another job) on live 4-rank jobs
+(the same scenarios are recorded in the library as INC-0037..INC-0042, where the engine's answer
+before the fix is shown wrong):
 
 - class 1+2: a checkpoint written every 12 steps through a throttled device lands once in the
   window, every rank on a link of its own: slow storage, never the network;

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from eroica.cli.rules_cmd import build_cases, lint
-from eroica.engine.rules.loader import builtin_rules_dir, load_rules
+from eroica.engine.rules.loader import load_rules
 from eroica.engine.rules.runner import RuleTestOutcome, run_tests
+from eroica.engine.rules.source import builtin_rules_dir
 
 RULES = load_rules()
 CASES, PROBLEMS = build_cases(RULES)

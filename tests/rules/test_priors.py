@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.evaluate import evaluate_incident, find_incidents, library_fits, naming_rules
-from eroica.engine.priors import SHRINK, PriorSample, fit_priors, load_priors
-from eroica.engine.rules.loader import builtin_knowledge_dir, load_rules
+from eroica.engine.priors import SHRINK, PriorSample, fit_priors, load_priors, write_priors
+from eroica.engine.rules.loader import load_rules
+from eroica.engine.rules.source import builtin_knowledge_dir
 
 ROOT = Path(__file__).parents[2]
 
@@ -25,15 +25,19 @@ def test_the_fit_is_least_squares_shrunk_toward_the_hand_set_prior() -> None:
     assert "c" not in fits     # too few findings: its author's prior stands
 
 
-def test_the_committed_priors_are_what_the_library_fits_and_the_heldout_set_is_not_used() -> None:
+def test_the_committed_priors_file_is_what_the_library_fits_and_only_the_library(tmp_path: Path) -> None:
+    """The whole file, as `eroica eval incidents --fit-priors` writes it: every rule's prior, its
+    hand-set value, its findings and how many were right, and what it was fitted on (the library's
+    incidents only: the held-out ones would change the counts)."""
     named = naming_rules(load_rules())
     hand = DiagnoseOptions(in_process=True, fitted_priors=False)
-    results = [evaluate_incident(p, hand, named.get(p.name)) for p in find_incidents(ROOT / "incidents")]
-    assert all("heldout" not in str(p) for p in find_incidents(ROOT / "incidents"))
-    fits, _ = library_fits(results)
-    committed = yaml.safe_load((builtin_knowledge_dir() / "priors.yaml").read_text())["priors"]
-    assert {f.rule_id: f.prior for f in fits} == {k: v["prior"] for k, v in committed.items()}, \
-        "regenerate: eroica eval incidents --fit-priors"
+    library = find_incidents(ROOT / "incidents")
+    results = [evaluate_incident(p, hand, named.get(p.name)) for p in library]
+    fits, samples = library_fits(results)
+    fresh = tmp_path / "priors.yaml"
+    write_priors(fresh, fits, f"incidents ({len(library)} incidents; {samples} findings)")
+    committed = (builtin_knowledge_dir() / "priors.yaml").read_text()
+    assert committed == fresh.read_text(), "regenerate: eroica eval incidents --fit-priors"
 
 
 def test_the_engine_applies_the_fitted_prior_unless_a_site_overrides_it(tmp_path: Path) -> None:

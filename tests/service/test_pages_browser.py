@@ -1,6 +1,6 @@
 """The service's pages in a real headless browser (Debian's chromium): the fleet and job views load
 from a live server with no console errors and no request leaving it; their screenshots are what
-the README shows (docs/serve-fleet.png, docs/serve-job.png)."""
+docs/service.md shows (docs/serve-fleet.png, docs/serve-job.png)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+from screenshot_support import keep_screenshot
 from service_support import AUTH, TOKEN, free_port, incident_docs
 
 from eroica.service.app import Settings, create_app
@@ -72,6 +73,7 @@ def test_the_fleet_and_job_pages_open_in_a_browser_without_errors_or_outside_req
             urls = {e["params"]["url"] for e in events if "url" in e.get("params", {})
                     and str(e["params"].get("network_isolation_key", "")).startswith("http://127.0.0.1 ")}
             assert urls and all(u.startswith(url + "/") for u in urls), urls   # the page's own origin only
+            keep_screenshot(shot, f"serve-{name}.png")
     finally:
         server.should_exit = True
         t.join(10)

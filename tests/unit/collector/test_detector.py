@@ -96,7 +96,7 @@ def test_cooldown_silences_then_a_persisting_slowdown_opens_another_window_again
 
 
 def test_a_slowdown_that_starts_during_the_cooldown_of_a_window_on_a_bump_is_seen() -> None:
-    """Class 6 of issue 13: a window fired on a small bump (nothing found); the fault began while
+    """generalization case 6: a window fired on a small bump (nothing found); the fault began while
     the detector cooled down, and its lagged reference absorbed the slower steps."""
     det = StepTimeDetector(policy(cooldown_steps=20))
     times = noisy(40, rel=0.03, seed=3)

@@ -1,5 +1,6 @@
-"""Issue 13's reasoning, unit by unit: structural peer validity, scheduled work, absolute link
-evidence, the job's own history. (The recorded incidents INC-0037..INC-0042 test them end to end.)"""
+"""The reasoning behind the generalization cases, unit by unit: structural peer validity, scheduled
+work, absolute link evidence, the job's own history. (The recorded incidents INC-0037..INC-0042 test
+them end to end.)"""
 
 from __future__ import annotations
 

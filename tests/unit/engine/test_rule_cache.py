@@ -10,7 +10,7 @@ import pytest
 
 from eroica.engine import VERSION, rule_cache
 from eroica.engine.diagnose import DiagnoseOptions, compile_knowledge
-from eroica.engine.rules.loader import builtin_knowledge_dir
+from eroica.engine.rules.source import builtin_knowledge_dir
 
 
 def test_the_version_constant_is_the_installed_one() -> None:
