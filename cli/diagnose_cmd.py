@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eroica.cli.main import settle
+from eroica.cli.fastpath import settle, warm_engine
 from eroica.engine import FORMATS
 
 NOT_DIAGNOSABLE = 3    # exit code: a window fell below the coverage floor (no verdict)
@@ -59,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from eroica.schema.files import is_run_path
 
     if len(args.paths) == 1 and is_run_path(args.paths[0]):
-        args.run_dir = args.paths[0]
-        return _run(args)
+        return _run(args, args.paths[0])
     from eroica.cli.ingest_cmd import rank_overrides, trace_files
     from eroica.collector.kineto import IngestJob, write_doc
 
@@ -75,36 +74,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"eroica diagnose: {exc}", file=sys.stderr)
         return 2
     tmp = None if args.patterns else tempfile.TemporaryDirectory(prefix="eroica-trace-")
-    args.run_dir = args.patterns or Path(tmp.name)  # type: ignore[union-attr]
+    run_dir: Path = args.patterns or Path(tmp.name)  # type: ignore[union-attr]
     try:
         n = 0
         job = IngestJob(files, ranks)          # workers start now; the engine is imported meanwhile
-        import numpy.ma  # noqa: F401          # np.median's first call imports it (~30 ms): not after the workers
-
-        import eroica.engine.diagnose  # noqa: F401
-        from eroica.engine.render import template
-
-        if args.format != "json":
-            template(args.format)              # compiled now, not after the workers
+        warm_engine(args.format)
         settle()
         for f, docs in job.results():
             if not isinstance(docs, list):
                 print(f"eroica diagnose: skipped {f}: {docs}", file=sys.stderr)
                 continue
             for doc in docs:
-                write_doc(args.run_dir, doc)
+                write_doc(run_dir, doc)
             n += 1
         if not n:
             return 2
         print(f"eroica diagnose: {n} trace file(s) ingested" + (f" into {args.patterns}" if args.patterns else ""),
               file=sys.stderr)
-        return _run(args)
+        return _run(args, run_dir)
     finally:
         if tmp is not None:
             tmp.cleanup()
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, run_dir: Path) -> int:
     from eroica.engine.diagnose import DiagnoseOptions, diagnose
     from eroica.engine.errors import EngineError, RuleError
     from eroica.engine.render import render
@@ -112,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
     settle()
     if args.facts:
         try:
-            return print_facts(args.run_dir, args.window)
+            return print_facts(run_dir, args.window)
         except EngineError as exc:
             print(f"eroica diagnose: {exc}", file=sys.stderr)
             return 2
@@ -125,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         # the report puts a hang first (the job may still wait, and someone can act); one diagnosis per
         # process: the rules run in it (no worker process to start)
-        d = diagnose(args.run_dir, DiagnoseOptions(extra_rule_dirs=rules, override_files=overrides,
+        d = diagnose(run_dir, DiagnoseOptions(extra_rule_dirs=rules, override_files=overrides,
                                                    window=args.window, knowledge_dirs=list(args.knowledge or []),
                                                    in_process=True, workers=os.cpu_count() or 1))
     except RuleError as exc:
@@ -135,7 +128,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"eroica diagnose: {exc}", file=sys.stderr)
         return 2
     if not d.windows and d.hang is None:
-        print(f"eroica diagnose: {args.run_dir} has no window directories with rank-<R>.json files", file=sys.stderr)
+        print(f"eroica diagnose: {run_dir} has no window directories with rank-<R>.json files", file=sys.stderr)
         return 2
     text = render(d, args.format)
     if args.output:

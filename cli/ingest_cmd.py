@@ -8,7 +8,7 @@ import argparse
 import gzip
 from pathlib import Path
 
-from eroica.cli.main import settle
+from eroica.cli.fastpath import settle
 from eroica.collector.kineto import IngestJob, write_doc
 
 SUFFIXES = (".json", ".json.gz")

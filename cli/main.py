@@ -6,9 +6,7 @@ imports cost more than a whole trace diagnosis); `eroica --help` lists them all 
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
-import os
 import sys
 
 DESCRIPTION = "Find why a distributed training job got slow."
@@ -51,11 +49,6 @@ def _overview() -> argparse.ArgumentParser:
     return p
 
 
-#: batch commands whose process may end as soon as their output is flushed (they start no thread
-#: and leave no file to clean up after they return)
-FAST_EXIT = {"diagnose", "ingest"}
-
-
 def _command(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
@@ -70,32 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     return int(args.func(args))
 
 
-def settle() -> None:
-    """A batch command has imported what it needs: those modules live as long as the process, so their
-    objects are frozen out of every later collection, and collection resumes for the work itself.
-    (`entry` holds collection off meanwhile: it rescanned the same import-time objects again and again,
-    ~30 ms of a 0.3 s `eroica diagnose` on a small trace.) A no-op where collection is already on."""
-    if not gc.isenabled():
-        gc.freeze()
-        gc.enable()
-
-
 def entry() -> None:
-    """The console script. A batch command's process ends once its output is flushed: tearing down
-    numpy's, pydantic's and the rule engine's modules takes about 0.2 s, as long as diagnosing a
-    small job. Its imports run without cyclic collection (see `settle`, which the command calls)."""
-    batch = _command(sys.argv[1:]) in FAST_EXIT
-    if batch:
-        gc.disable()
+    """The console script (the batch commands' speed tricks: eroica.cli.fastpath)."""
+    from eroica.cli import fastpath
+
+    batch = fastpath.begin(_command(sys.argv[1:]))
     try:
         rc = main()
-    finally:
-        settle()
-    if batch:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
-    sys.exit(rc)
+    except BaseException:          # argparse's exits (--help, a usage error), an error: as raised
+        fastpath.settle()
+        raise
+    fastpath.finish(rc, batch)
 
 
 if __name__ == "__main__":

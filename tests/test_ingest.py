@@ -219,7 +219,7 @@ def test_a_batch_command_collects_again_after_its_imports_and_so_do_its_ingest_w
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from eroica.cli.main import settle
+    from eroica.cli.fastpath import settle
 
     gc.disable()
     try:
