@@ -164,7 +164,7 @@ def worker(args: argparse.Namespace) -> None:
             mon.policy = policy
             mon._win.sampler = host_sampler
             mon._last_ns = None       # blocks without mon.step() went unseen: no step spans them
-            for _ in range(2):        # settle: the close step's after-effects land here, untimed
+            for _ in range(2):        # settling: the close step's after-effects land here, untimed
                 train_step()
                 mon.step()
     hang = mon._hang

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eroica.cli.fastpath import settle, warm_engine
+from eroica.cli.fastpath import resume_collection, warm_engine
 from eroica.engine import FORMATS
 
 NOT_DIAGNOSABLE = 3    # exit code: a window fell below the coverage floor (no verdict)
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         n = 0
         job = IngestJob(files, ranks)          # workers start now; the engine is imported meanwhile
         warm_engine(args.format)
-        settle()
+        resume_collection()
         for f, docs in job.results():
             if not isinstance(docs, list):
                 print(f"eroica diagnose: skipped {f}: {docs}", file=sys.stderr)
@@ -102,7 +102,7 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
     from eroica.engine.errors import EngineError, RuleError
     from eroica.engine.render import render
 
-    settle()
+    resume_collection()
     if args.facts:
         try:
             return print_facts(run_dir, args.window)

@@ -42,15 +42,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def drafts(args: argparse.Namespace) -> int:
-    from eroica.assistant.evaluate import evaluate
-    from eroica.assistant.evaluate import table as draft_table
+    from eroica.assistant.draft_yield import draft_yield
+    from eroica.assistant.draft_yield import table as draft_table
     repos = args.repos or args.dir / "repos"
     if not repos.is_dir():
         print(f"eroica eval --drafts: {repos}: no such folder of training repositories (each with eroica-eval.yaml)",
               file=sys.stderr)
         return 2
     try:
-        ev = evaluate(args.dir, repos, validate=not args.no_validate,
+        ev = draft_yield(args.dir, repos, validate=not args.no_validate,
                       progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     except (ValueError, KeyError, OSError) as exc:
         print(f"eroica eval --drafts: {exc}", file=sys.stderr)

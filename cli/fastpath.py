@@ -3,7 +3,8 @@
 A small diagnosis takes about as long as starting Python, so three things are done on purpose:
 - cyclic garbage collection is held off while the command imports its modules (it rescanned the same
   import-time objects again and again: ~30 ms of a 0.3 s `eroica diagnose` on a small trace), then
-  the imported objects are frozen out of every later collection and collection resumes (`settle`);
+  the imported objects are frozen out of every later collection and collection resumes
+  (`resume_collection`);
 - while forked ingestion workers summarize traces, the parent does the imports and compiles the
   report template the diagnosis will need (`warm_engine`), instead of after them;
 - the process ends with `os._exit` once its output is flushed (`finish`): tearing down numpy's,
@@ -29,7 +30,7 @@ def begin(command: str | None) -> bool:
     return batch
 
 
-def settle() -> None:
+def resume_collection() -> None:
     """The command has imported what it needs: those modules live as long as the process, so their
     objects are frozen out of every later collection, and collection resumes for the work itself. A
     no-op where collection is already on."""
@@ -51,7 +52,7 @@ def warm_engine(report_format: str) -> None:
 
 def finish(rc: int, batch: bool) -> None:
     """End the process with `rc`: a batch command's at once, its output flushed."""
-    settle()
+    resume_collection()
     if batch:
         sys.stdout.flush()
         sys.stderr.flush()

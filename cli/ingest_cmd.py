@@ -8,7 +8,7 @@ import argparse
 import gzip
 from pathlib import Path
 
-from eroica.cli.fastpath import settle
+from eroica.cli.fastpath import resume_collection
 from eroica.collector.kineto import IngestJob, write_doc
 
 SUFFIXES = (".json", ".json.gz")
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output is None:
         print("eroica ingest kineto: -o/--output RUN_DIR is required")
         return 2
-    settle()
+    resume_collection()
     try:
         ranks = rank_overrides(args.rank)
     except ValueError as exc:

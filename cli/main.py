@@ -13,15 +13,15 @@ DESCRIPTION = "Find why a distributed training job got slow."
 
 #: command -> (module under eroica.cli, its one line of help); the module's add_arguments defines the rest
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("demo", "run a 4-rank CPU training job, inject a fault, diagnose it"),
+    "demo": ("demo_cmd", "run a 4-rank CPU training job, inject a fault, diagnose it"),
     "diagnose": ("diagnose_cmd", "diagnose a run directory, or profiler traces (ingested on the way)"),
     "rules": ("rules_cmd", "test or lint the rule base"),
-    "record": ("record", "run a real faulty job and keep its window as an incident"),
+    "record": ("record_cmd", "run a real faulty job and keep its window as an incident"),
     "eval": ("eval_cmd", "replay recorded incidents and score diagnosis yield"),
     "schema": ("schema_cmd", "print the JSON Schema of a document eroica writes"),
     "draft": ("draft_cmd", "draft change requests (never applied) for a diagnosis's findings"),
     "ingest": ("ingest_cmd", "turn existing traces into eroica pattern files (then: eroica diagnose)"),
-    "simulate": ("simulate", "SIMULATE a window of pattern files for N GPU ranks with one fault"),
+    "simulate": ("simulate_cmd", "SIMULATE a window of pattern files for N GPU ranks with one fault"),
     "policy": ("policy_cmd", "the trigger policy: show it, or replay a step-time series through it"),
     "control": ("control_cmd", "change a running job's trigger policy, or ask for a window, without a restart"),
     "serve": ("serve_cmd", "run the online service: ingest windows, diagnose them as they complete, serve the API, "
@@ -71,7 +71,7 @@ def entry() -> None:
     try:
         rc = main()
     except BaseException:          # argparse's exits (--help, a usage error), an error: as raised
-        fastpath.settle()
+        fastpath.resume_collection()
         raise
     fastpath.finish(rc, batch)
 

@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from eroica.collector import sites
-from eroica.collector.boot import say
+from eroica.collector.boot import tell_user
 from eroica.collector.monitor import Monitor
 from eroica.schema.patterns import Category
 
@@ -57,7 +57,7 @@ S = _State()
 
 def _fail(where: str, exc: BaseException) -> None:
     if not S.dead:
-        say(f"{where} failed ({exc!r}); the job runs unwatched from here")
+        tell_user(f"{where} failed ({exc!r}); the job runs unwatched from here")
     S.dead = True
     mon, S.monitor = S.monitor, None
     if mon is not None:
@@ -117,7 +117,7 @@ def stop() -> None:
         try:
             mon.close()
         except Exception as exc:
-            say(f"closing the monitor failed ({exc!r})")
+            tell_user(f"closing the monitor failed ({exc!r})")
 
 
 def _step() -> None:
@@ -147,7 +147,7 @@ def _after_optimizer_step(opt: Any, _args: Any, _kwargs: Any) -> None:
             return                                  # another optimizer of the same iteration
         S.steps += 1
         if S.steps == 1 and S.monitor is not None:
-            sites.note(S.monitor.config, "step", sites.caller_site(1))
+            sites.remember_site(S.monitor.config, "step", sites.caller_site(1))
         _step()
     except Exception as exc:
         _fail("the optimizer step hook", exc)
@@ -221,7 +221,7 @@ def _note_loader(mon: Monitor, it: Any) -> None:
                           ("prefetch_factor", "_prefetch_factor"), ("persistent_workers", "_persistent_workers")):
             if hasattr(it, attr):
                 mon.config[f"dataloader.{key}"] = str(getattr(it, attr))
-        sites.note(mon.config, "loader", getattr(it, "_eroica_site", None))
+        sites.remember_site(mon.config, "loader", getattr(it, "_eroica_site", None))
         batch = getattr(getattr(it, "_index_sampler", None), "batch_size", None)
         if batch is not None:
             mon.config["dataloader.batch_size"] = str(batch)

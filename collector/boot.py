@@ -28,7 +28,7 @@ ATTACH_ENV = "EROICA_ATTACH"
 _installed = False
 
 
-def say(msg: str) -> None:
+def tell_user(msg: str) -> None:
     """The bootstrap's one line (a failure to attach leaves the job running unwatched)."""
     try:
         sys.stderr.write(f"eroica attach [pid {os.getpid()}]: {msg}\n")
@@ -54,7 +54,7 @@ class _Loader(importlib.abc.Loader):
 
             attach.on_torch(module)
         except Exception as exc:          # a broken eroica install, a torch it does not know
-            say(f"not attached ({exc!r}); the job runs unwatched")
+            tell_user(f"not attached ({exc!r}); the job runs unwatched")
 
     def __getattr__(self, name: str) -> Any:     # get_source, is_package, ... for inspect and linecache
         return getattr(self.inner, name)
@@ -73,7 +73,7 @@ class _TorchFinder(importlib.abc.MetaPathFinder):
                     spec.loader = _Loader(spec.loader)
                     return spec
         except Exception as exc:
-            say(f"not attached (finding torch: {exc!r}); the job runs unwatched")
+            tell_user(f"not attached (finding torch: {exc!r}); the job runs unwatched")
         return None
 
 
@@ -92,7 +92,7 @@ def install() -> bool:
             sys.meta_path.insert(0, _TorchFinder())
         return True
     except Exception as exc:
-        say(f"not attached ({exc!r}); the job runs unwatched")
+        tell_user(f"not attached ({exc!r}); the job runs unwatched")
         return False
 
 

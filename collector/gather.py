@@ -22,7 +22,7 @@ TIMEOUT_SECONDS = 60
 HOST_SCOPE_MIN_WORLD = 64     # with a sink, jobs this wide gather per host unless told otherwise
 
 
-def wanted(flag: bool | str | None) -> bool:
+def gather_requested(flag: bool | str | None) -> bool:
     return scope_of(flag) is not None
 
 

@@ -177,7 +177,7 @@ class Monitor:
             for attr in ("num_workers", "batch_size", "pin_memory", "prefetch_factor", "persistent_workers"):
                 if hasattr(loader, attr):
                     self.config[f"dataloader.{attr}"] = str(getattr(loader, attr))
-            sites.note(self.config, "loader", getattr(loader, "_eroica_site", None) or sites.caller_site(1))
+            sites.remember_site(self.config, "loader", getattr(loader, "_eroica_site", None) or sites.caller_site(1))
             return TimedLoader(self._record_safely, loader)
         except Exception as exc:
             self._warn("wrap_loader", exc)
@@ -189,7 +189,7 @@ class Monitor:
         t0 = time.monotonic_ns() if self._win.recording else 0
         if name not in self._sited and len(self._sited) < sites.MAX_SITES:   # once per name: off the hot path
             self._sited.add(name)
-            sites.note(self.config, f"region.{str(name)[:MAX_NAME]}", sites.caller_site(2))
+            sites.remember_site(self.config, f"region.{str(name)[:MAX_NAME]}", sites.caller_site(2))
         try:
             yield
         finally:
@@ -213,7 +213,7 @@ class Monitor:
         t_in = time.perf_counter()
         self._win_seconds_this_call = 0.0
         if self._step == 0:
-            sites.note(self.config, "step", sites.caller_site(1))
+            sites.remember_site(self.config, "step", sites.caller_site(1))
         try:
             self._on_step()
         except Exception as exc:

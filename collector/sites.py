@@ -41,7 +41,7 @@ def caller_site(depth: int = 1, frames: int = 3) -> str | None:
     return " < ".join(out) or None
 
 
-def note(config: dict[str, str], key: str, site: str | None) -> None:
+def remember_site(config: dict[str, str], key: str, site: str | None) -> None:
     """Record a site once (the first one wins; bounded)."""
     try:
         k = SITE_PREFIX + key

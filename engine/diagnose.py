@@ -16,10 +16,10 @@ from eroica.engine.hang import load_snapshots, localize_documents
 from eroica.engine.history import add_gaps, mark_history, start_step, summarize
 from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
-from eroica.engine.report_data import enrich, heatmap, step_series
+from eroica.engine.report_data import add_report_data, heatmap, step_series
 from eroica.engine.rules.ir import RuleIR
 from eroica.engine.rules.loader import load_overrides, load_rules, rule_files
-from eroica.engine.rules.runner import evaluate
+from eroica.engine.rules.runner import run_rules
 from eroica.engine.rules.source import builtin_knowledge_dir
 from eroica.engine.taxonomy import (
     Resolution,
@@ -149,14 +149,14 @@ def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHi
         add_gaps(w, a)
         known.append(summarize(w, a, ()))
     facts = {wid: list(a.facts) for wid, a in analyses.items() if a.facts}
-    conclusions = evaluate(rules, facts, in_process=opts.in_process, site_dirs=opts.knowledge_dirs) if facts else {}
+    conclusions = run_rules(rules, facts, in_process=opts.in_process, site_dirs=opts.knowledge_dirs) if facts else {}
     out: list[WindowDiagnosis] = []
     floor = load_coverage_floor()
     for w in windows:
         a = analyses[w.window_id]
         steps = _steps(w, a)
         coverage = _coverage(w)
-        findings = enrich(build_findings(w, a, conclusions.get(w.window_id, []), taxonomy, resolution,
+        findings = add_report_data(build_findings(w, a, conclusions.get(w.window_id, []), taxonomy, resolution,
                                          coverage.coverage_ratio, status), w, a, steps.during_median_seconds)
         c = w.columns
         why_not = floor.why_not(len(coverage.ranks_reported), coverage.world_size)

@@ -26,7 +26,7 @@ from pathlib import Path
 from eroica.engine.facts import HangState
 from eroica.engine.rules.conclusion import Conclusion
 from eroica.engine.rules.ir import RuleIR
-from eroica.engine.rules.runner import evaluate
+from eroica.engine.rules.runner import run_rules
 from eroica.schema.hang import (
     NATIVE_HEADER,
     Category,
@@ -391,7 +391,7 @@ def _conclusions(st: list[HangRankState]) -> dict[str, list[Conclusion]]:
     """The knowledge base's hang rules (knowledge/rules/hang/) on the ranks' states: each cause with
     its most confident conclusion per rank."""
     rules = [r for r in _rules() if r.id.startswith("hang.")]
-    got = evaluate(rules, {"hang": list(hang_facts(st))}, in_process=True).get("hang", [])
+    got = run_rules(rules, {"hang": list(hang_facts(st))}, in_process=True).get("hang", [])
     by: dict[str, dict[int, Conclusion]] = {}
     for c in got:
         mine = by.setdefault(c.root_cause, {})

@@ -183,7 +183,7 @@ def cost(f: Finding, step_seconds: float | None, world: int) -> FindingCost | No
     )
 
 
-def enrich(findings: list[Finding], w: WindowData, analysis: PeerAnalysis,
+def add_report_data(findings: list[Finding], w: WindowData, analysis: PeerAnalysis,
            step_seconds: float | None) -> list[Finding]:
     world = w.world_size or len(w.docs)
     cols = w.columns

@@ -214,22 +214,22 @@ def _collection_in_a_worker() -> tuple[bool, bool]:
 
 def test_a_batch_command_collects_again_after_its_imports_and_so_do_its_ingest_workers() -> None:
     """`eroica diagnose` imports with cyclic collection held off; the command turns it back on for its
-    work (`settle`), and a worker forked meanwhile turns it on for its own work."""
+    work (`resume_collection`), and a worker forked meanwhile turns it on for its own work."""
     import gc
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from eroica.cli.fastpath import settle
+    from eroica.cli.fastpath import resume_collection
 
     gc.disable()
     try:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
             assert pool.submit(_collection_in_a_worker).result() == (True, True)
         assert not gc.isenabled()                    # the caller's own state is its own
-        settle()
+        resume_collection()
         assert gc.isenabled() and gc.get_freeze_count() > 0
         frozen = gc.get_freeze_count()
-        settle()                                     # already on: nothing more is frozen
+        resume_collection()                                     # already on: nothing more is frozen
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()

@@ -32,7 +32,7 @@ def _in_worker(fn: Any, *args: Any) -> Any:
         return pool.submit(fn, *args).result()
 
 
-def evaluate(rules: list[RuleIR], facts_by_window: dict[str, list[Fact]], in_process: bool = False,
+def run_rules(rules: list[RuleIR], facts_by_window: dict[str, list[Fact]], in_process: bool = False,
              site_dirs: list[Path] | None = None) -> dict[str, list[Conclusion]]:
     """Each window's typed facts in, its typed conclusions out; plain data only crosses to the worker."""
     plain = {w: [f.model_dump(mode="json") for f in fs] for w, fs in facts_by_window.items()}

@@ -36,6 +36,6 @@ def test_the_monitor_records_the_loader_region_and_step_sites(tmp_path: Path) ->
 def test_sites_are_bounded_and_the_first_one_wins() -> None:
     cfg: dict[str, str] = {}
     for i in range(sites.MAX_SITES + 10):
-        sites.note(cfg, f"region.r{i}", f"/x.py:{i}")
-    sites.note(cfg, "region.r0", "/elsewhere.py:1")
+        sites.remember_site(cfg, f"region.r{i}", f"/x.py:{i}")
+    sites.remember_site(cfg, "region.r0", "/elsewhere.py:1")
     assert len(cfg) == sites.MAX_SITES and cfg["site.region.r0"] == "/x.py:0"

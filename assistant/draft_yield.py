@@ -151,7 +151,7 @@ def _inside(diff: str, span: Span, repo: Path) -> str | None:
     return misplaced(diff, repo, Scope(lines={span.file: [(span.line, span.end_line)]}))
 
 
-def evaluate(incidents: Path, repos_root: Path, validate: bool = True,
+def draft_yield(incidents: Path, repos_root: Path, validate: bool = True,
              progress: Callable[[str], None] | None = None) -> DraftEval:
     repos, findings = find_repos(repos_root), code_findings(incidents)
     drafts: list[tuple[str, Repo, Finding, Span | None, str, str]] = []   # (incident, repo, f, span, diff, why)
