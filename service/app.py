@@ -26,8 +26,9 @@ from eroica.schema.diagnosis import Diagnosis
 from eroica.service import pages, store, traces
 from eroica.service.bulk import BulkIngested, ingest_many, split_lines
 from eroica.service.db import make_engine, migrate
+from eroica.service.errors import Invalid, ServiceError
 from eroica.service.guard import Access, Guard
-from eroica.service.inputs import refusal
+from eroica.service.inputs import document_refusal, first_problem
 from eroica.service.metrics import ServiceMetrics
 from eroica.service.recovery import assess
 from eroica.service.routes import api_router, issue_router
@@ -122,16 +123,12 @@ class Service:
         API calls it on a worker thread."""
         try:
             doc = parse_doc(body, where)
-        except RunDirError as exc:
+        except (RunDirError, ValidationError) as exc:
             self.metrics.ingest_error("invalid")
-            raise store.IngestError(400 if exc.field not in ("schema",) else 422, exc.message,
-                                    exc.field or "body") from exc
-        except ValidationError as exc:
-            self.metrics.ingest_error("invalid")
-            raise refusal(exc) from exc
+            raise document_refusal(exc) from exc
         try:
             got = retried(lambda: store.ingest(self.eng, job_id, doc, body, name=name))
-        except store.IngestError:
+        except ServiceError:
             self.metrics.ingest_error("refused")
             raise
         if got.created:
@@ -147,17 +144,12 @@ class Service:
         for n, line in split_lines(body):
             try:
                 docs.append((n, parse_doc(line, f"{where}, line {n}", one_line=True), line))
-            except RunDirError as exc:
+            except (RunDirError, ValidationError) as exc:
                 self.metrics.ingest_error("invalid")
-                raise store.IngestError(400 if exc.field not in ("schema",) else 422, f"line {n}: {exc.message}",
-                                        exc.field or "body") from exc
-            except ValidationError as exc:
-                self.metrics.ingest_error("invalid")
-                err = refusal(exc)
-                raise store.IngestError(err.status, f"line {n}: {err.message}", err.field) from exc
+                raise document_refusal(exc, f"line {n}: ") from exc
         try:
             got = retried(lambda: ingest_many(self.eng, job_id, docs, name=name, packed=packed))
-        except store.IngestError:
+        except ServiceError:
             self.metrics.ingest_error("refused")
             raise
         self.metrics.documents.inc(got.created)
@@ -256,8 +248,8 @@ def create_app(settings: Settings, start: bool = True) -> FastAPI:
     app.state.access = access
     app.add_middleware(Guard, access=access, max_body_bytes=settings.max_body_bytes)
 
-    @app.exception_handler(store.IngestError)
-    async def _refused(request: Request, exc: store.IngestError) -> JSONResponse:
+    @app.exception_handler(ServiceError)
+    async def _refused(request: Request, exc: ServiceError) -> JSONResponse:
         log.warning("eroica serve: %s %s refused (%d): %s", request.method, request.url.path, exc.status, exc.message)
         return JSONResponse({"error": exc.message, "field": exc.field}, status_code=exc.status)
 
@@ -272,10 +264,9 @@ def create_app(settings: Settings, start: bool = True) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        err = exc.errors()[0] if exc.errors() else {"loc": ["request"], "msg": "invalid request"}
-        fld = ".".join(str(x) for x in err["loc"] if x not in ("path", "query", "header", "body")) or "request"
-        log.warning("eroica serve: %s %s refused (422): %s", request.method, request.url.path, err["msg"])
-        return JSONResponse({"error": err["msg"], "field": fld}, status_code=422)
+        # a request FastAPI could not bind (a path or query parameter, a body model) is invalid: 422
+        problem = first_problem(exc.errors(), default_field="request")
+        return await _refused(request, Invalid(problem.message, problem.field))
 
     app.include_router(api_router(svc))
     app.include_router(issue_router(svc))

@@ -27,7 +27,7 @@ from eroica.engine.column_chunks import encode as encode_chunk
 from eroica.engine.columns import ColumnsBuilder
 from eroica.schema.patterns import PatternsDoc
 from eroica.service.db import batch_columns, batches, documents, windows, writing
-from eroica.service.errors import IngestError
+from eroica.service.errors import Conflict, Invalid, Malformed, TooLarge
 from eroica.service.runs import touch_run, valid_job_id
 
 MAX_LINES = 4096          # documents per batch (a host has at most a few dozen ranks)
@@ -44,9 +44,9 @@ def split_lines(body: bytes) -> list[tuple[int, bytes]]:
     """The batch's non-empty lines with their 1-based numbers; 413 past MAX_LINES."""
     lines = [(n, ln) for n, ln in enumerate(body.split(b"\n"), 1) if ln.strip()]
     if not lines:
-        raise IngestError(400, "an empty batch: one pattern document per line was expected", "body")
+        raise Malformed("an empty batch: one pattern document per line was expected", "body")
     if len(lines) > MAX_LINES:
-        raise IngestError(413, f"{len(lines)} documents in one batch; at most {MAX_LINES}", "body")
+        raise TooLarge(f"{len(lines)} documents in one batch; at most {MAX_LINES}", "body")
     return lines
 
 
@@ -63,14 +63,14 @@ def ingest_many(eng: sa.Engine, job_id: str, docs: list[tuple[int, PatternsDoc, 
     where = (lambda n: "") if alone else (lambda n: f"line {n}: ")  # noqa: E731
     for line, doc, text in docs:
         if doc.job.world_size != world:
-            raise IngestError(422, f"{where(line)}world size {doc.job.world_size}, line {docs[0][0]} says {world}",
+            raise Invalid(f"{where(line)}world size {doc.job.world_size}, line {docs[0][0]} says {world}",
                               "job.world_size")
         if doc.job.rank >= world:
-            raise IngestError(422, f"{where(line)}rank {doc.job.rank} is outside the job's world of {world}",
+            raise Invalid(f"{where(line)}rank {doc.job.rank} is outside the job's world of {world}",
                               "job.rank")
         key = (doc.window.window_id, doc.job.rank)
         if key in seen:
-            raise IngestError(422, f"{where(line)}rank {doc.job.rank} of window {key[0]} again (line {seen[key]})",
+            raise Invalid(f"{where(line)}rank {doc.job.rank} of window {key[0]} again (line {seen[key]})",
                               "job.rank")
         seen[key] = line
         by_window[doc.window.window_id].append((line, doc, text))
@@ -113,7 +113,7 @@ def ingest_many(eng: sa.Engine, job_id: str, docs: list[tuple[int, PatternsDoc, 
                 for line, doc, _ in items:
                     r = doc.job.rank
                     if r in old and old[r] != rows[r]["sha256"]:
-                        raise IngestError(409, f"{where(line)}window {wid} already has a different document for "
+                        raise Conflict(f"{where(line)}window {wid} already has a different document for "
                                                f"rank {r}" + ("" if alone else "; nothing of this batch was stored"),
                                           "job.rank")
             if batch_pk is not None and len(stored) == len(items):

@@ -37,7 +37,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from eroica.service.errors import IngestError
+from eroica.service.errors import Malformed, TooLarge, UnsupportedEncoding
 
 log = logging.getLogger("eroica.service")
 COOKIE = "eroica_session"
@@ -255,7 +255,7 @@ async def read_limited(request: Request, limit: int) -> bytes:
     async for chunk in request.stream():
         n += len(chunk)
         if n > limit:
-            raise IngestError(413, f"body over {limit} bytes", "body")
+            raise TooLarge(f"body over {limit} bytes", "body")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -272,14 +272,14 @@ def unpack_body(raw: bytes, encoding: str | None, limit: int) -> tuple[bytes, by
     if enc in ("", "identity"):
         return raw, None
     if enc != "gzip":
-        raise IngestError(415, f"Content-Encoding {enc[:40]!r} is not supported (gzip or none)", "content-encoding")
+        raise UnsupportedEncoding(f"Content-Encoding {enc[:40]!r} is not supported (gzip or none)", "content-encoding")
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
         out = d.decompress(raw, limit + 1)
     except zlib.error as exc:
-        raise IngestError(400, f"Content-Encoding gzip, but the body is not gzip: {exc}", "body") from exc
+        raise Malformed(f"Content-Encoding gzip, but the body is not gzip: {exc}", "body") from exc
     if len(out) > limit:
-        raise IngestError(413, f"body over {limit} bytes once decompressed", "body")
+        raise TooLarge(f"body over {limit} bytes once decompressed", "body")
     if not d.eof:
-        raise IngestError(400, "Content-Encoding gzip, but the gzip stream is truncated", "body")
+        raise Malformed("Content-Encoding gzip, but the gzip stream is truncated", "body")
     return out, (None if d.unused_data else raw)

@@ -12,9 +12,9 @@ import sqlalchemy as sa
 
 from eroica.engine.hang import latest, localize_snapshots
 from eroica.schema.hang import HangFinding
-from eroica.service.db import hangs, issues, reading, writing
+from eroica.service.db import hangs, reading, writing
 from eroica.service.inputs import parse_hang
-from eroica.service.lifecycle import open_issue
+from eroica.service.lifecycle import fold_finding
 from eroica.service.runs import touch_run, upsert
 
 CONFIDENT = 0.5
@@ -22,7 +22,7 @@ CONFIDENT = 0.5
 
 def parse(body: bytes) -> dict[str, Any]:
     """A hang snapshot, validated (types and bounds: eroica.service.inputs) and reduced to the fields
-    the engine reads; an IngestError naming the field otherwise."""
+    the engine reads; a ServiceError naming the field otherwise."""
     return parse_hang(body).model_dump(mode="json", by_alias=True)
 
 
@@ -49,12 +49,7 @@ def current(eng: sa.Engine, job_id: str) -> HangFinding | None:
 
 
 def _issue(c: sa.Connection, job_id: str, f: HangFinding, now: float) -> None:
-    ranks = ",".join(map(str, f.ranks))
+    """The hang into the job's issues, through the same fold as a window's findings."""
     where = f"{f.where.function} ({f.where.file}:{f.where.line})" if f.where else None
-    row = c.execute(sa.select(issues).where(issues.c.job_id == job_id, issues.c.root_cause == f.root_cause,
-                                            issues.c.ranks == ranks)).mappings().first()
-    if row is None:
-        open_issue(c, job_id, f.root_cause, f.category, ranks, where, f.confidence, now, why=f"hang: {f.summary[:300]}")
-    else:
-        c.execute(issues.update().where(issues.c.id == row["id"]).values(
-            last_seen=now, top_confidence=max(row["top_confidence"], f.confidence)))
+    fold_finding(c, job_id, f.root_cause, f.category, sorted(f.ranks), where, f.confidence, now,
+                 why=f"hang: {f.summary[:300]}", resend=False)

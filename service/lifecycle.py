@@ -21,7 +21,7 @@ import yaml
 from eroica.schema.diagnosis import Diagnosis
 from eroica.service.db import documents, issues, jobs, reading, windows, writing
 from eroica.service.docs import doc_texts
-from eroica.service.errors import IngestError
+from eroica.service.errors import Conflict, Invalid, NotFound
 from eroica.service.runs import insert_or_get
 
 CONFIDENT = 0.5
@@ -82,63 +82,80 @@ def open_issue(c: sa.Connection, job_id: str, root_cause: str, category: str, ra
 
 def record_findings(c: sa.Connection, pk: int, job_id: str, d: Diagnosis, now: float) -> list[int]:
     """Fold a window's confident findings into the job's issues (inside the diagnosis's transaction);
-    the ids of the issues this window touched. A closed issue that shows up again is reopened; one of
-    an earlier run of the same job name is followed into this run (the job restarted)."""
+    the ids of the issues this window touched."""
     touched = []
     for wd in d.windows:
         for f in wd.findings:
-            if f.confidence < CONFIDENT:
-                continue
-            ranks = ",".join(map(str, sorted(f.ranks)))
-            devices = _devices(c, pk, f.ranks)
-            row = _issue_of(c, job_id, f.root_cause, ranks)
-            if row is None:
-                iid = open_issue(c, job_id, f.root_cause, f.category.value, ranks, f.function, f.confidence, now,
-                                 hosts=f.hosts, devices=devices, window_pk=pk)
-            else:
-                iid = row["id"]
-                upd: dict[str, Any] = {"last_seen": now, "last_window_pk": pk,
-                                       "windows_total": row["windows_total"] + (row["last_window_pk"] != pk),
-                                       "top_confidence": max(row["top_confidence"], f.confidence),
-                                       "hosts": sorted(set(row["hosts"]) | set(f.hosts)), **RESEND,
-                                       "devices": sorted(set(row["devices"] or []) | set(devices))}
-                history = list(row["history"])
-                if row["job_id"] != job_id:
-                    upd.update(job_id=job_id, runs=[*(row["runs"] or [row["job_id"]]), job_id])
-                    history.append({"state": row["state"], "who": "eroica", "at": now, "run": job_id,
-                                    "why": f"the job restarted: followed from run {row['job_id']} to {job_id}"})
-                if row["state"] in ("recovered", "false_positive"):
-                    upd["state"] = "open"
-                    history.append({"state": "open", "who": "eroica", "at": now, "window": pk,
-                                    "why": f"seen again after {row['state']}"})
-                if len(history) != len(row["history"]):
-                    upd["history"] = history
-                c.execute(issues.update().where(issues.c.id == iid).values(**upd))
-            touched.append(int(iid))
+            if f.confidence >= CONFIDENT:
+                touched.append(fold_finding(c, job_id, f.root_cause, f.category.value, sorted(f.ranks), f.function,
+                                            f.confidence, now, hosts=f.hosts, devices=_devices(c, pk, f.ranks),
+                                            window_pk=pk))
     return touched
+
+
+def fold_finding(c: sa.Connection, job_id: str, root_cause: str, category: str, ranks: list[int],
+                 function: str | None, confidence: float, now: float, hosts: list[str] | None = None,
+                 devices: list[str] | None = None, window_pk: int = 0, why: str | None = None,
+                 resend: bool = True) -> int:
+    """A finding into the job's issue of that root cause and ranks: opened, or seen again (a closed
+    issue that shows up again is reopened; one of an earlier run of the same job name is followed into
+    this run: the job restarted). From a window's diagnosis (`window_pk`) or from a hang, which no
+    window saw (`why`). `resend`: the alert goes out again with the update (each window; a hang's
+    repeated snapshots only when they reopen it). The issue's id."""
+    key = ",".join(map(str, ranks))
+    row = _issue_of(c, job_id, root_cause, key)
+    if row is None:
+        return open_issue(c, job_id, root_cause, category, key, function, confidence, now, hosts=hosts,
+                          devices=devices, window_pk=window_pk, why=why)
+    iid = int(row["id"])
+    new_window = bool(window_pk) and row["last_window_pk"] != window_pk
+    upd: dict[str, Any] = {"last_seen": now, "windows_total": row["windows_total"] + new_window,
+                           "top_confidence": max(row["top_confidence"], confidence),
+                           "hosts": sorted(set(row["hosts"]) | set(hosts or [])),
+                           "devices": sorted(set(row["devices"] or []) | set(devices or []))}
+    if resend:
+        upd.update(RESEND)
+    if window_pk:
+        upd["last_window_pk"] = window_pk
+    history = list(row["history"])
+    if row["job_id"] != job_id:
+        upd.update(job_id=job_id, runs=[*(row["runs"] or [row["job_id"]]), job_id])
+        history.append({"state": row["state"], "who": "eroica", "at": now, "run": job_id,
+                        "why": f"the job restarted: followed from run {row['job_id']} to {job_id}"})
+    if row["state"] in ("recovered", "false_positive"):
+        upd.update(state="open", **RESEND)
+        entry: dict[str, Any] = {"state": "open", "who": "eroica", "at": now,
+                                 "why": f"seen again after {row['state']}" + (f" ({why})" if why else "")}
+        if window_pk:
+            entry["window"] = window_pk
+        history.append(entry)
+    if len(history) != len(row["history"]):
+        upd["history"] = history
+    c.execute(issues.update().where(issues.c.id == iid).values(**upd))
+    return iid
 
 
 def transition(eng: sa.Engine, iid: int, state: str, who: str, why: str | None = None, url: str | None = None,
                kind: str | None = None, now: float | None = None) -> dict[str, Any]:
-    """Move an issue to `state`; a 4xx (IngestError) naming the field when the move is not allowed."""
+    """Move an issue to `state`; a 4xx (ServiceError) naming the field when the move is not allowed."""
     now = time.time() if now is None else now
     if state not in NEXT:
-        raise IngestError(422, f"unknown state {state!r}; one of {', '.join(NEXT)}", "state")
+        raise Invalid(f"unknown state {state!r}; one of {', '.join(NEXT)}", "state")
     if not who or len(who) > 200:
-        raise IngestError(422, "say who does this (1-200 characters)", "who")
+        raise Invalid("say who does this (1-200 characters)", "who")
     if state == "linked":
         if not url or len(url) > 2000:
-            raise IngestError(422, "a link needs the ticket or change (URL or id, up to 2000 characters)", "url")
+            raise Invalid("a link needs the ticket or change (URL or id, up to 2000 characters)", "url")
         if kind not in LINK_KINDS:
-            raise IngestError(422, f"link kind must be one of {', '.join(LINK_KINDS)}", "kind")
+            raise Invalid(f"link kind must be one of {', '.join(LINK_KINDS)}", "kind")
     if state == "false_positive" and not why:
-        raise IngestError(422, "closing as a false positive needs the reason (it becomes a regression case)", "why")
+        raise Invalid("closing as a false positive needs the reason (it becomes a regression case)", "why")
     with writing(eng) as c:
         row = c.execute(sa.select(issues).where(issues.c.id == iid)).mappings().first()
         if row is None:
-            raise IngestError(404, f"no issue {iid}", "issue")
+            raise NotFound(f"no issue {iid}", "issue")
         if row["state"] not in NEXT[state]:
-            raise IngestError(409, f"issue {iid} is {row['state']}: it cannot become {state}", "state")
+            raise Conflict(f"issue {iid} is {row['state']}: it cannot become {state}", "state")
         entry: dict[str, Any] = {"state": state, "who": who, "at": now}
         entry.update({k: v for k, v in (("why", why), ("url", url)) if v})
         upd: dict[str, Any] = {"state": state, "history": [*row["history"], entry], **RESEND}
@@ -154,9 +171,9 @@ def export_false_positive(eng: sa.Engine, iid: int) -> dict[str, Any]:
     with reading(eng) as c:
         row = c.execute(sa.select(issues).where(issues.c.id == iid)).mappings().first()
         if row is None:
-            raise IngestError(404, f"no issue {iid}", "issue")
+            raise NotFound(f"no issue {iid}", "issue")
         if row["state"] != "false_positive":
-            raise IngestError(409, f"issue {iid} is {row['state']}, not a false positive", "state")
+            raise Conflict(f"issue {iid} is {row['state']}, not a false positive", "state")
         w = c.execute(sa.select(windows.c.window_id, windows.c.job_id).where(
             windows.c.pk == row["last_window_pk"])).one()
         docs = [t.decode() for _, t in sorted(doc_texts(c, row["last_window_pk"]).items())]

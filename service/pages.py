@@ -25,6 +25,7 @@ from eroica.engine.render import render
 from eroica.schema.diagnosis import Diagnosis
 from eroica.service import store
 from eroica.service.db import findings, host_counts, hosts_of, issues, jobs, reading, steps, traces_of, windows
+from eroica.service.errors import NotFound, ServiceError, Unauthorized
 from eroica.service.fleet import host_ranking, week_summary
 from eroica.service.guard import COOKIE, SESSION_SECONDS, principal_of, read_limited
 from eroica.service.lifecycle import LINK_KINDS, state_of, transition
@@ -128,7 +129,7 @@ def router(svc: Service) -> APIRouter:
         with reading(eng) as c:
             row = c.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
             if row is None:
-                raise store.IngestError(404, f"no job {job_id!r}", "job")
+                raise NotFound(f"no job {job_id!r}", "job")
             hosts = hosts_of(c, [job_id])[job_id]
             j = {**row, "hosts": hosts[:HOSTS_LISTED], "hosts_total": len(hosts)}
             ws = [window_json(w) for w in c.execute(sa.select(windows).where(windows.c.job_id == job_id)
@@ -160,10 +161,10 @@ def router(svc: Service) -> APIRouter:
         try:
             if not signed_in and (token is None or not hmac.compare_digest(form.get("token", "").encode(),
                                                                              token.encode())):
-                raise store.IngestError(401, "the service's token is missing or wrong", "token")
+                raise Unauthorized("the service's token is missing or wrong", "token")
             await run_in_threadpool(transition, eng, iid, state_of(form.get("action", "")), form.get("who", ""),
                                     form.get("why") or None, form.get("url") or None, form.get("kind") or None)
-        except store.IngestError as exc:
+        except ServiceError as exc:
             return page("refused.html.j2", http_status=exc.status, why=exc.message, field=exc.field, back=back)
         return RedirectResponse(f"{back}#issue-{iid}", status_code=303)
 
@@ -202,7 +203,7 @@ def router(svc: Service) -> APIRouter:
     def report(pk: Key) -> HTMLResponse:
         body = store.diagnosis_of(eng, pk)
         if body is None:
-            raise store.IngestError(404, f"window {pk} has no diagnosis (yet)", "window")
+            raise NotFound(f"window {pk} has no diagnosis (yet)", "window")
         return HTMLResponse(render(Diagnosis.model_validate_json(body), "html"))
 
     return r

@@ -17,6 +17,7 @@ from eroica.service import api_models as m
 from eroica.service import hangs, store
 from eroica.service.bulk import BulkIngested
 from eroica.service.db import findings, hosts_of, issues, jobs, reading, steps, traces_of, windows
+from eroica.service.errors import Forbidden, NotFound
 from eroica.service.fleet import drain_list, host_ranking, week_summary
 from eroica.service.guard import NDJSON, Principal, decode_body, principal_of, read_limited, unpack_body
 from eroica.service.inputs import MAX_INT, TransitionIn, refusal
@@ -59,7 +60,7 @@ def may_write(eng: sa.Engine, who: Principal, job_id: str, name: str | None) -> 
         stored = name_of(c, job_id)
     effective = name or stored or job_id
     if not who.may_write_job(effective) or (stored is not None and not who.may_write_job(stored)):
-        raise store.IngestError(403, f"this job token may not write job {effective!r}", "authorization")
+        raise Forbidden(f"this job token may not write job {effective!r}", "authorization")
 
 
 WINDOW_COLUMNS = ("pk", "job_id", "window_id", "world_size", "start_step", "end_step", "trigger", "status",
@@ -148,7 +149,7 @@ def api_router(svc: Service) -> APIRouter:
     def get_hang(job_id: JobId) -> dict[str, Any]:
         f = hangs.current(eng, store.valid_job_id(job_id))
         if f is None:
-            raise store.IngestError(404, f"no hang snapshot for job {job_id!r}", "job")
+            raise NotFound(f"no hang snapshot for job {job_id!r}", "job")
         return f.model_dump(mode="json")
 
     @r.post("/jobs/{job_id}/end", openapi_extra=_body())
@@ -180,7 +181,7 @@ def api_router(svc: Service) -> APIRouter:
         with reading(eng) as c:
             j = c.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
             if j is None:
-                raise store.IngestError(404, f"no job {job_id!r}", "job")
+                raise NotFound(f"no job {job_id!r}", "job")
             ws = c.execute(sa.select(windows).where(windows.c.job_id == job_id).order_by(windows.c.start_step))
             series = c.execute(sa.select(steps).where(steps.c.job_id == job_id).order_by(steps.c.first_step))
             hosts = hosts_of(c, [job_id])[job_id]
@@ -194,7 +195,7 @@ def api_router(svc: Service) -> APIRouter:
         with reading(eng) as c:
             w = c.execute(sa.select(windows).where(windows.c.pk == pk)).mappings().first()
             if w is None:
-                raise store.IngestError(404, f"no window {pk}", "window")
+                raise NotFound(f"no window {pk}", "window")
             fs = c.execute(sa.select(findings).where(findings.c.window_pk == pk)
                            .order_by(findings.c.confidence.desc())).mappings().all()
         return {**window_json(w), "findings": [finding_json(f) for f in fs]}
@@ -203,7 +204,7 @@ def api_router(svc: Service) -> APIRouter:
     def get_diagnosis(pk: Key) -> Response:
         body = store.diagnosis_of(eng, pk)
         if body is None:
-            raise store.IngestError(404, f"window {pk} has no diagnosis (yet)", "window")
+            raise NotFound(f"window {pk} has no diagnosis (yet)", "window")
         return Response(body, media_type="application/json")
 
     @r.get("/findings", response_model=list[m.Finding])

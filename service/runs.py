@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from eroica.service.db import job_hosts, jobs
-from eroica.service.errors import IngestError
+from eroica.service.errors import Conflict, Invalid, Malformed
 
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 NAME_HEADER = "x-eroica-job-name"
@@ -48,7 +48,7 @@ def retried(work: Callable[[], T], attempts: int = 4) -> T:
 
 def valid_job_id(job_id: str, field: str = "job") -> str:
     if not JOB_ID.match(job_id or ""):
-        raise IngestError(400, "a job id or name must be 1-128 characters of letters, digits, '.', '_' or '-', "
+        raise Malformed("a job id or name must be 1-128 characters of letters, digits, '.', '_' or '-', "
                                "starting with a letter or digit", field)
     return job_id
 
@@ -109,11 +109,11 @@ def touch_run(c: sa.Connection, job_id: str, name: str | None, world: int, host:
     job = c.execute(sa.select(jobs.c.world_size, jobs.c.name).where(jobs.c.id == job_id)
                     .with_for_update(key_share=True)).one()
     if job.world_size != world:
-        raise IngestError(422, f"job {job_id!r} has world size {job.world_size}, this one says {world}", field)
+        raise Invalid(f"job {job_id!r} has world size {job.world_size}, this one says {world}", field)
     upd: dict[str, Any] = {"last_seen": now, "ended_at": None, "ended_by": None}
     if name and job.name != name:
         if job.name != job_id:
-            raise IngestError(409, f"run {job_id!r} belongs to job {job.name!r}, not {name!r}: a run's job name "
+            raise Conflict(f"run {job_id!r} belongs to job {job.name!r}, not {name!r}: a run's job name "
                                    "cannot change", NAME_HEADER)
         upd["name"] = name
     c.execute(jobs.update().where(jobs.c.id == job_id).values(**upd))

@@ -19,11 +19,11 @@ from eroica.schema.diagnosis import Diagnosis
 from eroica.schema.patterns import PatternsDoc
 from eroica.service.bulk import ingest_many
 from eroica.service.db import batch_columns, diagnoses, findings, issues, jobs, reading, steps, windows, writing
-from eroica.service.errors import IngestError
+from eroica.service.errors import NotFound
 from eroica.service.lifecycle import OPEN_STATES, RESEND, record_findings
 from eroica.service.runs import JOB_ID, insert_ignore, touch_run, valid_job_id
 
-__all__ = ["JOB_ID", "IngestError", "Ingested", "valid_job_id"]
+__all__ = ["JOB_ID", "Ingested", "valid_job_id"]
 
 LEASE_SECONDS = 120.0
 MAX_ATTEMPTS = 3          # a window whose diagnosis failed (or whose replica died) this often fails for good
@@ -172,7 +172,7 @@ def end_job(eng: sa.Engine, job_id: str, by: str, now: float | None = None) -> b
     now = time.time() if now is None else now
     with writing(eng) as c:
         if c.execute(sa.select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
-            raise IngestError(404, f"no job {job_id!r}", "job")
+            raise NotFound(f"no job {job_id!r}", "job")
         done = c.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.ended_at.is_(None))
                          .values(ended_at=now, ended_by=by)).rowcount
         if done:

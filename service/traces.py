@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from eroica.schema.patterns import WINDOW_ID_PATTERN
 from eroica.schema.raw_trace import RawTraceHeader, unpack
 from eroica.service.db import raw_traces, reading, traces_of, writing
-from eroica.service.errors import IngestError
+from eroica.service.errors import Invalid, Malformed, NotFound
 from eroica.service.guard import principal_of
 from eroica.service.inputs import MAX_INT, refusal
 from eroica.service.routes import JobId, job_body, job_name, may_write
@@ -37,7 +37,8 @@ def parse(body: bytes) -> tuple[RawTraceHeader, bytes]:
     except ValidationError as exc:
         raise refusal(exc) from exc
     except ValueError as exc:      # not JSON, or no Chrome trace
-        raise IngestError(400 if isinstance(exc, json.JSONDecodeError) else 422, str(exc)[:300], "trace") from exc
+        kind = Malformed if isinstance(exc, json.JSONDecodeError) else Invalid
+        raise kind(str(exc)[:300], "trace") from exc
     return head, gzip.compress(json.dumps(trace, separators=(",", ":")).encode(), 6)
 
 
@@ -47,7 +48,7 @@ def add(eng: sa.Engine, job_id: str, head: RawTraceHeader, packed: bytes, size: 
     go. Returns how many the job keeps."""
     now = time.time() if now is None else now
     if head.rank >= head.world_size:
-        raise IngestError(422, f"rank {head.rank} is not below world_size {head.world_size}", "rank")
+        raise Invalid(f"rank {head.rank} is not below world_size {head.world_size}", "rank")
     with writing(eng) as c:
         touch_run(c, job_id, name, head.world_size, head.host, now, "world_size")
         upsert(c, raw_traces, {"job_id": job_id, "window_id": head.window_id, "rank": head.rank, "body": packed,
@@ -90,7 +91,7 @@ def router(svc: Any) -> APIRouter:
                 raw_traces.c.job_id == job_id, raw_traces.c.window_id == window_id,
                 raw_traces.c.rank == rank)).scalar()
         if body is None:
-            raise IngestError(404, f"no raw trace of rank {rank} in window {window_id} of job {job_id!r} "
+            raise NotFound(f"no raw trace of rank {rank} in window {window_id} of job {job_id!r} "
                                    f"(a job keeps its newest {MAX_PER_JOB})", "trace")
         return Response(gzip.decompress(body), media_type="application/json", headers={
             "Content-Disposition": f'attachment; filename="{job_id}-{window_id}-rank-{rank}.trace.json"'})

@@ -30,7 +30,7 @@ from eroica.schema.raw_trace import RawTraceHeader, pack
 from eroica.schema.steps import StepSeriesSummary
 from eroica.service import hangs, store, traces
 from eroica.service.db import jobs, reading
-from eroica.service.errors import IngestError
+from eroica.service.errors import ServiceError
 from eroica.service.inputs import refusal
 from eroica.service.runs import JOB_ID
 
@@ -108,7 +108,7 @@ class Watcher:
             head, packed = traces.parse(pack(RawTraceHeader(window_id=f.parent.name, rank=rank, world_size=world),
                                              body))
             traces.add(self.svc.eng, job, head, packed, len(body))
-        except IngestError as exc:
+        except ServiceError as exc:
             log.warning("eroica serve: %s: %s (%s)", f, exc.message, exc.field)
         except (OSError, ValueError) as exc:
             log.warning("eroica serve: %s: %r", f, exc)
@@ -125,7 +125,7 @@ class Watcher:
         for i, part in enumerate(parts, 1):
             try:
                 n += int(self.svc.accept(job, part, f"{f}" + (f":{i}" if f.suffix == ".jsonl" else "")).created)
-            except IngestError as exc:
+            except ServiceError as exc:
                 log.warning("eroica serve: %s%s: %s (%s)", f, f":{i}" if len(parts) > 1 else "", exc.message,
                             exc.field)
         return n
@@ -159,7 +159,7 @@ class Watcher:
             elif kind == "traces":
                 head, packed = traces.parse(body)
                 traces.add(self.svc.eng, job, head, packed, len(body), name=name)
-        except IngestError as exc:
+        except ServiceError as exc:
             log.warning("eroica serve: spooled %s: %s (%s): removed", f, exc.message, exc.field)
         except (OSError, EOFError, gzip.BadGzipFile) as exc:
             log.warning("eroica serve: spooled %s: %r", f, exc)
