@@ -181,7 +181,7 @@ def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHi
         )
     return Diagnosis(run_dir=run, eroica_version=VERSION, rules_loaded=len(rules),
                      windows=_across_windows(out, history, taxonomy, resolution),
-                     hang=localize_documents(hang_snapshots))
+                     hang=localize_documents(hang_snapshots, rules, taxonomy) if hang_snapshots else None)
 
 
 def _across_windows(windows: list[WindowDiagnosis], history: Sequence[WindowHistory],

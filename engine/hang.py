@@ -27,10 +27,10 @@ from eroica.engine.facts import HangState
 from eroica.engine.rules.conclusion import Conclusion
 from eroica.engine.rules.ir import RuleIR
 from eroica.engine.rules.runner import run_rules
+from eroica.engine.taxonomy import TaxonomyEntry, load_hang_resolution, load_taxonomy
 from eroica.schema.hang import (
     NATIVE_HEADER,
     Category,
-    Cause,
     HangFinding,
     HangFrame,
     HangRankState,
@@ -332,51 +332,52 @@ def localize(run_dir: Path) -> HangFinding | None:
     return localize_snapshots(load_snapshots(run_dir))
 
 
-def localize_documents(snaps: Sequence[HangSnapshot | dict]) -> HangFinding | None:  # type: ignore[type-arg]
+def localize_documents(snaps: Sequence[HangSnapshot | dict], rules: Sequence[RuleIR] | None = None,  # type: ignore[type-arg]
+                       taxonomy: dict[str, TaxonomyEntry] | None = None) -> HangFinding | None:
     """The verdict on a hang's snapshots as documents: typed (eroica.schema.hang, as the service
     validated them) or as read from a run directory (with faulthandler's dumps turned into ones);
-    the latest hang among them."""
+    the latest hang among them. `rules`, `taxonomy`: the knowledge the windows were diagnosed with
+    (a site's rules, overrides and root causes); the shipped ones when not given."""
     return localize_snapshots(latest([s.model_dump(mode="json", by_alias=True) if isinstance(s, HangSnapshot) else s
-                                      for s in snaps]))
+                                      for s in snaps]), rules, taxonomy)
 
 
-def localize_snapshots(snaps: list[dict]) -> HangFinding | None:  # type: ignore[type-arg]
-    """The verdict on one hang's snapshots (a run directory's, or those the service received)."""
+def localize_snapshots(snaps: list[dict], rules: Sequence[RuleIR] | None = None,  # type: ignore[type-arg]
+                       taxonomy: dict[str, TaxonomyEntry] | None = None) -> HangFinding | None:
+    """The verdict on one hang's snapshots (a run directory's, or those the service received): the
+    rules conclude on the ranks' states, the taxonomy's `hang` section picks one cause (its precedence)
+    or says what no rule concluded (its fallback), and names the cause's category."""
     if not snaps:
         return None
+    taxonomy = taxonomy if taxonomy is not None else load_taxonomy()
+    resolution = load_hang_resolution()
     st = states(snaps)
     stalled = max(s["stalled_seconds"] for s in snaps)
     limit = max(s["limit_seconds"] for s in snaps)
     ev = [f"rank {s.rank}: {s.state.replace('_', ' ')}" + (f", in {s.collective}" if s.collective else "")
           + (f" ({s.detail})" if s.detail else "") for s in st]
 
-    def finding(cause: Cause, cat: Category, culprits: list[HangRankState], conf: float, summary: str) -> HangFinding:
+    def finding(cause: str, culprits: list[HangRankState], conf: float, summary: str) -> HangFinding:
         hosts = sorted({c.host for c in culprits if c.host})
         others = {s.host for s in st if s.host and s.rank not in {c.rank for c in culprits}}
         if len(hosts) == 1 and hosts[0] not in others and len({s.host for s in st if s.host}) > 1:
             summary = f"host {hosts[0]}: {summary}"      # every rank of that host, and no other: the host's
+        entry = taxonomy.get(cause)
+        cat: Category = "hardware" if entry is not None and entry.category == "hardware" else "software"
         return HangFinding(root_cause=cause, category=cat, ranks=[c.rank for c in culprits],
                            where=culprits[0].where if culprits else None, confidence=conf, summary=summary,
                            evidence=ev, stalled_seconds=stalled, limit_seconds=limit, states=st, hosts=hosts)
-    best = _conclusions(st)
+    best = _conclusions(st, _rules() if rules is None else tuple(rules))
     if not best:
-        return finding("hang_unknown", "software", [], 0.3, "Every rank waits in the same collective and no rank "
-                       "stands apart: look at the network and the collective's peers.")
-    cause = min(best, key=lambda c: PRECEDENCE.index(c) if c in PRECEDENCE else len(PRECEDENCE))
+        return finding(resolution.fallback_cause, [], resolution.fallback_confidence, resolution.fallback_summary)
+    cause = min(best, key=lambda c: (resolution.rank(c), -max(x.rule_confidence for x in best[c])))
     state = {s.rank: s for s in st}
     cs = best[cause]
     # a silent rank is named only when no rank's loss is better evidenced (its process gone, its
     # heartbeat stopped, its host's connection dropped): the others went quiet after the fact
     cs = [c for c in cs if state[c.rank].state != "silent"] or cs
     culprits = [state[c.rank] for c in cs]
-    cat: Category = "hardware" if cause in ("rank_died", "hang_link") else "software"
-    return finding(cause, cat, culprits, max(c.rule_confidence for c in cs),  # type: ignore[arg-type]
-                   " ".join(cs[0].summary.split()))
-
-
-# when several causes fire, the first explains the others: a link down stops everyone's collectives;
-# a desync crashes the rank that receives the wrong size; a rank behind is what the others wait for
-PRECEDENCE = ("hang_link", "hang_desync", "hang_dataloader", "hang_user_code", "rank_died")
+    return finding(cause, culprits, max(c.rule_confidence for c in cs), " ".join(cs[0].summary.split()))
 
 
 def hang_facts(st: list[HangRankState]) -> list[HangState]:
@@ -387,11 +388,13 @@ def hang_facts(st: list[HangRankState]) -> list[HangState]:
                       collective=s.collective or "", detail=s.detail) for s in st]
 
 
-def _conclusions(st: list[HangRankState]) -> dict[str, list[Conclusion]]:
-    """The knowledge base's hang rules (knowledge/rules/hang/) on the ranks' states: each cause with
-    its most confident conclusion per rank."""
-    rules = [r for r in _rules() if r.id.startswith("hang.")]
-    got = run_rules(rules, {"hang": list(hang_facts(st))}, in_process=True).get("hang", [])
+def _conclusions(st: list[HangRankState], rules: tuple[RuleIR, ...]) -> dict[str, list[Conclusion]]:
+    """The rules that read the ranks' hang states (knowledge/rules/hang/, and a site's) on those
+    states: each cause with its most confident conclusion per rank."""
+    hang_rules = [r for r in rules if any(p.kind == HangState.model_fields["kind"].default for p in r.patterns)]
+    if not hang_rules:
+        return {}
+    got = run_rules(hang_rules, {"hang": list(hang_facts(st))}, in_process=True).get("hang", [])
     by: dict[str, dict[int, Conclusion]] = {}
     for c in got:
         mine = by.setdefault(c.root_cause, {})
@@ -402,7 +405,8 @@ def _conclusions(st: list[HangRankState]) -> dict[str, list[Conclusion]]:
 
 @functools.lru_cache(maxsize=1)
 def _rules() -> tuple[RuleIR, ...]:
-    from eroica.engine.rules.compiler import compile_rules  # a hang is rare: compiled when one is seen
+    """The shipped rules, for a hang localized without a diagnosis' knowledge (compiled when one is seen)."""
+    from eroica.engine.rules.compiler import compile_rules
     from eroica.engine.rules.loader import load_rules
     from eroica.engine.rules.source import builtin_rules_dir
 

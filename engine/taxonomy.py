@@ -162,6 +162,33 @@ class CoverageFloor:
         return None
 
 
+@dataclass(frozen=True)
+class HangResolution:
+    """How a hang's conclusions become one verdict (knowledge/taxonomy.yaml `hang`)."""
+
+    precedence: tuple[str, ...]
+    fallback_cause: str
+    fallback_confidence: float
+    fallback_summary: str
+
+    def rank(self, cause: str) -> int:
+        """A cause's place: those of `precedence` first, in its order; any other (a site's) after."""
+        return self.precedence.index(cause) if cause in self.precedence else len(self.precedence)
+
+
+def load_hang_resolution(knowledge_dir: Path | None = None) -> HangResolution:
+    path = (knowledge_dir or builtin_knowledge_dir()) / "taxonomy.yaml"
+    data = _taxonomy_doc(path).get("hang") or {}
+    try:
+        fb = data["fallback"]
+        return HangResolution(precedence=tuple(data.get("precedence") or ()), fallback_cause=str(fb["root_cause"]),
+                              fallback_confidence=float(fb["confidence"]),
+                              fallback_summary=" ".join(str(fb["summary"]).split()))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RuleError([f"{path}: `hang` needs precedence and fallback: {{root_cause, confidence, summary}} "
+                         f"({type(exc).__name__}: {exc})"]) from exc
+
+
 def load_resolution(knowledge_dir: Path | None = None) -> Resolution:
     data = _taxonomy_doc((knowledge_dir or builtin_knowledge_dir()) / "taxonomy.yaml")
     return Resolution(**(data.get("resolution") or {}))

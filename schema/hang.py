@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, StringConstraints, model_validator
 
 from eroica.schema.patterns import MAX_STEP, MAX_WORLD_SIZE
 
@@ -150,7 +150,8 @@ class HangRankState(Frozen):
     native_frames: list[str] = Field(default_factory=list)
 
 
-Cause = Literal["hang_dataloader", "hang_user_code", "hang_desync", "rank_died", "hang_link", "hang_unknown"]
+#: a root cause of the taxonomy (knowledge/taxonomy.yaml: the shipped hang causes, or a site's own)
+Cause = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 Category = Literal["software", "hardware"]
 
 

@@ -289,3 +289,61 @@ def test_a_killed_host_is_named_by_the_address_its_peers_lost_not_the_hosts_stop
     # without addresses (an older collector's heartbeats) every silent rank is named, as before
     bare = [{**s, "peers": {k: {**v, "addrs": []} for k, v in s["peers"].items()}} for s in snaps]
     assert run(tmp_path / "bare", bare).ranks == [2, 3, 6, 7]
+
+
+SITE_HANG_RULE = """schema: eroica.rule/v1
+id: site.hang-metrics-lock
+title: A rank stuck on the metrics flusher's lock (this site's known deadlock)
+status: experimental
+severity: critical
+taxonomy: hang_metrics_lock
+owner: site-sre
+references: [knowledge/runbooks/hang.md]
+falsepositives: [A slow flush that would have finished]
+when:
+  - {fact: hang_state, as: h, where: {rank: $rank, state: before_collective, waits_on_lock: true}}
+emit:
+  confidence: 0.95
+  function: $h.function
+  summary: Rank {h.rank} waits on the metrics flusher's lock ({h.file}:{h.line}), our known deadlock.
+tests:
+  - name: fires on a rank behind that waits on a lock
+    given:
+      - {kind: hang_state, rank: 2, state: before_collective, waits_on_lock: true, function: flush}
+    expect: [{rank: 2, root_cause: hang_metrics_lock, function: flush}]
+  - name: quiet when the rank behind holds no lock
+    given:
+      - {kind: hang_state, rank: 2, state: before_collective, waits_on_lock: false, function: flush}
+    expect: []
+"""
+SITE_TAXONOMY = """root_causes:
+  hang_metrics_lock:
+    category: software
+    component: metrics flusher
+    question: Is a rank stuck on the metrics flusher's lock?
+    runbook: runbooks/hang.md
+"""
+
+
+def test_a_sites_hang_rule_and_override_apply_to_hangs_as_to_windows(tmp_path: Path) -> None:
+    """Hangs go through the same knowledge as windows: a site's rules and root causes (its taxonomy),
+    and its overrides of shipped rules; which cause wins is the taxonomy's precedence (data)."""
+    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+
+    lock = [{"file": "/job/metrics.py", "line": 8, "function": "flush", "code": "with METRICS_LOCK:"}]
+    run(tmp_path / "run", [waiting(0, 97), waiting(1, 97), snap(2, 96, lock), waiting(3, 97)])
+    shipped = diagnose(tmp_path / "run", DiagnoseOptions(in_process=True)).hang
+    assert shipped is not None and (shipped.root_cause, shipped.confidence) == ("hang_user_code", 0.85)
+    site = tmp_path / "site"
+    (site / "rules").mkdir(parents=True)
+    (site / "overrides").mkdir()
+    (site / "rules" / "hang_metrics_lock.yaml").write_text(SITE_HANG_RULE)
+    (site / "taxonomy.yaml").write_text(SITE_TAXONOMY)
+    # the site's cause is not in the shipped precedence: the shipped cause that also fired comes first
+    d = diagnose(tmp_path / "run", DiagnoseOptions(in_process=True, knowledge_dirs=[site]))
+    assert d.hang is not None and d.hang.root_cause == "hang_user_code"
+    (site / "overrides" / "site.yaml").write_text("overrides:\n  hang.user-code: {disabled: true}\n")
+    d = diagnose(tmp_path / "run", DiagnoseOptions(in_process=True, knowledge_dirs=[site]))
+    assert d.hang is not None and (d.hang.root_cause, d.hang.ranks, d.hang.confidence) == (
+        "hang_metrics_lock", [2], 0.95)
+    assert d.hang.category == "software" and "known deadlock" in d.hang.summary
