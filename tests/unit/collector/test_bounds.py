@@ -44,7 +44,9 @@ def test_the_sampler_ring_keeps_its_capacity_and_counts_what_it_dropped() -> Non
 
     s = HardwareSampler([SchedStat(os.getpid(), threading.get_native_id())], 0.001, capacity=25)
     s.start()
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10               # until the ring has overflowed well past its capacity
+    while s._dropped <= 50 and time.monotonic() < deadline:
+        time.sleep(0.01)
     series = s.stop()
     assert len(series.t_ns) == 25 and series.dropped_total > 50
     assert all(len(v) == 25 for v in series.columns.values())
@@ -62,17 +64,18 @@ def test_a_raw_trace_over_its_cap_is_removed_and_said(tmp_path: Path, monkeypatc
 
 
 def test_the_pattern_writer_holds_a_bounded_queue_when_the_disk_hangs(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    release = threading.Event()
+    release, writing = threading.Event(), threading.Event()
     plain = Path.write_text
 
     def hung(self: Path, *a, **k):  # type: ignore[no-untyped-def]
+        writing.set()
         release.wait(10)
         return plain(self, *a, **k)
 
     monkeypatch.setattr(Path, "write_text", hung)
     w = PatternWriter(max_pending=2)
     assert w.submit(tmp_path / "a.json", "1")
-    time.sleep(0.05)                               # the thread took it and hangs in the write
+    assert writing.wait(5)                         # the thread took it and hangs in the write
     assert w.submit(tmp_path / "b.json", "2") and w.submit(tmp_path / "c.json", "3")
     assert not w.submit(tmp_path / "d.json", "4")  # full: dropped, not held, never blocking
     assert not w.flush(0.1)

@@ -94,7 +94,11 @@ def test_the_dead_mans_switch_dumps_a_thread_that_holds_the_gil(tmp_path: Path) 
     w.start()
     for i in range(5):
         w.stepped(i + 1, 0.001)
-    time.sleep(0.15)                               # the watchdog arms the switch
+    armed = tmp_path / "hang-native" / "rank-0.txt"
+    deadline = time.monotonic() + 5                # until the watchdog has armed the switch
+    while not armed.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert armed.exists()
     ctypes.PyDLL(None).usleep(1_200_000)           # C code holding the GIL: the watchdog cannot run
     w.close()
     n = native_snapshot(tmp_path / "hang-native" / "rank-0.txt")
@@ -163,9 +167,12 @@ def test_the_watchdog_fails_open_and_writes_what_it_can(tmp_path: Path, capsys) 
     w2.start()
     for i in range(4):
         w2.stepped(i + 1, 0.001)
-    time.sleep(0.6)
+    err, deadline = "", time.monotonic() + 5       # until it has said it could not write
+    while "the job runs on" not in err and time.monotonic() < deadline:
+        time.sleep(0.05)
+        err += capsys.readouterr().err
     w2.close()
-    assert "the job runs on" in capsys.readouterr().err
+    assert "the job runs on" in err
 
 
 @pytest.fixture(autouse=True)
