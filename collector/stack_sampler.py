@@ -2,7 +2,11 @@
 
 While a window is open, a daemon thread reads the training thread's stack every few milliseconds
 (`sys._current_frames()`) and keeps its innermost *user* frame: the first frame, from the innermost
-out, in a file outside the standard library, installed packages and eroica. A run of samples in one
+out, in a file outside the standard library, installed packages and eroica. Time inside a training
+framework's own Python (torch, Lightning, transformers, accelerate, DeepSpeed: a pipeline schedule, a
+module's hooks) is the framework's, not the user function that called it: a sample whose stack passes
+through one before it reaches user code is left to `untracked` (the loop's own function would
+otherwise be named for every framework call it makes). A run of samples in one
 user function becomes an execution of that function (category `python`, the function's name), so it
 holds the critical path only where no recorded function does: the time that was `untracked` is named
 after the user's function that spent it (a blocking metrics call in the step: `report_metrics`), and
@@ -25,6 +29,10 @@ from eroica.collector.critical import Execution
 from eroica.collector.sites import OURS
 from eroica.schema.patterns import Category, CollectorGap
 
+#: the training frameworks: a sample inside their Python is theirs, never the calling user function's
+FRAMEWORKS = tuple(f"{os.sep}{name}{os.sep}" for name in ("torch", "lightning", "pytorch_lightning", "transformers",
+                                                          "accelerate", "deepspeed", "megatron", "apex",
+                                                          "torchvision", "torchtext", "torchaudio"))
 MAX_SAMPLES = 20_000         # per window: 200 s at 10 ms
 MAX_DEPTH = 64               # frames walked per sample
 SITE_FRAMES = 3              # user frames kept per site, innermost first
@@ -50,6 +58,14 @@ def is_user_file(filename: str) -> bool:
     return not path.startswith(_LIBRARY) and not path.startswith(OURS)
 
 
+def _kind(filename: str) -> str:
+    """"user", "framework" (a training framework's own Python) or "other" (the standard library,
+    another package, eroica: passed through on the way to the user's frame)."""
+    if is_user_file(filename):
+        return "user"
+    return "framework" if any(f in filename for f in FRAMEWORKS) else "other"
+
+
 class StackSampler:
     """One window's sampling of one thread; `start` then `stop`, repeatedly."""
 
@@ -60,7 +76,7 @@ class StackSampler:
         self._target = 0
         self._samples: list[tuple[int, CodeType | None]] = []   # (monotonic ns, innermost user code or None)
         self._sites: dict[CodeType, str] = {}
-        self._user: dict[str, bool] = {}                          # file name -> is_user_file (cached)
+        self._user: dict[str, str] = {}                           # file name -> _kind (cached)
         self.error: str | None = None
 
     def start(self, thread_id: int | None = None) -> CollectorGap | None:
@@ -114,15 +130,19 @@ class StackSampler:
             self.error = f"sampling stopped: {type(exc).__name__}: {exc}"
 
     def _user_code(self, f: FrameType | None) -> CodeType | None:
+        """The innermost user frame's code; None when the stack passes through a framework's frame
+        first (its time), or holds no user frame."""
         user = self._user
         for _ in range(MAX_DEPTH):
             if f is None:
                 return None
             code = f.f_code
-            mine = user.get(code.co_filename)
-            if mine is None:
-                mine = user[code.co_filename] = is_user_file(code.co_filename)
-            if mine:
+            kind = user.get(code.co_filename)
+            if kind is None:
+                kind = user[code.co_filename] = _kind(code.co_filename)
+            if kind == "framework":
+                return None
+            if kind == "user":
                 if code not in self._sites:
                     self._sites[code] = self._site(f)
                 return code
@@ -134,7 +154,7 @@ class StackSampler:
         for _ in range(MAX_DEPTH):
             if f is None or len(out) >= SITE_FRAMES:
                 break
-            if self._user.get(f.f_code.co_filename) or is_user_file(f.f_code.co_filename):
+            if is_user_file(f.f_code.co_filename):
                 out.append(f"{os.path.abspath(f.f_code.co_filename)}:{f.f_lineno}")
             f = f.f_back
         return " < ".join(out)

@@ -77,7 +77,8 @@ def test_a_loader_draft_is_verified_by_re_running_the_job_and_linked(tmp_path: P
     assert "num_workers=0" in (repo / "train.py").read_text()              # the user's code is untouched
 
 
-def test_a_blocking_call_found_by_sampling_is_moved_off_the_step_and_verified(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_a_blocking_call_found_by_sampling_is_moved_off_the_step_and_verified(tmp_path: Path, capsys,  # type: ignore[no-untyped-def]
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     repo = tmp_path / "repo"
     shutil.copytree(METRICS, repo)
     eroica = str(Path(sys.executable).parent / "eroica")
@@ -88,8 +89,11 @@ def test_a_blocking_call_found_by_sampling_is_moved_off_the_step_and_verified(tm
     found = [f for w in json.loads((tmp_path / "d.json").read_text())["windows"] for f in w["findings"]]
     assert any(f["root_cause"] == "user_code" and f["ranks"] == [1] and f["function"] == "report_metrics"
                and f["confidence"] >= 0.5 for f in found), found
+    # the re-runs' windows are 20 steps (the policy, through the environment the re-runs inherit):
+    # their median step is steadier against this 2-core machine's noise than a 10-step window's
+    monkeypatch.setenv("EROICA_POLICY_WINDOW_STEPS", "20")
     assert main(["draft", str(tmp_path / "d.json"), "--repo", str(repo), "-o", str(tmp_path / "drafts"),
-                 "--verify", f"{TORCHRUN} --steps 70", "--verify-window-step", "50"]) == 0
+                 "--verify", f"{TORCHRUN} --steps 80", "--verify-window-step", "50"]) == 0
     out = capsys.readouterr().out
     drafts = json.loads((tmp_path / "drafts" / "drafts.json").read_text())
     (o,) = [o for o in drafts if o["root_cause"] == "user_code" and o["ranks"] == [1]]

@@ -82,3 +82,37 @@ def test_a_thread_that_ends_stops_the_sampling_without_error() -> None:
     time.sleep(0.02)
     ex, _sites, gap = s.stop(0, time.monotonic_ns())
     assert gap is None and all(e.name != "report_metrics" for e in ex)
+
+
+def test_time_inside_a_frameworks_python_is_not_the_calling_user_functions(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A pipeline schedule or a module's hooks run in the framework's Python, called from the user's
+    loop: that time stays untracked, not named after the loop's function (which holds every call)."""
+    import importlib.util
+
+    from eroica.collector import stack_sampler as ss
+
+    lib = tmp_path / "site" / "fwlib"
+    lib.mkdir(parents=True)
+    (lib / "schedule.py").write_text("import time\n\ndef step(done):\n    time.sleep(0.25)\n    done.set()\n")
+    spec = importlib.util.spec_from_file_location("fwlib_schedule", lib / "schedule.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(ss, "_LIBRARY", (str(tmp_path / "site") + os.sep, *ss._LIBRARY))   # installed, as torch is
+    monkeypatch.setattr(ss, "FRAMEWORKS", (os.sep + "fwlib" + os.sep,))
+    assert ss._kind(str(lib / "schedule.py")) == "framework" and ss._kind(json.__file__) == "other"
+    assert ss._kind(__file__) == "user"
+
+    def training_loop(done: threading.Event) -> None:
+        mod.step(done)                                   # the framework's step, called from the user's loop
+
+    done = threading.Event()
+    t = threading.Thread(target=training_loop, args=(done,))
+    s = StackSampler(0.004)
+    t0 = time.monotonic_ns()
+    t.start()
+    assert s.start(t.ident) is None
+    assert done.wait(5)
+    t.join(5)
+    ex, sites, _gap = s.stop(t0, time.monotonic_ns())
+    assert not [e for e in ex if e.name == "training_loop"] and "function.training_loop" not in sites
