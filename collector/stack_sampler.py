@@ -4,9 +4,9 @@ While a window is open, a daemon thread reads the training thread's stack every 
 (`sys._current_frames()`) and keeps its innermost *user* frame: the first frame, from the innermost
 out, in a file outside the standard library, installed packages and eroica. Time inside a training
 framework's own Python (torch, Lightning, transformers, accelerate, DeepSpeed: a pipeline schedule, a
-module's hooks) is the framework's, not the user function that called it: a sample whose stack passes
-through one before it reaches user code is left to `untracked` (the loop's own function would
-otherwise be named for every framework call it makes). A run of samples in one
+module's hooks) is the framework's, not the user function that called it, and so is eroica's own (a
+store poll inside `mon.step()`): a sample whose stack passes through one before it reaches user code
+is left to `untracked` (the loop's own function would otherwise be named for every such call). A run of samples in one
 user function becomes an execution of that function (category `python`, the function's name), so it
 holds the critical path only where no recorded function does: the time that was `untracked` is named
 after the user's function that spent it (a blocking metrics call in the step: `report_metrics`), and
@@ -59,10 +59,13 @@ def is_user_file(filename: str) -> bool:
 
 
 def _kind(filename: str) -> str:
-    """"user", "framework" (a training framework's own Python) or "other" (the standard library,
-    another package, eroica: passed through on the way to the user's frame)."""
+    """"user"; "framework": a training framework's own Python, or eroica's (a store poll in
+    `mon.step()` is eroica's time, not the loop's); "other": the standard library or another package,
+    passed through on the way to the user's frame (a blocking HTTP client is the calling function's)."""
     if is_user_file(filename):
         return "user"
+    if os.path.abspath(filename).startswith(OURS):
+        return "framework"
     return "framework" if any(f in filename for f in FRAMEWORKS) else "other"
 
 

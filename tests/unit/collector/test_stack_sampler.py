@@ -102,6 +102,8 @@ def test_time_inside_a_frameworks_python_is_not_the_calling_user_functions(tmp_p
     monkeypatch.setattr(ss, "FRAMEWORKS", (os.sep + "fwlib" + os.sep,))
     assert ss._kind(str(lib / "schedule.py")) == "framework" and ss._kind(json.__file__) == "other"
     assert ss._kind(__file__) == "user"
+    import eroica.collector.monitor as monitor
+    assert ss._kind(monitor.__file__) == "framework"      # eroica's own time (mon.step) is not the loop's
 
     def training_loop(done: threading.Event) -> None:
         mod.step(done)                                   # the framework's step, called from the user's loop
