@@ -3,18 +3,19 @@
 While a window is open, a daemon thread reads the training thread's stack every few milliseconds
 (`sys._current_frames()`) and keeps its innermost *user* frame: the first frame, from the innermost
 out, in a file outside the standard library, installed packages and eroica. Time inside a training
-framework's own Python (torch, Lightning, transformers, accelerate, DeepSpeed: a pipeline schedule, a
-module's hooks) is the framework's, not the user function that called it, and so is eroica's own (a
-store poll inside `mon.step()`): a sample whose stack passes through one before it reaches user code
-is left to `untracked` (the loop's own function would otherwise be named for every such call). A run of samples in one
-user function becomes an execution of that function (category `python`, the function's name), so it
-holds the critical path only where no recorded function does: the time that was `untracked` is named
-after the user's function that spent it (a blocking metrics call in the step: `report_metrics`), and
-where it is called from is kept as a site (`site.function.NAME`: `path:line < path:line`) for a
-drafted fix to find the call. Time the sampler cannot place stays `untracked`.
+framework's own Python (torch, Lightning, transformers, accelerate, DeepSpeed: a pipeline schedule,
+a module's hooks) is the framework's, not the user function that called it, and so is eroica's own
+(a store poll inside `mon.step()`): a sample whose stack passes through one before it reaches user
+code is left to `untracked` (the loop's own function would otherwise be named for every such call).
+A run of samples in one user function becomes an execution of that function (category `python`, the
+function's name), so it holds the critical path only where no recorded function does: the time that
+was `untracked` is named after the user's function that spent it (a blocking metrics call in the
+step: `report_metrics`), and where it is called from is kept as a site (`site.function.NAME`:
+`path:line < path:line`) for a drafted fix to find the call. Time the sampler cannot place stays
+`untracked`.
 
-Bounded: at most MAX_SAMPLES per window, one frame walk of at most MAX_DEPTH frames per sample. It never
-raises into the training loop; a failure to start or to sample is returned as a gap."""
+Bounded: at most MAX_SAMPLES per window, one frame walk of at most MAX_DEPTH frames per sample. It
+never raises into the training loop; a failure to start or to sample is returned as a gap."""
 
 from __future__ import annotations
 
@@ -64,9 +65,8 @@ def _kind(filename: str) -> str:
     passed through on the way to the user's frame (a blocking HTTP client is the calling function's)."""
     if is_user_file(filename):
         return "user"
-    if os.path.abspath(filename).startswith(OURS):
-        return "framework"
-    return "framework" if any(f in filename for f in FRAMEWORKS) else "other"
+    return "framework" if os.path.abspath(filename).startswith(OURS) or any(f in filename for f in FRAMEWORKS) \
+        else "other"
 
 
 class StackSampler:
@@ -179,7 +179,7 @@ class StackSampler:
                 # is not claimed past one interval on either side
                 start = max((samples[i - 1][0] + samples[i][0]) // 2 if i > 0 else t0, samples[i][0] - 2 * half)
                 end = min((samples[j][0] + samples[j + 1][0]) // 2 if j + 1 < n else t1, samples[j][0] + 2 * half)
-                if min(end, t1) > max(start, t0):
-                    out.append(Execution(max(start, t0), min(end, t1), Category.python, code.co_name))
+                if end > start:                    # samples lie in [t0, t1], so do their midpoints
+                    out.append(Execution(start, end, Category.python, code.co_name))
             i = j + 1
         return out

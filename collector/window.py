@@ -12,7 +12,7 @@ from eroica.collector.hooks.gc_hook import GcHook
 from eroica.collector.host_sampler import HostSamplerClient
 from eroica.collector.policy import TriggerPolicy
 from eroica.collector.sampler_proc import SamplerClient
-from eroica.collector.sites import MAX_SITES, SITE_PREFIX
+from eroica.collector.sites import remember_site
 from eroica.collector.stack_sampler import StackSampler
 from eroica.collector.summarize import WindowRecord
 from eroica.collector.sync import WindowPlan
@@ -113,9 +113,8 @@ class WindowLifecycle:
         config = dict(config)
         if self.stacks is not None and len(self.bounds) >= 2:
             sampled, sites, gap = self.stacks.stop(self.bounds[0], self.bounds[-1])
-            for key, site in sites.items():       # bounded like every other site
-                if SITE_PREFIX + key not in config and sum(k.startswith(SITE_PREFIX) for k in config) < MAX_SITES:
-                    config[SITE_PREFIX + key] = site
+            for key, site in sites.items():       # first wins, bounded, like every other site
+                remember_site(config, key, site)
             if gap is not None:
                 self.gaps.append(gap)
         elif self.stacks is not None:
