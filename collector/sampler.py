@@ -286,6 +286,11 @@ class HardwareSampler:
         self._close_raw()
         self._cpu += time.thread_time() - c0
 
+    @property
+    def ticks(self) -> int:
+        """Ticks so far: the samples taken plus those dropped at capacity."""
+        return self._i
+
     def start(self) -> None:
         self._ticker.add(self)
 

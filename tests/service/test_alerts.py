@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from polling import until
 from service_support import AUTH, LOCAL, TOKEN, Receiver, incident_docs
 
 from eroica.service.alerts import AlertConfig, load_alerts
@@ -43,12 +44,6 @@ def post_window(c: TestClient, job: str, inc: str, index: int = 0) -> None:
                    headers={**AUTH, "X-Eroica-Job": job, "Content-Encoding": "gzip"})
         assert r.status_code == 201, r.text
 
-
-def until(cond, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    t0 = time.time()
-    while not cond():
-        assert time.time() - t0 < timeout, "timed out"
-        time.sleep(0.1)
 
 
 def test_one_alert_per_issue_routed_by_category_updated_across_windows_then_resolved(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
+from polling import until
 from service_support import AUTH, LOCAL, PG, PG_WHY, TOKEN, database, incident_docs
 
 from eroica.service import bulk
@@ -31,13 +32,10 @@ def post_batch(c: TestClient, lines: list[bytes], job: str = "bulk-1", gz: bool 
 
 
 def wait_done(c: TestClient, job: str) -> dict:  # type: ignore[type-arg]
-    t0 = time.time()
-    while time.time() - t0 < 60:
+    def diagnosed() -> dict | None:  # type: ignore[type-arg]
         j = c.get(f"/v1/jobs/{job}").json()
-        if j.get("windows") and all(w["status"] == "done" for w in j["windows"]):
-            return j  # type: ignore[no-any-return]
-        time.sleep(0.2)
-    raise AssertionError(j)
+        return j if j.get("windows") and all(w["status"] == "done" for w in j["windows"]) else None
+    return until(diagnosed, 60, f"every window of {job} diagnosed")
 
 
 def host_doc(d: bytes, host: str) -> bytes:

@@ -10,25 +10,15 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from polling import until
 from service_support import incident_docs
 
 from eroica.service.app import Service, Settings
 from eroica.service.db import windows
-
-
-def until(cond: Callable[[], Any], timeout: float = 120.0) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s")
 
 
 def rows(svc: Service) -> list[Any]:

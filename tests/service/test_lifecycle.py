@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
+from polling import until
 from service_support import AUTH, incident_docs
 
 from eroica.engine.evaluate import evaluate_incident
@@ -22,13 +23,7 @@ def post(c: TestClient, body: bytes, job: str) -> None:
 
 
 def wait_issue(c: TestClient, job: str, timeout: float = 60) -> dict:  # type: ignore[type-arg]
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        got = c.get("/v1/issues", params={"job": job}).json()
-        if got:
-            return dict(got[0])
-        time.sleep(0.2)
-    raise AssertionError("no issue")
+    return dict(until(lambda: c.get("/v1/issues", params={"job": job}).json(), timeout, f"an issue of {job}")[0])
 
 
 def act(c: TestClient, iid: int, action: str, **body: str):  # type: ignore[no-untyped-def]

@@ -10,26 +10,17 @@ import gzip
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import sqlalchemy as sa
+from polling import until
 from service_support import incident_docs
 
 from eroica.service.app import Service, Settings
 from eroica.service.db import jobs, steps, windows
 from eroica.service.watch import Watcher
-
-
-def until(cond: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if got := cond():
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s")
 
 
 def write_atomic(path: Path, data: bytes) -> None:

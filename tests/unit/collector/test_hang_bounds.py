@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import until
 
 from eroica.collector.hang import EXCEPTION_SECONDS, HangWatch
 from eroica.collector.heartbeats import ADDRS_MAX, HB_KEY, PEERS_MAX, host_addresses, peer_sample, peers_view
@@ -73,15 +74,15 @@ def test_a_jobs_own_faulthandler_timer_is_left_to_it(tmp_path: Path) -> None:
     w = HangWatch(0, 1, tmp_path, None, factor=10.0, floor_seconds=5, poll_seconds=0.05, native=True)
     w.start()
     stepped(w)
-    time.sleep(0.2)                                    # the watchdog has armed its switch
-    assert (tmp_path / "hang-native" / "rank-0.txt").exists()
+    until((tmp_path / "hang-native" / "rank-0.txt").exists, 10, "the watchdog's switch armed")
     mine = tmp_path / "mine.txt"
+    name = "test_a_jobs_own_faulthandler_timer_is_left_to_it"
     with mine.open("w") as f:
         faulthandler.dump_traceback_later(0.6, repeat=False, file=f)     # the job's own
-        time.sleep(0.3)                                # several watchdog polls: before, each re-armed its own
+        time.sleep(0.3)                                # six watchdog polls: before, each re-armed its own
         stepped(w)
-        time.sleep(0.8)
-    assert "test_a_jobs_own_faulthandler_timer_is_left_to_it" in mine.read_text()
+        until(lambda: name in mine.read_text(), 10, "the job's own timer fired")
+    assert name in mine.read_text()
     w.close()
     assert faulthandler.dump_traceback_later is ORIGINAL_LATER        # the module as the job found it
 

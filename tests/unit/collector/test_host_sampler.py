@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from host_helper_support import helper_pids, wait_gone
+from polling import until
 
 from eroica.collector import host_sampler
 from eroica.collector.host_sampler import HostSamplerClient, socket_path
@@ -54,7 +55,7 @@ def samples_on_its_own() -> None:
     try:
         assert c.scope == "rank" and c.gaps == []
         assert c.start(0.01, 100)
-        time.sleep(0.1)
+        time.sleep(0.1)                                # a window of 0.1 s (the helper samples it)
         series = c.stop()
         assert series is not None and len(series.t_ns) > 3
     finally:
@@ -99,7 +100,7 @@ def test_a_helper_killed_mid_window_is_a_gap_and_the_rank_samples_on_its_own_aft
         assert any("host sampler stop failed" in g.reason for g in c.gaps)
         assert c.scope == "rank"
         assert c.start(0.01, 1000)                                            # the next window is sampled
-        time.sleep(0.2)
+        time.sleep(0.2)                                                   # a window of 0.2 s
         series = c.stop()
         assert series is not None and len(series.t_ns) > 5
     finally:
@@ -140,9 +141,10 @@ def test_one_ticker_drives_several_samplers_and_splits_its_cpu() -> None:
     b = HardwareSampler([SchedStat(os.getpid(), tid)], 0.002, 500, ticker=t)
     a.start()
     b.start()
-    time.sleep(0.1)
+    until(lambda: a.ticks > 20, 10, "20 ticks of a")
     sa = a.stop()
-    time.sleep(0.05)                                   # b alone on the ticker now
+    alone = b.ticks
+    until(lambda: b.ticks > alone + 10, 10, "10 ticks of b alone")   # b alone on the ticker now
     sb = b.stop()
     assert t.close()
     assert len(sa.t_ns) > 10 and len(sb.t_ns) > len(sa.t_ns)

@@ -5,6 +5,7 @@ import threading
 import time
 
 import numpy as np
+from polling import until
 
 from eroica.collector.proc_sources import SchedStat
 from eroica.collector.sampler import HardwareSampler, default_sources
@@ -56,7 +57,7 @@ def test_a_failing_source_becomes_a_gap_not_an_exception() -> None:
     good = SchedStat(os.getpid(), threading.get_native_id())
     s = HardwareSampler([Broken(), good], 0.002, capacity=50)
     s.start()
-    time.sleep(0.05)
+    until(lambda: s.ticks >= 10, 10, "ten ticks")
     series = s.stop()
     assert [g.source for g in series.gaps] == ["broken"]
     assert np.isfinite(series.columns["main_cpu_ns"]).sum() >= 5
@@ -65,7 +66,7 @@ def test_a_failing_source_becomes_a_gap_not_an_exception() -> None:
 def test_sampler_memory_is_capped() -> None:
     s = HardwareSampler([SchedStat(os.getpid(), threading.get_native_id())], 0.0005, capacity=20)
     s.start()
-    time.sleep(0.1)
+    until(lambda: s.ticks >= 40, 10, "twice the capacity in ticks")
     series = s.stop()
     assert len(series.t_ns) == 20
     assert series.dropped_total > 0
@@ -112,7 +113,8 @@ def test_one_file_sources_read_raw_on_the_tick_and_parsed_in_batches_keep_every_
     for n in range(1, 2 * sampler_mod.BATCH):              # the file's value moves while it is sampled
         os.pwrite(fa, b"%08d\n" % n, 0)
         os.pwrite(fb, b"%08d\n" % (n if n < sampler_mod.BATCH + 5 else -1), 0)
-        time.sleep(0.0015)
+        seen = s.ticks
+        until(lambda: s.ticks > seen, 10, f"a tick after value {n}", every=0.0005)   # each value sampled
     series = s.stop()
     os.close(fa)
     os.close(fb)
@@ -138,7 +140,7 @@ def test_a_proc_file_that_goes_away_mid_window_is_a_gap() -> None:
         s = HardwareSampler([gone, mine], 0.002, capacity=500)
         s.start()
         child.wait()
-        time.sleep(0.1)
+        until(lambda: s.gaps, 10, "the gone process's gap")
         series = s.stop()
     finally:
         child.kill()
