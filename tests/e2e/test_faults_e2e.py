@@ -85,17 +85,6 @@ CASES = [
                          ids=[f"{v[0]}@{v[1]}{''.join(v[2])}" for v in (getattr(c, "values", c) for c in CASES)])
 def test_fault_is_found_named_and_explained(tmp_path: Path, fault: str, rank: str, extra: list[str],
                                             function_hint: str | tuple[str | None, ...]) -> None:
-    # Four ranks share two cores here, so a run can be disturbed by the machine itself; a failed
-    # first attempt is shown and the job is run once more (both attempts are real runs).
-    try:
-        check_diagnosis(tmp_path / "attempt-1", fault, rank, extra, function_hint)
-    except AssertionError as first:
-        print(f"first attempt failed, running the job again: {first}")
-        check_diagnosis(tmp_path / "attempt-2", fault, rank, extra, function_hint)
-
-
-def check_diagnosis(tmp_path: Path, fault: str, rank: str, extra: list[str],
-                    function_hint: str | tuple[str | None, ...]) -> None:
     d = run_job(tmp_path, fault, rank, extra)
     assert len(d.windows) == 1
     w = d.windows[0]

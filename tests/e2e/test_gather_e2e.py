@@ -8,7 +8,6 @@ import socket
 from pathlib import Path
 
 import pytest
-from retry import twice
 
 from eroica.collector.gather import host_file
 from eroica.engine.diagnose import diagnose
@@ -20,10 +19,6 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.parametrize("scope", ["1", "host"])
 def test_patterns_gathered_to_a_leader_are_diagnosed(tmp_path: Path, scope: str) -> None:
-    twice(lambda p: check(p, scope), tmp_path)
-
-
-def check(tmp_path: Path, scope: str) -> None:
     res = launch(tmp_path, fault="dataloader_stall", fault_rank="2", fault_step=25, steps=100,
                  env={"EROICA_GATHER": scope}, progress=False)
     assert res.ok, res.returncodes

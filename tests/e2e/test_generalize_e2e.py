@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 
 import pytest
-from retry import twice
 
 from eroica.engine.diagnose import diagnose
 from eroica.lab.launch import CPU_ROOT, launch
@@ -42,42 +41,33 @@ def job(tmp: Path, fault: str, rank: int, fault_step: int, extra: list[str], env
 
 @pytest.mark.skipif(not (BLKIO and NETNS), reason=f"needs blkio and network namespaces (root): {NETNS_WHY}")
 def test_a_slow_periodic_checkpoint_is_storage_not_the_network(tmp_path: Path) -> None:
-    def check(tmp: Path) -> None:
-        d = job(tmp, "slow_storage", 2, 25, ["--ckpt-every", "12", "--ckpt-bytes", "1048576"],
-                env={"EROICA_FORCE_WINDOW_AT_STEP": "40"}, netns=True, steps=60)
-        (w,) = d.windows
-        top = w.findings[0]
-        got = [(f.root_cause, f.ranks, round(f.confidence, 2)) for f in w.findings]
-        assert (top.root_cause, top.ranks, top.function) == ("slow_storage", [2], "save_checkpoint"), got
-        assert top.confidence >= 0.5, got
-        assert not any(f.root_cause in ("nic_degraded", "transient_stall") and f.confidence >= 0.5
-                       for f in w.findings), got
-
-    twice(check, tmp_path)
+    d = job(tmp_path, "slow_storage", 2, 25, ["--ckpt-every", "12", "--ckpt-bytes", "1048576"],
+            env={"EROICA_FORCE_WINDOW_AT_STEP": "40"}, netns=True, steps=60)
+    (w,) = d.windows
+    top = w.findings[0]
+    got = [(f.root_cause, f.ranks, round(f.confidence, 2)) for f in w.findings]
+    assert (top.root_cause, top.ranks, top.function) == ("slow_storage", [2], "save_checkpoint"), got
+    assert top.confidence >= 0.5, got
+    assert not any(f.root_cause in ("nic_degraded", "transient_stall") and f.confidence >= 0.5
+                   for f in w.findings), got
 
 
 @pytest.mark.skipif(not CGROUP_V1, reason="needs a writable cgroup v1 cpu controller (root)")
 def test_a_difference_present_while_healthy_is_not_blamed_for_a_later_contention(tmp_path: Path) -> None:
-    def check(tmp: Path) -> None:
-        d = job(tmp, "cpu_contention", 3, 45, ["--pin-rank", "3", "--stop-after-windows", "2"],
-                env={"EROICA_FORCE_WINDOW_AT_STEP": "15"})
-        first, second = d.windows
-        assert first.start_step == 15 and first.healthy
-        got = [(f.root_cause, f.ranks, round(f.confidence, 2)) for f in second.findings]
-        assert (second.findings[0].root_cause, second.findings[0].ranks) == ("cpu_contention", [3]), got
-        assert not any(f.root_cause == "framework_config" and f.confidence >= 0.5 for f in second.findings), got
-
-    twice(check, tmp_path)
+    d = job(tmp_path, "cpu_contention", 3, 45, ["--pin-rank", "3", "--stop-after-windows", "2"],
+            env={"EROICA_FORCE_WINDOW_AT_STEP": "15"})
+    first, second = d.windows
+    assert first.start_step == 15 and first.healthy
+    got = [(f.root_cause, f.ranks, round(f.confidence, 2)) for f in second.findings]
+    assert (second.findings[0].root_cause, second.findings[0].ranks) == ("cpu_contention", [3]), got
+    assert not any(f.root_cause == "framework_config" and f.confidence >= 0.5 for f in second.findings), got
 
 
 def test_a_slowdown_that_starts_during_the_cooldown_opens_another_window(tmp_path: Path) -> None:
-    def check(tmp: Path) -> None:
-        d = job(tmp, "dataloader_stall", 2, 50, ["--bump-step", "28", "--stop-after-windows", "2"], steps=140)
-        assert len(d.windows) == 2, [w.window for w in d.windows]
-        bump, fault = d.windows
-        assert bump.start_step < 50 <= fault.start_step and fault.trigger == "detector"
-        got = [(f.root_cause, f.ranks, round(f.confidence, 2)) for f in fault.findings]
-        assert (fault.findings[0].root_cause, fault.findings[0].ranks) == ("dataloader_stall", [2]), got
-        assert fault.findings[0].confidence >= 0.5, got
-
-    twice(check, tmp_path)
+    d = job(tmp_path, "dataloader_stall", 2, 50, ["--bump-step", "28", "--stop-after-windows", "2"], steps=140)
+    assert len(d.windows) == 2, [w.window for w in d.windows]
+    bump, fault = d.windows
+    assert bump.start_step < 50 <= fault.start_step and fault.trigger == "detector"
+    got = [(f.root_cause, f.ranks, round(f.confidence, 2)) for f in fault.findings]
+    assert (fault.findings[0].root_cause, fault.findings[0].ranks) == ("dataloader_stall", [2]), got
+    assert fault.findings[0].confidence >= 0.5, got

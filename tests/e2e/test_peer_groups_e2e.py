@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-from retry import twice
 
 from eroica.engine.diagnose import diagnose
 from eroica.lab.launch import launch
@@ -40,10 +39,6 @@ def ranks_doing_more(why: str) -> tuple[set[int], set[int]]:
 
 
 def test_a_job_of_unequal_ranks_lowers_the_confidence_and_says_why(tmp_path: Path) -> None:
-    twice(compare, tmp_path)
-
-
-def compare(tmp_path: Path) -> None:
     w_eq, same = finding(tmp_path / "equals", [])
     assert same.confidence >= 0.5 and not same.insufficient_peer_evidence
     assert all(g.valid for g in w_eq.peer_groups)

@@ -7,7 +7,6 @@ import socket
 from pathlib import Path
 
 import pytest
-from retry import twice
 
 from eroica.engine.diagnose import diagnose
 from eroica.engine.render import FORMATS, render
@@ -18,10 +17,6 @@ pytestmark = pytest.mark.e2e
 
 
 def test_drop_level_hides_names_and_keeps_the_diagnosis(tmp_path: Path) -> None:
-    twice(check, tmp_path)
-
-
-def check(tmp_path: Path) -> None:
     res = launch(tmp_path, fault="user_code", fault_rank="3", fault_step=25, steps=100,
                  env={"EROICA_PRIVACY": "drop"}, progress=False)
     assert res.ok, res.returncodes
