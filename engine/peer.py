@@ -100,48 +100,49 @@ class GroupView:
 
 
 def group_view(cols: WindowColumns, ranks: list[int]) -> GroupView:
-    rows = np.array([cols.row[r] for r in ranks], dtype=int)
+    rows = np.array([cols.row[rank] for rank in ranks], dtype=int)
     present_raw = cols.present[rows]
     merged: dict[tuple[str, str], list[int]] = {}
-    for j in np.flatnonzero(present_raw.any(axis=0)):
-        merged.setdefault(merged_key(*cols.keys[j]), []).append(int(j))
+    for col in np.flatnonzero(present_raw.any(axis=0)):
+        merged.setdefault(merged_key(*cols.keys[col]), []).append(int(col))
     keys = sorted(merged)
     n_steps = int(cols.n_steps[rows].min()) if len(rows) else 0
     n_steps = n_steps or 1
-    n, nk = len(rows), len(keys)
-    per_step = np.zeros((n, nk, n_steps))
-    present = np.zeros((n, nk), dtype=bool)
-    code = np.full((n, nk), -1, dtype=np.int16)
-    wsum, w, occ = np.zeros((n, nk)), np.zeros((n, nk)), np.zeros((n, nk))
-    sub = cols.per_step[rows][:, :, :n_steps]
-    mc, mw, mws, mo = (a[rows] for a in (cols.metric_code, cols.metric_w, cols.metric_wsum, cols.occurrences))
+    shape = (len(rows), len(keys))
+    per_step = np.zeros((*shape, n_steps))
+    present = np.zeros(shape, dtype=bool)
+    code = np.full(shape, -1, dtype=np.int16)
+    weighted_sum, weight, occurrences = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    member_steps = cols.per_step[rows][:, :, :n_steps]
+    metric_code, metric_w, metric_wsum, member_occ = (
+        a[rows] for a in (cols.metric_code, cols.metric_w, cols.metric_wsum, cols.occurrences))
     for k, key in enumerate(keys):
-        idx = merged[key]
-        per_step[:, k] = sub[:, idx].sum(axis=1)
-        present[:, k] = present_raw[:, idx].any(axis=1)
-        code[:, k] = mc[:, idx].max(axis=1)
-        wsum[:, k] = mws[:, idx].sum(axis=1)
-        w[:, k] = mw[:, idx].sum(axis=1)
-        occ[:, k] = mo[:, idx].sum(axis=1)
+        merged_cols = merged[key]
+        per_step[:, k] = member_steps[:, merged_cols].sum(axis=1)
+        present[:, k] = present_raw[:, merged_cols].any(axis=1)
+        code[:, k] = metric_code[:, merged_cols].max(axis=1)
+        weighted_sum[:, k] = metric_wsum[:, merged_cols].sum(axis=1)
+        weight[:, k] = metric_w[:, merged_cols].sum(axis=1)
+        occurrences[:, k] = member_occ[:, merged_cols].sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(w > 0, wsum / np.where(w > 0, w, 1.0), np.nan)
-    view = GroupView(ranks, rows, keys, present, per_step, cols.step[rows, :n_steps], code, mean, occ,
-                     n_steps=cols.n_steps[rows].astype(float), nodes=[cols.autograd_nodes[r] for r in rows],
+        mean = np.where(weight > 0, weighted_sum / np.where(weight > 0, weight, 1.0), np.nan)
+    view = GroupView(ranks, rows, keys, present, per_step, cols.step[rows, :n_steps], code, mean, occurrences,
+                     n_steps=cols.n_steps[rows].astype(float), nodes=[cols.autograd_nodes[row] for row in rows],
                      node_steps=cols.autograd_node_steps[rows])
     # the category's metric over its functions that held the critical path (critical-time-weighted)
-    crit = cols.critical[rows]
+    critical = cols.critical[rows]
     for cat in {k[0] for k in keys}:
-        idx = [j for j, (c, _) in enumerate(cols.keys) if c.value == cat]
-        m = (mc[:, idx] >= 0) & (crit[:, idx] > 0)
-        cw = np.where(m, crit[:, idx], 0.0).sum(axis=1)
-        cs = np.where(m, mws[:, idx], 0.0).sum(axis=1)
-        view.cat_metric[cat] = np.where(cw > 0, cs / np.where(cw > 0, cw, 1.0), np.nan)
+        cat_cols = [col for col, (c, _) in enumerate(cols.keys) if c.value == cat]
+        measured = (metric_code[:, cat_cols] >= 0) & (critical[:, cat_cols] > 0)
+        crit_sum = np.where(measured, critical[:, cat_cols], 0.0).sum(axis=1)
+        metric_sum = np.where(measured, metric_wsum[:, cat_cols], 0.0).sum(axis=1)
+        view.cat_metric[cat] = np.where(crit_sum > 0, metric_sum / np.where(crit_sum > 0, crit_sum, 1.0), np.nan)
     return view
 
 
-def _median_or_none(x: np.ndarray) -> float | None:
-    x = x[~np.isnan(x)]
-    return float(np.median(x)) if len(x) else None
+def _median_or_none(values: np.ndarray) -> float | None:
+    values = values[~np.isnan(values)]
+    return float(np.median(values)) if len(values) else None
 
 
 def analyze(window: WindowData) -> PeerAnalysis:
@@ -152,60 +153,61 @@ def analyze(window: WindowData) -> PeerAnalysis:
     rows: dict[int, RankRow] = {}
     for grouping in peer_groups(cols):
         gname, ranks = grouping.name, grouping.ranks
-        g = group_view(cols, ranks)
-        keys, n = g.keys, len(ranks)
-        comm_idx = [i for i, k in enumerate(keys) if k[0] == Category.communication.value]
-        step = g.step
-        comm_steps = g.per_step[:, comm_idx, :].sum(axis=1)
+        view = group_view(cols, ranks)
+        keys, size = view.keys, len(ranks)
+        comm_keys = [k for k, key in enumerate(keys) if key[0] == Category.communication.value]
+        step = view.step
+        comm_steps = view.per_step[:, comm_keys, :].sum(axis=1)
         busy_steps = np.maximum(step - comm_steps, 0.0)
         # a rare one-off spike step is reported on its own and left out of the comparison
-        scheduled = scheduled_steps(g.per_step, keys)
+        scheduled = scheduled_steps(view.per_step, keys)
         keep = kept_steps(step, scheduled)
         if not keep.all():
-            hw = {s: (cols.per_step_signals[s][g.rows], cols.per_step_len[s][g.rows]) for s in SPIKE_SIGNALS}
-            facts.extend(spike_facts(ranks, int(cols.start_step[g.rows].min()), step, busy_steps, keys, g.per_step,
-                                     g.present, keep, hw))
+            hw = {s: (cols.per_step_signals[s][view.rows], cols.per_step_len[s][view.rows]) for s in SPIKE_SIGNALS}
+            facts.extend(spike_facts(ranks, int(cols.start_step[view.rows].min()), step, busy_steps, keys,
+                                     per_step=view.per_step, present=view.present, keep=keep, per_step_hw=hw))
         step, comm_steps, busy_steps = step[:, keep], comm_steps[:, keep], busy_steps[:, keep]
-        # matrix [rank, key] of mean critical seconds per kept step
-        fmat = g.per_step[:, :, keep].mean(axis=2)
+        # matrix [member, key] of mean critical seconds per kept step
+        fmat = view.per_step[:, :, keep].mean(axis=2)
         busy = busy_steps.mean(axis=1)
         comm = comm_steps.mean(axis=1)
         step_mean = step.mean(axis=1)
         med_step = float(np.median(step_mean))
-        for i, r in enumerate(ranks):
-            rows[r] = RankRow(r, float(step_mean[i]), float(busy[i]), float(comm[i]))
+        for member, rank in enumerate(ranks):
+            rows[rank] = RankRow(rank, float(step_mean[member]), float(busy[member]), float(comm[member]))
         floor = max(0.01 * med_step, 1e-4)
         clean = clean_members(busy, med_step, floor)
         cat_flag, cat_excess = category_suspects(keys, fmat, med_step, floor)
-        if n >= MIN_GROUP and (~cat_flag).sum() >= max(n // 2, 1):
+        if size >= MIN_GROUP and (~cat_flag).sum() >= max(size // 2, 1):
             clean &= ~cat_flag
-        valid, reason, disp = validity(g, gname, grouping.how, fmat, busy, clean, floor)
-        groups.append(PeerGroup(gname, ranks, valid, reason, round(disp, 4)))
+        valid, reason, dispersion = validity(view, gname, grouping.how, fmat=fmat, busy=busy, clean=clean,
+                                             floor=floor)
+        groups.append(PeerGroup(gname, ranks, valid, reason, round(dispersion, 4)))
         if not valid:   # no peers to compare with: state the step's make-up for expected-range rules
             facts.extend(step_shares(ranks, keys, fmat, step_mean))
-        if n < 2:
+        if size < 2:
             continue
-        ref_clean = clean if n >= MIN_GROUP else None
-        ref_busy, z = references(busy, floor, ref_clean)
+        ref_clean = clean if size >= MIN_GROUP else None
+        ref_busy, busy_z = references(busy, floor, ref_clean)
         # a sparse category far above the peers is this rank's cost even if the rest of its step
         # happened to run faster (its own slowdown spread over the host)
         excess = np.maximum(busy - ref_busy, cat_excess)
-        excess_ratio = excess / med_step if med_step > 0 else np.zeros(n)
+        excess_ratio = excess / med_step if med_step > 0 else np.zeros(size)
         over = np.flatnonzero(excess_ratio >= SUSPECT_EXCESS_STEP_RATIO)
         # the per-step test only where the robust z alone does not decide
-        weak = over[(z[over] < SUSPECT_Z) & ~cat_flag[over]]
+        weak = over[(busy_z[over] < SUSPECT_Z) & ~cat_flag[over]]
         weak_t = dict(zip(weak.tolist(), paired_t(busy_steps, weak, clean, floor).tolist()))
-        cands = [int(i) for i in over if weak_t.get(int(i), SUSPECT_T) >= SUSPECT_T]
-        if n < MIN_GROUP:
-            cands = [i for i in cands if cat_flag[i] or cap_ratio(float(busy[i]), float(ref_busy[i]))
-                     >= SMALL_GROUP_MIN_RATIO]
-        if cands:
-            stats = GroupStats(gname, valid, keep, fmat, busy, busy_steps, comm, ref_busy, z, excess, excess_ratio,
-                               clean, ref_clean, floor, [m[keep] for m in scheduled])
-            facts.extend(_suspect_facts(cands, g, stats, table))
+        candidates = [int(m) for m in over if weak_t.get(int(m), SUSPECT_T) >= SUSPECT_T]
+        if size < MIN_GROUP:
+            candidates = [m for m in candidates if cat_flag[m] or cap_ratio(float(busy[m]), float(ref_busy[m]))
+                          >= SMALL_GROUP_MIN_RATIO]
+        if candidates:
+            stats = GroupStats(gname, valid, keep, fmat, busy, busy_steps, comm, ref_busy, busy_z, excess,
+                               excess_ratio, clean, ref_clean, floor, [m[keep] for m in scheduled])
+            facts.extend(_suspect_facts(candidates, view, stats, table))
         suspects = {f.rank for f in facts if isinstance(f, RankSlowness) and f.group == gname}
         facts.extend(outlier_facts(table, ranks, keep, suspects, float(np.median(step))))
-        facts.extend(link_facts(cols, ranks, {r: float(comm[i]) for i, r in enumerate(ranks)}))
+        facts.extend(link_facts(cols, ranks, {rank: float(comm[m]) for m, rank in enumerate(ranks)}))
     return PeerAnalysis(window.window_id, groups, facts, rows, cols, table)
 
 
@@ -246,57 +248,72 @@ class CategoryRefs:
         return cls(idx, sums, {c: references(v, floor, clean)[0] for c, v in sums.items()})
 
 
-def _suspect_facts(cands: list[int], g: GroupView, st: GroupStats, table: SignalTable) -> list[Fact]:
-    fmat, busy, busy_steps, comm, ref_busy, clean = st.fmat, st.busy, st.busy_steps, st.comm, st.ref_busy, st.clean
-    n = len(g.ranks)
+@dataclass(frozen=True)
+class Suspect:
+    """One candidate member of a group and what its per-function comparisons read."""
+
+    member: int                 # its index in the group
+    rank: int
+    seconds: np.ndarray         # [K] its critical seconds per step of each function
+    reference: np.ndarray       # [K] the peers' reference of each
+    z: np.ndarray               # [K] its robust z against that reference
+    excess_seconds: float       # its busy seconds per step above its reference
+    others: np.ndarray          # [n] mask of the other members
+
+
+def _suspect_facts(candidates: list[int], view: GroupView, st: GroupStats, table: SignalTable) -> list[Fact]:
+    busy_steps, comm, clean = st.busy_steps, st.comm, st.clean
+    size = len(view.ranks)
     out: list[Fact] = []
     min_comm = float(comm.min())
     med_comm = float(np.median(comm[clean]))
     med_busy_steps = np.median(busy_steps[clean] if clean.any() else busy_steps, axis=0)
-    fmed_all, fz_all = references(fmat, st.floor, st.ref_clean)
-    cats = CategoryRefs.of(g.keys, fmat, st.floor, st.ref_clean)
-    large = n >= LARGE_GROUP
+    fn_reference, fn_z = references(st.fmat, st.floor, st.ref_clean)
+    cats = CategoryRefs.of(view.keys, st.fmat, st.floor, st.ref_clean)
+    large = size >= LARGE_GROUP
     hw_medians: dict[str, float | None] | None = {} if large else None
-    votes = _ConfigVotes(table.cols, g, clean)
-    clean_rows = g.rows[clean]
-    for i in cands:
-        r = g.ranks[i]
-        ex = float(st.excess[i])
-        slow_steps = busy_steps[i] > med_busy_steps + 0.5 * ex
+    votes = _ConfigVotes(table.cols, view, clean)
+    clean_rows = view.rows[clean]
+    for member in candidates:
+        rank = view.ranks[member]
+        excess = float(st.excess[member])
+        slow_steps = busy_steps[member] > med_busy_steps + 0.5 * excess
         consistency = float(np.mean(slow_steps))
-        over = np.maximum(busy_steps[i] - med_busy_steps, 0.0)
+        over = np.maximum(busy_steps[member] - med_busy_steps, 0.0)
         for sched in st.scheduled:
             # excess that sits in the steps of one scheduled work (a slow checkpoint) is judged by them
-            if ex > 0 and sched.any() and float(over[sched].sum()) >= 0.8 * float(over.sum()):
-                consistency = float(np.mean(over[sched] > 0.5 * ex))
+            if excess > 0 and sched.any() and float(over[sched].sum()) >= 0.8 * float(over.sum()):
+                consistency = float(np.mean(over[sched] > 0.5 * excess))
                 break
+        busy, ref_busy = float(st.busy[member]), float(st.ref_busy[member])
         out.append(
             RankSlowness(
-                rank=r, group=st.name,
-                busy_seconds_per_step=round(float(busy[i]), 6),
-                peer_median_busy_seconds_per_step=round(float(ref_busy[i]), 6),
-                excess_seconds_per_step=round(ex, 6),
-                excess_step_ratio=round(float(st.excess_ratio[i]), 4),
-                busy_ratio_to_median=round(cap_ratio(float(busy[i]), float(ref_busy[i])), 4),
-                comm_wait_ratio_to_median=round(cap_ratio(float(comm[i]), med_comm), 4),
-                least_waiting=bool(comm[i] <= min_comm + 1e-9),
-                robust_z=round(float(min(st.z[i], 1e6)), 3),
+                rank=rank, group=st.name,
+                busy_seconds_per_step=round(busy, 6),
+                peer_median_busy_seconds_per_step=round(ref_busy, 6),
+                excess_seconds_per_step=round(excess, 6),
+                excess_step_ratio=round(float(st.excess_ratio[member]), 4),
+                busy_ratio_to_median=round(cap_ratio(busy, ref_busy), 4),
+                comm_wait_ratio_to_median=round(cap_ratio(float(comm[member]), med_comm), 4),
+                least_waiting=bool(comm[member] <= min_comm + 1e-9),
+                robust_z=round(float(min(st.z[member], 1e6)), 3),
                 consistency_ratio=round(consistency, 4),
-                peers=n, group_valid=st.valid,
+                peers=size, group_valid=st.valid,
             )
         )
-        others = np.arange(n) != i
-        out.extend(_function_outliers(g, i, fmat[i], fmed_all[i], fz_all[i], ex, others))
-        out.extend(_category_excess(g, i, fmat[i], fmed_all[i], ex, cats, others))
-        out.extend(_device_idle(g, i, fmat[i], fmed_all[i], ex, cats, float(np.median(g.step[i]))))
-        peers = g.rows[clean & others]
+        others = np.arange(size) != member
+        suspect = Suspect(member, rank, st.fmat[member], fn_reference[member], fn_z[member], excess, others)
+        out.extend(_function_outliers(view, suspect))
+        out.extend(_category_excess(view, suspect, cats))
+        out.extend(_device_idle(view, suspect, cats))
+        peers = view.rows[clean & others]
         if not len(peers):
-            peers = g.rows[others]
+            peers = view.rows[others]
         if large:          # one peer set serves every suspect of a large group
             peers = clean_rows
-        out.extend(hw_signals(table, r, peers, st.keep, medians=hw_medians))
-        out.extend(host_cpu_facts(table, r, st.keep))
-        out.extend(votes.deviations(i))
+        out.extend(hw_signals(table, rank, peers, st.keep, medians=hw_medians))
+        out.extend(host_cpu_facts(table, rank, st.keep))
+        out.extend(votes.deviations(member))
     return out
 
 
@@ -305,86 +322,94 @@ MIN_SHARE = 0.05
 
 
 def step_shares(ranks: list[int], keys: list[tuple[str, str]], fmat: np.ndarray, step: np.ndarray) -> list[Fact]:
+    """What each member's step is made of (`fmat`: [member, key] seconds per step; `step`: [member]
+    step seconds), per host-side category holding at least MIN_SHARE of it."""
     out: list[Fact] = []
-    idx = {cat: [j for j, k in enumerate(keys) if k[0] == cat] for cat in SHARE_CATEGORIES}
-    sec = {cat: fmat[:, ix].sum(axis=1) if ix else np.zeros(len(ranks)) for cat, ix in idx.items()}
+    cat_keys = {cat: [k for k, key in enumerate(keys) if key[0] == cat] for cat in SHARE_CATEGORIES}
+    seconds = {cat: fmat[:, ks].sum(axis=1) if ks else np.zeros(len(ranks)) for cat, ks in cat_keys.items()}
     with np.errstate(invalid="ignore", divide="ignore"):
-        share = {cat: np.where(step > 0, s / np.where(step > 0, step, 1.0), 0.0) for cat, s in sec.items()}
+        share = {cat: np.where(step > 0, sec / np.where(step > 0, step, 1.0), 0.0) for cat, sec in seconds.items()}
     hit = {cat: (step > 0) & (share[cat] >= MIN_SHARE) for cat in SHARE_CATEGORIES}
-    for i in np.flatnonzero(np.any([hit[c] for c in SHARE_CATEGORIES], axis=0)):
+    for member in np.flatnonzero(np.any([hit[c] for c in SHARE_CATEGORIES], axis=0)):
         for cat in SHARE_CATEGORIES:
-            if not hit[cat][i]:
+            if not hit[cat][member]:
                 continue
-            ix = idx[cat]
-            top = keys[ix[int(np.argmax(fmat[i, ix]))]][1]
-            out.append(StepShare(rank=ranks[i], category=cat, share_ratio=round(min(float(share[cat][i]), 1.0), 4),
-                                 seconds_per_step=round(float(sec[cat][i]), 6), top_function=top, group_valid=False))
+            ks = cat_keys[cat]
+            top = keys[ks[int(np.argmax(fmat[member, ks]))]][1]
+            out.append(StepShare(rank=ranks[member], category=cat,
+                                 share_ratio=round(min(float(share[cat][member]), 1.0), 4),
+                                 seconds_per_step=round(float(seconds[cat][member]), 6), top_function=top,
+                                 group_valid=False))
     return out
 
 
-def _function_outliers(g: GroupView, i: int, row: np.ndarray, fmed: np.ndarray, fz: np.ndarray, excess: float,
-                       others: np.ndarray) -> list[Fact]:
+def _function_outliers(view: GroupView, suspect: Suspect) -> list[Fact]:
     out: list[Fact] = []
-    if excess <= 0:
+    if suspect.excess_seconds <= 0:
         return out
-    for j, k in enumerate(g.keys):
-        if k[0] == Category.communication.value:
+    member, others = suspect.member, suspect.others
+    for k, (category, function) in enumerate(view.keys):
+        if category == Category.communication.value:
             continue
-        fx = float(row[j] - fmed[j])
-        explains = fx / excess
-        if explains < FUNCTION_MIN_EXPLAINS or fz[j] < SUSPECT_Z:
+        mine, reference = float(suspect.seconds[k]), float(suspect.reference[k])
+        fn_excess = mine - reference
+        explains = fn_excess / suspect.excess_seconds
+        if explains < FUNCTION_MIN_EXPLAINS or suspect.z[k] < SUSPECT_Z:
             continue
-        code, mean = int(g.metric_code[i, j]), g.metric_mean[i, j]
+        code, mean = int(view.metric_code[member, k]), view.metric_mean[member, k]
         metric = METRICS[code].value if code >= 0 else None
-        mean_v = None if np.isnan(mean) else float(mean)
-        pmed = _median_or_none(g.metric_mean[others, j])
-        mratio = None
-        if mean_v is not None and pmed is not None and pmed > 0:
-            mratio = round(min(mean_v / pmed, 1000.0), 4)
-        peer_occ = g.occurrences[others, j]
+        metric_mean = None if np.isnan(mean) else float(mean)
+        peer_metric = _median_or_none(view.metric_mean[others, k])
+        metric_ratio = None
+        if metric_mean is not None and peer_metric is not None and peer_metric > 0:
+            metric_ratio = round(min(metric_mean / peer_metric, 1000.0), 4)
+        peer_occ = view.occurrences[others, k]
         out.append(
             FunctionOutlier(
-                rank=g.ranks[i], category=k[0], function=k[1],
-                seconds_per_step=round(float(row[j]), 6),
-                peer_median_seconds_per_step=round(float(fmed[j]), 6),
-                excess_seconds_per_step=round(fx, 6),
-                ratio_to_median=round(cap_ratio(float(row[j]), float(fmed[j])), 4),
+                rank=suspect.rank, category=category, function=function,
+                seconds_per_step=round(mine, 6),
+                peer_median_seconds_per_step=round(reference, 6),
+                excess_seconds_per_step=round(fn_excess, 6),
+                ratio_to_median=round(cap_ratio(mine, reference), 4),
                 explains_ratio=round(min(explains, 1.0), 4),
-                robust_z=round(float(min(fz[j], 1e6)), 3),
+                robust_z=round(float(min(suspect.z[k], 1e6)), 3),
                 metric=metric,
-                metric_mean=None if mean_v is None else round(mean_v, 4),
-                peer_metric_median=None if pmed is None else round(pmed, 4),
-                metric_ratio_to_median=mratio,
-                occurrences_total=int(g.occurrences[i, j]),
+                metric_mean=None if metric_mean is None else round(metric_mean, 4),
+                peer_metric_median=None if peer_metric is None else round(peer_metric, 4),
+                metric_ratio_to_median=metric_ratio,
+                occurrences_total=int(view.occurrences[member, k]),
                 peer_median_occurrences=float(np.median(peer_occ)) if len(peer_occ) else 0.0,
             )
         )
     return out
 
 
-def _category_excess(g: GroupView, i: int, row: np.ndarray, fmed: np.ndarray, excess: float, cats: CategoryRefs,
-                     others: np.ndarray) -> list[Fact]:
-    """Per category: this rank's summed critical time vs the peers' reference of the sums
-    (`fmed`: the per-function references of this rank)."""
+def _category_excess(view: GroupView, suspect: Suspect, cats: CategoryRefs) -> list[Fact]:
+    """Per category: this rank's summed critical time vs the peers' reference of the sums; the
+    function named is the one of the category furthest above its own reference."""
     out: list[Fact] = []
-    if excess <= 0:
+    if suspect.excess_seconds <= 0:
         return out
-    for cat, idx in cats.idx.items():
-        mine = float(cats.sums[cat][i])
-        med = float(cats.refs[cat][i])
-        cx = mine - med
-        if cx / excess < FUNCTION_MIN_EXPLAINS:
+    member = suspect.member
+    above = suspect.seconds - suspect.reference
+    for cat, cat_keys in cats.idx.items():
+        mine = float(cats.sums[cat][member])
+        reference = float(cats.refs[cat][member])
+        cat_excess = mine - reference
+        if cat_excess / suspect.excess_seconds < FUNCTION_MIN_EXPLAINS:
             continue
-        top = idx[int(np.argmax((row - fmed)[idx]))]
-        m = g.cat_metric[cat][i]
-        pm = _median_or_none(g.cat_metric[cat][others])
+        top = cat_keys[int(np.argmax(above[cat_keys]))]
+        metric = view.cat_metric[cat][member]
+        peer_metric = _median_or_none(view.cat_metric[cat][suspect.others])
         out.append(
             CategoryExcess(
-                rank=g.ranks[i], category=cat,
-                seconds_per_step=round(mine, 6), peer_median_seconds_per_step=round(med, 6),
-                excess_seconds_per_step=round(cx, 6), explains_ratio=round(min(cx / excess, 1.0), 4),
-                top_function=g.keys[top][1],
-                metric_ratio_to_median=None if (np.isnan(m) or not pm) else round(min(float(m) / pm, 1000.0), 4),
+                rank=suspect.rank, category=cat,
+                seconds_per_step=round(mine, 6), peer_median_seconds_per_step=round(reference, 6),
+                excess_seconds_per_step=round(cat_excess, 6),
+                explains_ratio=round(min(cat_excess / suspect.excess_seconds, 1.0), 4),
+                top_function=view.keys[top][1],
+                metric_ratio_to_median=(None if (np.isnan(metric) or not peer_metric)
+                                        else round(min(float(metric) / peer_metric, 1000.0), 4)),
             )
         )
     return out
@@ -393,64 +418,64 @@ def _category_excess(g: GroupView, i: int, row: np.ndarray, fmed: np.ndarray, ex
 DEVICE_KINDS = (Category.kernel.value, Category.memory.value, Category.communication.value)
 
 
-def _device_idle(g: GroupView, i: int, row: np.ndarray, fmed: np.ndarray, excess: float, cats: CategoryRefs,
-                 step: float) -> list[Fact]:
+def _device_idle(view: GroupView, suspect: Suspect, cats: CategoryRefs) -> list[Fact]:
     """On a device rank (its group runs kernels), the host-side work that held the critical path
     while the device idled (device_first attribution), against the peers' references."""
-    if excess <= 0 or not any(k[0] == Category.kernel.value for k in g.keys):
+    if suspect.excess_seconds <= 0 or not any(k[0] == Category.kernel.value for k in view.keys):
         return []
     host = [c for c in cats.idx if c not in DEVICE_KINDS]
     if not host:
         return []
-    mine = sum(float(cats.sums[c][i]) for c in host)
-    ref = sum(float(cats.refs[c][i]) for c in host)
-    top_cat = max(host, key=lambda c: float(cats.sums[c][i] - cats.refs[c][i]))
-    idx = cats.idx[top_cat]
-    top = idx[int(np.argmax((row - fmed)[idx]))]
+    member = suspect.member
+    step = float(np.median(view.step[member]))
+    mine = sum(float(cats.sums[c][member]) for c in host)
+    reference = sum(float(cats.refs[c][member]) for c in host)
+    top_cat = max(host, key=lambda c: float(cats.sums[c][member] - cats.refs[c][member]))
+    cat_keys = cats.idx[top_cat]
+    top = cat_keys[int(np.argmax((suspect.seconds - suspect.reference)[cat_keys]))]
     return [DeviceIdle(
-        rank=g.ranks[i], seconds_per_step=round(mine, 6), peer_median_seconds_per_step=round(ref, 6),
-        excess_seconds_per_step=round(mine - ref, 6),
-        explains_ratio=round(float(np.clip((mine - ref) / excess, 0.0, 1.0)), 4),
+        rank=suspect.rank, seconds_per_step=round(mine, 6), peer_median_seconds_per_step=round(reference, 6),
+        excess_seconds_per_step=round(mine - reference, 6),
+        explains_ratio=round(float(np.clip((mine - reference) / suspect.excess_seconds, 0.0, 1.0)), 4),
         idle_ratio_of_step=round(float(np.clip(mine / step, 0.0, 1.0)) if step > 0 else 0.0, 4),
-        top_category=top_cat, top_function=g.keys[top][1])]
+        top_category=top_cat, top_function=view.keys[top][1])]
 
 
 class _ConfigVotes:
     """The peers' majority value of each setting, counted once per group: a suspect is compared with
     the clean members other than itself (all the others when none of them is clean)."""
 
-    def __init__(self, cols: WindowColumns, g: GroupView, clean: np.ndarray) -> None:
-        self.ranks, self.clean = g.ranks, clean
+    def __init__(self, cols: WindowColumns, view: GroupView, clean: np.ndarray) -> None:
+        self.ranks, self.clean = view.ranks, clean
         self.cfg: list[dict[str, str]] = []
-        for i in g.rows:
-            c: dict[str, str] = {}
-            for key, value in cols.config[i]:
-                c.setdefault(key, value)
-            self.cfg.append(c)
+        for row in view.rows:
+            settings: dict[str, str] = {}
+            for key, value in cols.config[row]:
+                settings.setdefault(key, value)
+            self.cfg.append(settings)
         self.clean_votes: dict[str, Counter[str]] = {}
-        for j in np.flatnonzero(clean):
-            for key, val in self.cfg[j].items():
-                self.clean_votes.setdefault(key, Counter())[val] += 1
+        for member in np.flatnonzero(clean):
+            for key, value in self.cfg[member].items():
+                self.clean_votes.setdefault(key, Counter())[value] += 1
 
-    def deviations(self, i: int) -> list[Fact]:
-        mine = self.cfg[i]
-        n = len(self.ranks)
-        others_clean = int(self.clean.sum()) - int(self.clean[i])
+    def deviations(self, member: int) -> list[Fact]:
+        mine = self.cfg[member]
+        others_clean = int(self.clean.sum()) - int(self.clean[member])
         out: list[Fact] = []
-        for key, val in sorted(mine.items()):
+        for key, value in sorted(mine.items()):
             if key in CONFIG_KEYS_IGNORED or key.startswith("site."):   # where code is, not how it runs
                 continue
             if others_clean:
                 votes = Counter(self.clean_votes.get(key, Counter()))
-                if self.clean[i]:
-                    votes[val] -= 1
+                if self.clean[member]:
+                    votes[value] -= 1
             else:
-                votes = Counter(self.cfg[j][key] for j in range(n) if j != i and key in self.cfg[j])
+                votes = Counter(cfg[key] for other, cfg in enumerate(self.cfg) if other != member and key in cfg)
             votes = +votes
             total = sum(votes.values())
             if not total:
                 continue
             majority, count = votes.most_common(1)[0]
-            if count > total / 2 and majority != val:
-                out.append(ConfigDeviation(rank=self.ranks[i], key=key, value=val, peer_value=majority))
+            if count > total / 2 and majority != value:
+                out.append(ConfigDeviation(rank=self.ranks[member], key=key, value=value, peer_value=majority))
         return out
