@@ -70,7 +70,7 @@ bench-traces: $(STAMP) $(HTA_VENV)/.installed
 # (the browser tests that check them; needs chromium)
 screenshots: $(STAMP)
 	EROICA_SCREENSHOTS_DIR=$(CURDIR)/docs $(BIN)/pytest -q tests/service/test_pages_browser.py \
-		tests/test_reports.py -k "browser or chromium"
+		tests/unit/engine/test_reports.py -k "browser or chromium"
 
 clean:
 	rm -rf $(VENV) $(LLM_VENV) $(HTA_VENV) build *.egg-info runs

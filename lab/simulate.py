@@ -167,7 +167,7 @@ CONFIG = [{"key": "torch.version", "value": "2.13.0"}, {"key": "precision", "val
 def rank_doc(rank: int, lay: Layout, fault: str, culprit: bool, slowest: np.ndarray, healthy: float,
              seed: int) -> dict[str, Any]:
     """One rank's window, as the collector writes it (a dict of eroica.patterns/v1: the writer
-    encodes it, tests/test_simulate.py checks it is exactly a valid PatternsDoc's JSON). Every rank's
+    encodes it, tests/lab/test_simulate.py checks it is exactly a valid PatternsDoc's JSON). Every rank's
     step is the slowest rank's busy time plus the collectives' own time (synchronous training): the
     late rank waits least, its peers wait for it. `healthy` is the slowest busy time without the
     fault (the step before the window)."""

@@ -20,7 +20,7 @@ from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.evaluate import find_incidents, load_expected
 from eroica.engine.render import FORMATS, render
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[3]
 INCIDENTS = find_incidents(ROOT / "incidents")
 SCHEMA = json.loads((ROOT / "docs" / "schema" / "eroica.diagnosis.v1.schema.json").read_text())
 OPTS = DiagnoseOptions(in_process=True)

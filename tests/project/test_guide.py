@@ -8,7 +8,7 @@ from pathlib import Path
 
 from eroica.cli.main import main
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 
 def guide_rule() -> str:

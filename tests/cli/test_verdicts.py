@@ -10,7 +10,7 @@ from patterns_factory import make_doc, write_run
 from eroica.cli.main import main
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 OPTS = DiagnoseOptions(in_process=True)
 
 

@@ -30,7 +30,7 @@ def test_rules_test_and_lint_pass_on_the_shipped_rules(capsys) -> None:  # type:
 
 
 def test_rules_test_fails_on_a_wrong_expectation(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    src = Path(__file__).parents[1] / "knowledge" / "rules" / "runtime" / "gc_pause.yaml"
+    src = Path(__file__).parents[2] / "knowledge" / "rules" / "runtime" / "gc_pause.yaml"
     text = src.read_text().replace("expect: [{rank: 1, root_cause: gc_pause", "expect: [{rank: 2, root_cause: gc_pause")
     (tmp_path / "gc_pause.yaml").write_text(text)
     assert main(["rules", "test", str(tmp_path)]) == 1
@@ -39,7 +39,7 @@ def test_rules_test_fails_on_a_wrong_expectation(tmp_path: Path, capsys) -> None
 
 
 def test_rules_lint_reports_an_untested_threshold_side(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    src = Path(__file__).parents[1] / "knowledge" / "rules" / "runtime" / "gc_pause.yaml"
+    src = Path(__file__).parents[2] / "knowledge" / "rules" / "runtime" / "gc_pause.yaml"
     text = src.read_text().replace("explains_ratio: 0.29", "explains_ratio: 0.31")
     (tmp_path / "gc_pause.yaml").write_text(text)
     assert main(["rules", "lint", str(tmp_path)]) == 1

@@ -13,7 +13,7 @@ import eroica.collector.kineto as kineto
 from eroica.cli.main import main
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 
-TRACES = Path(__file__).parents[1].parent / "shared" / "traces"
+TRACES = Path(__file__).parents[3].parent / "shared" / "traces"
 NEEDS = pytest.mark.skipif(not TRACES.is_dir(), reason=f"the shared traces are not at {TRACES}")
 OPTS = DiagnoseOptions(in_process=True)
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _check():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[1] / "bench" / "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[3] / "bench" / "gpu_check.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

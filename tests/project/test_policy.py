@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 LAYERS = {"schema": -1, "collector": 0, "engine": 1, "assistant": 2, "service": 3, "lab": 4, "cli": 5}  # lab: test jobs
 # documents are the interface: the engine reads what the collector writes through eroica.schema alone
 NOT_IMPORTED = {"engine": {"collector"}, "assistant": {"collector"}}

@@ -66,7 +66,7 @@ def test_a_recorded_slowdown_that_began_during_a_cooldown_is_profiled_again() ->
     its lagged reference drifted into the slowdown. Judged against the last healthy reference it does."""
     import json
 
-    doc = json.loads((Path(__file__).parents[1] / "incidents/INC-0042/patterns/w001-s76/rank-0.json").read_text())
+    doc = json.loads((Path(__file__).parents[3] / "incidents/INC-0042/patterns/w001-s76/rank-0.json").read_text())
     series = doc["step_times"]["before_seconds"] + doc["step_times"]["during_seconds"]
     bump, *after = replay(series)
     assert bump.fired_at_step < 40
@@ -132,7 +132,7 @@ def test_recorded_healthy_jobs_open_few_windows_an_hour_and_every_extra_one_is_q
     backoff and the budget their noise opens windows by the hundred; with them, at most two a
     job-hour, and every window beyond a job's first found the job back at speed (quiet)."""
     raw = after = 0
-    for path in sorted((Path(__file__).parent / "data" / "trigger").glob("steps-*.txt")):
+    for path in sorted((Path(__file__).parents[2] / "data" / "trigger").glob("steps-*.txt")):
         series = read_step_times(path)[10:]
         raw += per_hour(series, TriggerPolicy(quiet_backoff_steps=0, max_windows_per_hour=10**6), 1.0)[0]
         first_hour, _, quiet = per_hour(series, TriggerPolicy(), 1.0)
