@@ -2,14 +2,14 @@
 
 A small diagnosis takes about as long as starting Python, so three things are done on purpose:
 - cyclic garbage collection is held off while the command imports its modules (it rescanned the same
-  import-time objects again and again: ~30 ms of a 0.3 s `eroica diagnose` on a small trace), then
+  import-time objects again and again), then
   the imported objects are frozen out of every later collection and collection resumes
   (`resume_collection`);
 - while forked ingestion workers summarize traces, the parent does the imports and compiles the
   report template the diagnosis will need (`warm_engine`), instead of after them;
 - the process ends with `os._exit` once its output is flushed (`finish`): tearing down numpy's,
-  pydantic's and the rule engine's modules takes ~0.2 s. Only commands that start no thread and leave
-  no file to clean up after they return are in FAST_EXIT.
+  pydantic's and the rule engine's modules is a visible share of a small run. Only commands that
+  start no thread and leave no file to clean up after they return are in FAST_EXIT.
 Their effect is measured by `bench/traces.py` (eroica diagnose against HTA's trace load)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def resume_collection() -> None:
 
 def warm_engine(report_format: str) -> None:
     """Import what diagnosing and rendering will need (while ingestion workers run)."""
-    import numpy.ma  # noqa: F401          # np.median's first call imports it (~30 ms)
+    import numpy.ma  # noqa: F401          # np.median's first call imports it
 
     import eroica.engine.diagnose  # noqa: F401
     from eroica.engine.render import template

@@ -25,8 +25,8 @@ UNTRACKED = (Category.python, "untracked")
 
 class Execution(NamedTuple):
     """One function execution on this rank's clock. A named tuple: a window's close and a trace's
-    ingestion make tens of thousands, and it is built in well under half a frozen dataclass's time
-    (0.22 against 0.51 us, timeit)."""
+    ingestion make tens of thousands, and a named tuple is built in well under half a frozen
+    dataclass's time (docs/benchmarks.md, "Costs behind design choices")."""
 
     start_ns: int
     end_ns: int

@@ -138,14 +138,14 @@ class StepTimeDetector:
     for `cooldown_steps` steps and needs fresh breaches.
 
     This runs at every step of every rank. Right after the user's step the caches and the TLB
-    hold the user's data, and the first step judged costs ~10x the next (55 against 5 µs in a gloo
-    job with bench/overhead.py's model; not the arithmetic: a leaner detector left the cold cost as
-    it was), so the Monitor hands it steps in turns (JUDGE_EVERY_STEPS). The per-step work is small
-    too (5.0 µs warm, was 6.5): the reference and the recent steps live in `array('d')` buffers (the
-    reference kept sorted as steps enter and leave it, not rebuilt), the policy's numbers are copied
-    onto the detector, and the two thresholds are worked out when a reference, an anchor or the
-    policy changes. The decisions are those of the definitions above, to the bit (tested against a
-    direct implementation on random series).
+    hold the user's data, and the first step judged costs several times the next (not the
+    arithmetic: a leaner detector left the cold cost as it was; docs/benchmarks.md), so the Monitor
+    hands it steps in turns (JUDGE_EVERY_STEPS). The per-step work is kept small too: the reference
+    and the recent steps live in `array('d')` buffers (the reference kept sorted as steps enter and
+    leave it, not rebuilt), the policy's numbers are copied onto the detector, and the two
+    thresholds are worked out when a reference, an anchor or the policy changes. The decisions are
+    those of the definitions above, to the bit (tested against a direct implementation on random
+    series).
     """
 
     __slots__ = ("_policy", "history", "_ref_stats", "_consecutive", "_quiet_until_step", "_anchor",

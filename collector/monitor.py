@@ -36,9 +36,10 @@ from eroica.schema.patterns import Category, CollectorGap, JobInfo
 log = logging.getLogger("eroica.collector")
 FORCE_ENV = "EROICA_FORCE_WINDOW_AT_STEP"
 # The detector judges calm steps in turns of this many: right after the user's step the caches and the
-# TLB hold the user's data, and a turn's first step costs ~10x the next ones (68 against 6-9 us with
-# bench/overhead.py's model). A step above the detector's threshold is judged at once, so the fast test
-# fires at the step it would step by step; the sustained test, up to this many - 1 steps later.
+# TLB hold the user's data, and a turn's first step costs several times the next ones (bench/overhead.py;
+# docs/benchmarks.md, "Costs behind design choices"). A step above the detector's threshold is judged
+# at once, so the fast test fires at the step it would step by step; the sustained test, up to this
+# many - 1 steps later.
 JUDGE_EVERY_STEPS = 8
 INF = float("inf")
 
@@ -284,7 +285,7 @@ class Monitor:
         self._step += 1
         if self._hang is not None:
             self._hang.stepped(self._step, seconds)
-        # only what has work is called (after the user's step all of it is cold: 5-10 us a call); a failed
+        # only what has work is called (after the user's step all of it is cold, so each call costs); a failed
         # write and a stuck store are noticed within a poll's steps
         poll_step = self._step % self.policy.poll_every_steps == 0
         if poll_step:

@@ -7,8 +7,7 @@ so memory is bounded whatever the window length.
 A fast source that reads one file (`path`, `parse(text)`) is read raw on its tick and parsed with
 the next BATCH ticks' bytes: after a 20 ms sleep the training job has evicted the sampler's code
 and data from the caches, and parsing on every tick paid those misses once per source per tick
-(measured against a busy torch process: 67 us per tick for the five fast sources read and parsed,
-33 us read raw, 6 us per tick to parse them in a batch). The values are the same.
+(docs/benchmarks.md, "Costs behind design choices"). The values are the same.
 """
 
 from __future__ import annotations

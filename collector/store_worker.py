@@ -45,7 +45,7 @@ class StoreWorker:
             self._busy[kind] = time.monotonic()
         self._jobs.put((kind, job))
         # no time.sleep(0) here: the worker takes the interpreter at the training thread's next release (torch
-        # releases it in every operator), and a forced switch cost the training thread ~70 us of CPU per poll
+        # releases it in every operator), and a forced switch costs the training thread CPU on every poll
         return True
 
     def answers(self) -> list[Answer]:

@@ -32,8 +32,8 @@ MAX_FUNCTIONS = 40
 
 def percentiles(values: np.ndarray, *qs: float) -> tuple[float, ...]:
     """np.percentile(values, q) for each q (its default linear method, to the bit: tested), sorted
-    once, without numpy's percentile machinery, whose first call imports numpy.ma (~10-40 ms in every
-    ingestion worker and in `eroica diagnose`)."""
+    once, without numpy's percentile machinery, whose first call imports numpy.ma (in every ingestion
+    worker and in `eroica diagnose`; measured by bench/traces.py)."""
     s = np.sort(values)
     n = len(s)
     out = []

@@ -64,7 +64,8 @@ def _specs(path: Path) -> dict[str, dict[str, Any]]:
 
 @lru_cache(maxsize=256)
 def _model_of(path: Path, kind: str) -> type[Hypothesis]:
-    """One kind's model, built once per process (~2 ms each: a diagnosis builds the ones it derived)."""
+    """One kind's model, built once per process (pydantic model building is not free: a diagnosis
+    builds only the ones it derived)."""
     return _model(kind, _specs(path)[kind], str(path))
 
 

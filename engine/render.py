@@ -35,10 +35,11 @@ TEMPLATES = {"text": "report.txt.j2", "md": "report.md.j2", "html": "report.html
 
 
 class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
-    """Compiled templates kept between processes (compiling the text report costs ~11 ms of a 0.3 s
-    `eroica diagnose`; loading it, ~1 ms). Jinja recompiles when a template's source changes (each entry
-    holds its source's checksum, and Jinja's and Python's bytecode versions). A cache that cannot be
-    read or written is not used; the report is rendered all the same."""
+    """Compiled templates kept between processes (compiling a report's template is a visible share of
+    a small `eroica diagnose`, loading it is not: bench/traces.py). Jinja recompiles when a template's
+    source changes (each entry holds its source's checksum, and Jinja's and Python's bytecode
+    versions). A cache that cannot be read or written is not used; the report is rendered all the
+    same."""
 
     def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
         with contextlib.suppress(OSError):
@@ -75,8 +76,8 @@ def _env(autoescape: bool = False) -> jinja2.Environment:
 
 
 def template(fmt: str) -> jinja2.Template:
-    """A format's compiled template (compiling one costs ~20-35 ms; once per process: `eroica
-    diagnose` compiles it while its ingestion workers run)."""
+    """A format's compiled template, once per process (`eroica diagnose` compiles it while its
+    ingestion workers run)."""
     if fmt not in TEMPLATES:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     return _env(autoescape=fmt == "html").get_template(TEMPLATES[fmt])

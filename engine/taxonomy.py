@@ -89,7 +89,7 @@ class Resolution:
 @lru_cache(maxsize=8)
 def _taxonomy_doc(path: Path) -> dict[str, Any]:
     """A taxonomy file, parsed once per process (root causes, resolution and the coverage floor), by
-    libyaml where PyYAML has it (the pure-Python parser took 50 ms of a small `eroica diagnose`)."""
+    libyaml where PyYAML has it (the pure-Python parser is many times slower)."""
     return dict(yaml.load(path.read_text(), Loader=SAFE_LOADER))
 
 

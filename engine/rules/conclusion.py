@@ -55,7 +55,7 @@ def typed_results(raw: tuple[list[dict[str, Any]], list[dict[str, Any]]],
                   site_dirs: list[Path] | None = None) -> tuple[list[Conclusion], list[Derived]]:
     kinds = {str(f["kind"]) for c in raw[0] for f in (*c["facts"], *c["hypotheses"])}
     kinds.update(str(d["fact"]["kind"]) for d in raw[1])
-    # the hypothesis models are built from knowledge files (~2 ms each): only those a rule derived
+    # the hypothesis models are built from knowledge files (not free): only those a rule derived
     extra = kinds - FACT_TYPES.keys()
     types = {**FACT_TYPES, **hypothesis_types(extra, site_dirs)} if extra else FACT_TYPES
     conclusions = [
