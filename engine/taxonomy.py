@@ -43,7 +43,8 @@ class Decider:
         return cls(fact=v["fact"], where=dict(where), says=str(v.get("says") or ""))
 
     @property
-    def wanted(self) -> str:
+    def condition(self) -> str:
+        """What deciding takes, as a person reads it ("fact with field >= value, ...")."""
         def cond(k: str, t: Any) -> str:
             signs = {"gte": ">=", "gt": ">", "lte": "<=", "lt": "<", "eq": "=", "ne": "!=", "in": "in"}
             return " and ".join(f"{k} {signs[o]} {x}" for o, x in t.items()) if isinstance(t, dict) else f"{k} = {t}"
@@ -51,9 +52,9 @@ class Decider:
 
     def describe(self, fact: Any) -> str:
         try:
-            return self.says.format(**fact.model_dump()) if self.says else self.wanted
+            return self.says.format(**fact.model_dump()) if self.says else self.condition
         except (KeyError, ValueError, IndexError):
-            return self.wanted
+            return self.condition
 
 
 @dataclass(frozen=True)

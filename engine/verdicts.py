@@ -54,7 +54,7 @@ def deciding(tax: TaxonomyEntry | None, facts: Sequence[Fact]) -> str | None:
 
 
 def _wants(tax: TaxonomyEntry | None) -> str:
-    return "; or ".join(d.wanted for d in tax.decided_by) if tax is not None and tax.decided_by else \
+    return "; or ".join(d.condition for d in tax.decided_by) if tax is not None and tax.decided_by else \
         "nothing declared in the taxonomy"
 
 
