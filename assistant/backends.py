@@ -42,6 +42,9 @@ CODE_ACTIONS: dict[str, CodeAction] = {
     "async_checkpoint": CodeAction(targets.checkpoint, lambda text, c, p: edits.async_checkpoint(text, c)),
 }
 ANOMALY_KEY = "detect_anomaly"
+#: causes no template fixes in code: a model gets the code the evidence points at (and the recorded
+#: stacks) and proposes a change there or a concrete next step
+MODEL_CAUSES = ("unknown", "transient_stall")
 
 
 def action_of(f: Finding, rem: Remediation | None) -> str | None:
@@ -69,6 +72,8 @@ class Context:
         action = action_of(self.finding, self.remediation)
         if self.repo is not None and action in CODE_ACTIONS:
             self.target = CODE_ACTIONS[action].locate(self.repo, self.finding)
+        elif self.repo is not None and self.finding.root_cause in MODEL_CAUSES:
+            self.target = targets.for_model(self.repo, self.finding)
 
     @property
     def action(self) -> str | None:
@@ -223,6 +228,14 @@ def prompt(ctx: Context, redact: Redactor) -> str:
                   *(f"- {s.key} = {s.value} (peers: {s.peer_value})" for s in f.settings)]
     if ctx.remediation is not None:
         parts += [f"Known remediation: {ctx.remediation.guidance}"]
+    if ctx.repo is not None:
+        for name, frames in targets.recorded_stacks(ctx.repo, f):
+            parts += [f"Recorded call stack at `{name}` (innermost first):",
+                      *(f"- {rel}:{line}: {code}" for rel, line, code in frames)]
+    if f.root_cause in MODEL_CAUSES:
+        parts += ["No template fixes this cause. Propose the smallest change inside the target lines that "
+                  "removes the excess, or reply with kind \"none\" and, as the rationale, one concrete next "
+                  "step (what to measure or change, and where)."]
     if t is not None and t.found is not None and ctx.repo is not None:
         lines = edits.read(ctx.repo, t.found.file).splitlines()
         lo, hi = max(t.found.line - 8, 1), min(t.found.end_line + 8, len(lines))

@@ -271,6 +271,32 @@ def region(repo: Path, f: Finding) -> Target:
                   f"statement calling {name}()")
 
 
+def for_model(repo: Path, f: Finding) -> Target:
+    """Where a model may change code for a cause no template fixes (unknown, transient_stall): the
+    function the finding names (a region or a sampled function's call), else the training loop."""
+    if f.function and f.function != "untracked":
+        named = region(repo, f)
+        if named.found is not None:
+            return named
+    return loop(repo, f)
+
+
+def recorded_stacks(repo: Path, f: Finding, most: int = 4) -> list[tuple[str, list[tuple[str, int, str]]]]:
+    """The finding's recorded call sites that reach this repository: (site, [(file, line, source line)])
+    innermost frame first, at most `most` sites."""
+    out: list[tuple[str, list[tuple[str, int, str]]]] = []
+    for name, site in sorted(f.sites.items()):
+        frames = []
+        for rel, line in resolve_site(repo, site)[:6]:
+            lines = (repo / rel).read_text(errors="replace").splitlines()
+            frames.append((rel, line, lines[line - 1].strip() if 0 < line <= len(lines) else ""))
+        if frames:
+            out.append((name, frames))
+        if len(out) >= most:
+            break
+    return out
+
+
 def checkpoint(repo: Path, f: Finding) -> Target:
     """The `torch.save` inside the function or region the finding names."""
     name = f.function or ""

@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "repository under DIR/repos (or --repos), through the gate with each repository's validation")
     p.add_argument("--repos", type=Path, help="--drafts: the training repositories (default DIR/repos)")
     p.add_argument("--no-validate", action="store_true", help="--drafts: skip the repositories' validation commands")
+    p.add_argument("--base-url", help="--drafts: also ask this OpenAI-compatible model endpoint to draft for the "
+                                      "causes templates do not fix (unknown, transient_stall) and user_code, and "
+                                      "count what the gate accepts (EROICA_LLM_* settings apply)")
+    p.add_argument("--model", help="--drafts --base-url: the model's name at the endpoint")
     p.set_defaults(func=run)
 
 
@@ -58,6 +62,19 @@ def drafts(args: argparse.Namespace) -> int:
     print(f"draft yield ({args.dir}: software findings whose fix is code, x {repos}: training repositories)")
     print(draft_table(ev))
     drafted, should, wrong, _none = ev.counts()
+    if args.base_url:
+        from eroica.assistant.backends import ModelSettings
+        from eroica.assistant.errors import BackendConfigError
+        from eroica.assistant.model_yield import model_yield
+        from eroica.assistant.model_yield import table as model_table
+        try:
+            settings = ModelSettings.from_env(args.base_url, args.model)
+        except BackendConfigError as exc:
+            print(f"eroica eval --drafts: {exc}", file=sys.stderr)
+            return 2
+        print()
+        print(model_table(model_yield(args.dir, repos, settings, validate=not args.no_validate,
+                                      progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))))
     return 0 if drafted == should and wrong == 0 else 1
 
 

@@ -101,3 +101,65 @@ def test_eroica_draft_through_a_real_model_ends_in_a_gated_draft_or_a_recorded_r
         else:
             assert "validation `python -m pytest" in o["checks"][-1]
     assert (repo / "train.py").read_text() == before                # never applied
+
+
+def test_causes_no_template_fixes_reach_the_model_with_their_code_and_stack_and_the_gate_judges_it(
+        server: str, tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """unknown and transient_stall (no template) and user_code (a template, and the model as another
+    drafter): the model gets the located code and the recorded stacks; whatever it replies is a gated
+    draft or a refusal with the reason, never applied."""
+    monkeypatch.setenv("EROICA_LLM_RESPONSE_FORMAT", "json_object")
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "incidents" / "repos" / "plain_loop", repo)
+    before = (repo / "train.py").read_text()
+    lines = before.splitlines()
+    site = {name: f"/home/me/repo/train.py:{next(i for i, ln in enumerate(lines, 1) if at in ln)}"
+            for name, at in (("step", "mon.step()"), ("region.log_metrics", 'with mon.region("log_metrics")'))}
+    picked = []
+    for inc, cause in (("INC-0036", "unknown"), ("INC-0032", "transient_stall"), ("INC-0013", "user_code")):
+        d = diagnose(ROOT / "incidents" / inc / "patterns", DiagnoseOptions(in_process=True))
+        w = next(w for w in d.windows if any(f.root_cause == cause for f in w.findings))
+        f = next(f for f in w.findings if f.root_cause == cause)
+        picked.append((d, w.model_copy(update={"findings": [f.model_copy(update={"sites": site,
+                                                                                 "confidence": 0.6})]})))
+    d = picked[0][0].model_copy(update={"windows": [w for _, w in picked]})
+    dj = tmp_path / "d.json"
+    dj.write_text(render(d, "json"))
+    rc = main(["draft", str(dj), "--repo", str(repo), "--backend", "openai", "--base-url", server, "--model",
+               "local-test", "-o", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "nothing was applied" in out
+    outcomes = json.loads((tmp_path / "out" / "drafts.json").read_text())
+    assert sorted(o["root_cause"] for o in outcomes) == ["transient_stall", "unknown", "user_code"], outcomes
+    for o in outcomes:
+        d_ = Path(o["directory"])
+        sent = (d_ / "sent_to_model.txt").read_text()
+        assert o["sent_to_model"] and "Recorded call stack at `step`" in sent and "mon.step()" in sent
+        assert o["target"], o
+        if o["root_cause"] != "user_code":
+            assert "No template fixes this cause" in sent
+        if o["kind"] == "human":
+            assert o["refusal"] and (d_ / "rejected.txt").read_text().startswith(o["refusal"])
+        else:
+            assert o["kind"] == "code" and (d_ / "patch.diff").exists()
+        print(o["root_cause"], o["kind"], o["refusal"] or "gated draft", file=sys.stderr)
+    assert (repo / "train.py").read_text() == before                # never applied
+
+
+def test_the_model_draft_yield_counts_every_reply_by_outcome(server: str, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`eroica eval --drafts --base-url`: every unknown, transient_stall and user_code finding of the
+    library, sent to the real model against one repository; each reply lands in exactly one outcome."""
+    from eroica.assistant.backends import ModelSettings
+    from eroica.assistant.model_yield import model_findings, model_yield, table
+
+    monkeypatch.setenv("EROICA_LLM_RESPONSE_FORMAT", "json_object")
+    repos = tmp_path / "repos"
+    repos.mkdir()
+    shutil.copytree(ROOT / "incidents" / "repos" / "plain_loop", repos / "plain_loop")
+    findings = model_findings(ROOT / "incidents")
+    assert {f.root_cause for _, f in findings} == {"unknown", "transient_stall", "user_code"}
+    ev = model_yield(ROOT / "incidents", repos, ModelSettings.from_env(server, "local-test"))
+    print(table(ev), file=sys.stderr)
+    assert len(ev.cases) == len(findings) and sum(ev.counts().values()) == len(findings)
+    assert set(ev.counts()) <= {"accepted", "next_step", "refused", "no_target", "failed"}
+    assert ev.counts()["failed"] == 0, table(ev)           # the schema holds even a 135M model's reply

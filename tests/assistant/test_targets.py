@@ -120,3 +120,29 @@ def test_a_length_imbalance_never_gets_drop_last_and_a_trainer_buckets_by_length
             "    return TrainingArguments(output_dir='o')\n")
     out = balanced_sampler(args, Candidate("t.py", 3, 3, "return TrainingArguments("))
     assert "group_by_length" in out and "drop_last" not in out
+
+
+def test_a_cause_no_template_fixes_sends_the_model_the_loop_and_the_recorded_stack() -> None:
+    """unknown (time no recorded function held) and transient_stall have no template: the model gets
+    the code the evidence points at (the training loop here) and each recorded stack's frames in the
+    repository with their source lines (frames elsewhere, a path with a token in it, are not sent), and
+    is told to propose a change there or one concrete next step."""
+    from eroica.assistant.backends import prompt
+    from eroica.assistant.redact import Redactor
+
+    repo = next(r for r in find_repos(REPOS) if r.name == "plain_loop")
+    secret = "hf_abcdefghijklmnopqrstu123456"
+    for inc, cause in (("INC-0036", "unknown"), ("INC-0032", "transient_stall")):
+        f = finding(inc, cause).model_copy(update={"sites": {**repo.sites, "step": f"/srv/{secret}/x.py:3 < "
+                                                                                  + repo.sites["step"]}})
+        ctx = Context(finding=f, remediation=None, repo=repo.path)
+        assert ctx.target is not None and ctx.target.found is not None, ctx.target
+        assert ctx.target.kind == "loop" and ctx.target.found.text.startswith("for _ in range(epochs)")
+        assert ctx.scope().lines == {"train.py": [(ctx.target.found.line, ctx.target.found.end_line)]}
+        sent = prompt(ctx, Redactor.for_site(hostnames=[]))
+        step_line = next(i for i, ln in enumerate((repo.path / "train.py").read_text().splitlines(), 1)
+                         if "mon.step()" in ln)
+        assert "Recorded call stack at `step` (innermost first):" in sent, sent
+        assert f"- train.py:{step_line}: mon.step()" in sent and secret not in sent and "/srv/" not in sent
+        assert "No template fixes this cause" in sent and "for _ in range(epochs)" in sent
+        assert offline(ctx).kind == "none"                  # offline: a person's judgement, as before

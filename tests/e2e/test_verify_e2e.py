@@ -8,7 +8,16 @@ the job's healthy step), and the issue is linked to the verified change request.
 
 A second script, nobody's instrumentation in it, waits on a metrics endpoint after every step; rank 1's
 turned slow. The stack sampler names the user function (`report_metrics`) in time no recorded function
-held, the finding is user_code, the draft moves the call off the step, and the re-run verifies it."""
+held, the finding is user_code, the draft moves the call off the step, and the re-run verifies it.
+
+A third calls gc.collect() after every step past its warm-up, and its rank 1 holds a large in-memory
+index of cyclic records built before training: each full collection walks it. The finding is gc_pause
+in gc.collect on rank 1; the draft freezes what is alive before the loop (gc.freeze()), and the re-run
+verifies that the collections no longer cost the step.
+
+A fourth turns autograd anomaly detection on for one rank from step 30 (a debugging session's switch,
+never taken out): framework_config on rank 1, the setting that differs named; the draft removes the
+call, and the re-run verifies it."""
 
 from __future__ import annotations
 
@@ -30,6 +39,8 @@ pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).parent / "verify_repos" / "slow_reads"
 METRICS = Path(__file__).parent / "verify_repos" / "blocking_metrics"
+INDEX = Path(__file__).parent / "verify_repos" / "metadata_index"
+ANOMALY = Path(__file__).parent / "verify_repos" / "anomaly_debug"
 TORCHRUN = f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc-per-node 4 train.py"
 JOB = "verify-slow-reads"
 
@@ -106,3 +117,60 @@ def test_a_blocking_call_found_by_sampling_is_moved_off_the_step_and_verified(tm
     diff = (Path(o["directory"]) / "patch.diff").read_text()
     assert "+        _eroica_background.submit(report_metrics, args, rank, step, loss.item())" in diff, diff
     assert "report_metrics(args, rank, step, loss.item())" in (repo / "train.py").read_text()   # untouched
+
+
+def test_a_gc_draft_freezes_the_long_lived_heap_and_is_verified(tmp_path: Path, capsys,  # type: ignore[no-untyped-def]
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(INDEX, repo)
+    eroica = str(Path(sys.executable).parent / "eroica")
+    res = subprocess.run([eroica, "run", "--out", str(tmp_path / "run"), "--", *shlex.split(TORCHRUN),
+                          "--steps", "100"], cwd=repo, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert main(["diagnose", str(tmp_path / "run"), "--format", "json", "-o", str(tmp_path / "d.json")]) == 0
+    found = [f for w in json.loads((tmp_path / "d.json").read_text())["windows"] for f in w["findings"]]
+    assert any(f["root_cause"] == "gc_pause" and f["ranks"] == [1] and "gc.collect" in (f["function"] or "")
+               and f["confidence"] >= 0.5 for f in found), found
+    monkeypatch.setenv("EROICA_POLICY_WINDOW_STEPS", "20")
+    assert main(["draft", str(tmp_path / "d.json"), "--repo", str(repo), "-o", str(tmp_path / "drafts"),
+                 "--verify", f"{TORCHRUN} --steps 80", "--verify-window-step", "50"]) == 0
+    out = capsys.readouterr().out
+    drafts = json.loads((tmp_path / "drafts" / "drafts.json").read_text())
+    (o,) = [o for o in drafts if o["root_cause"] == "gc_pause" and o["ranks"] == [1]]
+    v = o["verification"]
+    why = json.dumps(v) + out
+    print(v["summary"])
+    assert o["kind"] == "code" and v is not None and v["verified"], why
+    assert v["before_step_seconds"] > 1.3 * v["after_step_seconds"], why
+    assert "gc.collect" in v["function"] and v["after_function_seconds"] < 0.3 * v["before_function_seconds"], why
+    diff = (Path(o["directory"]) / "patch.diff").read_text()
+    assert "+    gc.freeze()" in diff, diff
+    assert "gc.freeze()" not in (repo / "train.py").read_text()                  # the user's code is untouched
+
+
+def test_anomaly_detection_left_on_is_turned_off_and_verified(tmp_path: Path, capsys,  # type: ignore[no-untyped-def]
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(ANOMALY, repo)
+    eroica = str(Path(sys.executable).parent / "eroica")
+    res = subprocess.run([eroica, "run", "--out", str(tmp_path / "run"), "--", *shlex.split(TORCHRUN),
+                          "--steps", "100"], cwd=repo, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert main(["diagnose", str(tmp_path / "run"), "--format", "json", "-o", str(tmp_path / "d.json")]) == 0
+    found = [f for w in json.loads((tmp_path / "d.json").read_text())["windows"] for f in w["findings"]]
+    assert any(f["root_cause"] == "framework_config" and f["ranks"] == [1] and f["confidence"] >= 0.5
+               and any("detect_anomaly" in e for e in f["evidence"]) for f in found), found
+    monkeypatch.setenv("EROICA_POLICY_WINDOW_STEPS", "20")
+    assert main(["draft", str(tmp_path / "d.json"), "--repo", str(repo), "-o", str(tmp_path / "drafts"),
+                 "--verify", f"{TORCHRUN} --steps 80", "--verify-window-step", "50"]) == 0
+    out = capsys.readouterr().out
+    drafts = json.loads((tmp_path / "drafts" / "drafts.json").read_text())
+    (o,) = [o for o in drafts if o["root_cause"] == "framework_config" and o["ranks"] == [1]]
+    v = o["verification"]
+    why = json.dumps(v) + out
+    print(v["summary"])
+    assert o["kind"] == "code" and v is not None and v["verified"], why
+    assert v["before_step_seconds"] > 1.3 * v["after_step_seconds"], why
+    diff = (Path(o["directory"]) / "patch.diff").read_text()
+    assert "-            torch.autograd.set_detect_anomaly(True)" in diff, diff
+    assert "set_detect_anomaly(True)" in (repo / "train.py").read_text()          # the user's code is untouched
