@@ -14,7 +14,7 @@ import numpy as np
 
 from eroica.engine.columns import METRICS
 from eroica.engine.groups import bimodal_split
-from eroica.engine.robust import MAD_TO_SIGMA, MIN_GROUP
+from eroica.engine.robust import MAD_TO_SIGMA, MIN_GROUP, SUSPECT_EXCESS_STEP_RATIO
 from eroica.schema.patterns import Category, MetricName
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def validity(g: GroupView, gname: str, how: str, fmat: np.ndarray, busy: np.ndar
             f"times per step (rank: count {per_rank}), the same on every step: a deeper model or other work by "
             f"design, not a slowdown; declare roles to compare like with like"), disp
     spread = work_dispersion(work) if n >= 3 else 0.0
-    if spread > MAX_WORK_DISPERSION:
+    if spread > MAX_WORK_DISPERSION and not too_little_work(work, float(np.median(g.step))):
         lo_w = float(work[work > 0].min()) if (work > 0).any() else 0.0
         levels = ", ".join(f"{g.ranks[j]}: {work[j] / lo_w:.2f}x" for j in np.argsort(work)) if lo_w > 0 else ""
         return False, (
@@ -113,6 +113,15 @@ def _whole_count_spread(names: list[str], occ: np.ndarray, g: GroupView,
     if not len(spread) or spread[j] < 1.0:
         return None
     return names[j], [(r, round(float(c), 1)) for r, c in zip(g.ranks, per_step[:, j])]
+
+
+def too_little_work(work: np.ndarray, step_seconds: float) -> bool:
+    """Levels of compute work too close to matter: the most and the least work per step differ by less
+    than the smallest excess that makes a suspect (SUSPECT_EXCESS_STEP_RATIO of a step). A job that
+    spends nearly its whole step communicating (a capped link: compute 3% of a 264 ms step) has a few
+    ms of compute per rank, whose CPU rate on a busy host spreads over "levels" that no comparison of
+    busy time could mistake for a late rank; they are not different work by design."""
+    return bool(step_seconds > 0 and float(work.max() - work.min()) < SUSPECT_EXCESS_STEP_RATIO * step_seconds)
 
 
 def work_dispersion(work: np.ndarray) -> float:

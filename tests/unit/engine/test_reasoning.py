@@ -91,6 +91,20 @@ def test_work_dispersion_tells_graded_levels_from_one_culprit() -> None:
     assert work_dispersion(np.zeros(4)) == 0.0
 
 
+def test_levels_of_work_too_small_to_make_a_suspect_are_not_different_work_by_design() -> None:
+    """A capped link: the step is nearly all communication, and a few ms of compute per rank spread
+    over levels (dispersion 0.33) that differ by less than a suspect's minimum excess (4% of the step):
+    still peers. The same levels three times larger differ by more: different work by design."""
+    def group(scale: float):  # type: ignore[no-untyped-def]
+        docs = [make_doc(r, step=0.264, busy={"compute:forward": scale * ms / 1000})
+                for r, ms in enumerate((6.0, 8.0, 10.0, 12.0))]
+        return analyze(window(docs)).groups[0]
+    small = group(1.0)                           # work 3.6..7.2 ms (CPU rate 0.6): 3.6 ms apart < 10.6 ms
+    assert small.valid, small.reason
+    large = group(3.0)                           # 10.8..21.6 ms: 10.8 ms apart
+    assert not large.valid and "several levels" in large.reason, large.reason
+
+
 def test_scheduled_work_runs_in_the_same_steps_on_every_rank() -> None:
     per_step = np.zeros((4, 3, 10))
     per_step[:, 0, :] = 0.02                     # forward: every step
