@@ -26,6 +26,7 @@ from pathlib import Path
 
 from eroica.assistant.gate import scratch_copy
 from eroica.assistant.models import DraftOutcome, Verification
+from eroica.engine.columns import merged_key
 from eroica.schema.diagnosis import Diagnosis, Finding
 from eroica.schema.files import RANK_FILE
 from eroica.schema.patterns import PatternsDoc
@@ -61,8 +62,9 @@ def measure(run_dir: Path, ranks: list[int], function: str | None) -> Measured:
     baselines = [d.step_times.baseline_median_seconds for d in chosen if d.step_times.baseline_median_seconds]
     fn = None
     if function:
-        per_rank = [sum(f.critical_seconds for f in d.functions if f.name == function) / max(len(
-            d.step_times.during_seconds), 1) for d in chosen if d.job.rank in ranks]
+        # under the key the diagnosis compares it by (GC generations are one function: gc.collect)
+        per_rank = [sum(f.critical_seconds for f in d.functions if merged_key(f.category, f.name)[1] == function)
+                    / max(len(d.step_times.during_seconds), 1) for d in chosen if d.job.rank in ranks]
         fn = max(per_rank) if per_rank else None
     return Measured(step_seconds=statistics.median(steps),
                     baseline_seconds=statistics.median(baselines) if baselines else None, function_seconds=fn)
@@ -80,7 +82,7 @@ def judge(command: str, before: Measured, after: Measured, healthy: float | None
           ranks: list[int]) -> Verification:
     """The verdict: verified when the re-run with the draft holds the step within TOLERANCE of healthy."""
     summary = f"step {_ms(before.step_seconds)} -> {_ms(after.step_seconds)}; healthy {_ms(healthy)}"
-    if function and (before.function_seconds is not None or after.function_seconds is not None):
+    if function and (before.function_seconds or after.function_seconds):   # a setting's key is no function
         summary += (f"; {function} {_ms(before.function_seconds)} -> {_ms(after.function_seconds)} per step on "
                     f"rank {', '.join(map(str, ranks))}")
     why = after.why or before.why

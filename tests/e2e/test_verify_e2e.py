@@ -10,8 +10,9 @@ A second script, nobody's instrumentation in it, waits on a metrics endpoint aft
 turned slow. The stack sampler names the user function (`report_metrics`) in time no recorded function
 held, the finding is user_code, the draft moves the call off the step, and the re-run verifies it.
 
-A third calls gc.collect() after every step past its warm-up, and its rank 1 holds a large in-memory
-index of cyclic records built before training: each full collection walks it. The finding is gc_pause
+A third trims memory with gc.collect() after each step past its warm-up on a rank that holds more than
+its budget: rank 1, which builds a large in-memory index of cyclic records before training, so each
+of its steps walks the whole heap. The finding is gc_pause
 in gc.collect on rank 1; the draft freezes what is alive before the loop (gc.freeze()), and the re-run
 verifies that the collections no longer cost the step.
 

@@ -14,9 +14,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--width", type=int, default=128)
-    p.add_argument("--depth", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--depth", type=int, default=160)
     p.add_argument("--debug-rank", type=int, default=1)
     p.add_argument("--debug-from", type=int, default=30)
     args = p.parse_args()
