@@ -1,6 +1,7 @@
 """Verified by re-running (`eroica draft --verify CMD`): each code draft that passed the gate is applied
 to a scratch copy of the repository and the job's reproduction command runs again there, attached by
-eroica with a window forced after warm-up, beside one run of the same command on the unchanged code.
+eroica with a window forced after warm-up (`runs` times: the median run's step, as re-runs of one job on a
+shared host differ by 10-15%), beside one run of the same command on the unchanged code.
 The change request then says what the re-runs measured, e.g. "step 160 ms -> 63 ms; healthy 61 ms;
 DataLoader.__next__ 121 ms -> 1 ms per step on rank 1", and a draft whose re-run does not bring the
 job's step within 10% of its healthy step is "not verified", with the numbers.
@@ -70,6 +71,21 @@ def measure(run_dir: Path, ranks: list[int], function: str | None) -> Measured:
                     baseline_seconds=statistics.median(baselines) if baselines else None, function_seconds=fn)
 
 
+def median_run(runs: list[Measured]) -> Measured:
+    """Several re-runs of one command as one measurement: the median of each number over the runs (a
+    run that failed or measured nothing makes the whole measurement say why)."""
+    failed = next((m for m in runs if m.why is not None or m.step_seconds is None), None)
+    if failed is not None or not runs:
+        return failed or Measured(why="no re-run")
+
+    def mid(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+    return Measured(step_seconds=mid([m.step_seconds for m in runs]),
+                    baseline_seconds=mid([m.baseline_seconds for m in runs]),
+                    function_seconds=mid([m.function_seconds for m in runs]))
+
+
 def _rank_files(wdir: Path) -> list[Path]:
     return sorted(f for f in wdir.glob("rank-*.json") if RANK_FILE.match(f.name))
 
@@ -120,8 +136,8 @@ def healthy_step(diagnosis: Diagnosis) -> float | None:
 
 
 def verify_all(diagnosis: Diagnosis, outcomes: list[DraftOutcome], repo: Path, command: str, runner: Runner,
-               timeout: float, progress: Callable[[str], None] = lambda _s: None) -> list[DraftOutcome]:
-    """Re-run `command` on the unchanged repository once and with each distinct code draft applied;
+               timeout: float, progress: Callable[[str], None] = lambda _s: None, runs: int = 3) -> list[DraftOutcome]:
+    """Re-run `command` on the unchanged repository once and `runs` times with each distinct code draft applied;
     each code outcome gets its Verification (also `verification.json` and a section of its change
     request)."""
     code = [o for o in outcomes if o.kind == "code" and (Path(o.directory) / "patch.diff").exists()]
@@ -133,7 +149,7 @@ def verify_all(diagnosis: Diagnosis, outcomes: list[DraftOutcome], repo: Path, c
         base = Path(tmp)
         progress(f"re-running `{command}` on the unchanged code")
         failed = _run(runner, command, repo, base / "before", base / "before-run", timeout)
-        after_runs: dict[str, tuple[Path, str | None]] = {}         # a diff's re-run, once per distinct diff
+        after_runs: dict[str, list[tuple[Path, str | None]]] = {}   # a diff's re-runs, once per distinct diff
         for o in code:
             f = _finding(diagnosis, o)
             function = f.function if f is not None else None
@@ -142,14 +158,14 @@ def verify_all(diagnosis: Diagnosis, outcomes: list[DraftOutcome], repo: Path, c
             patch = Path(o.directory) / "patch.diff"
             diff = patch.read_text()
             if diff not in after_runs:
-                progress(f"re-running `{command}` with the draft for {o.finding} applied")
-                k = len(after_runs)
-                after_runs[diff] = (base / f"after-run-{k}",
-                                    _run(runner, command, repo, base / f"after-{k}", base / f"after-run-{k}", timeout,
-                                         patch))
-            run_dir, failed_after = after_runs[diff]
-            after = Measured(why=f"the run with the draft failed: {failed_after}") if failed_after else \
-                measure(run_dir, o.ranks, function)
+                k, after_runs[diff] = len(after_runs), []
+                for i in range(runs):
+                    progress(f"re-running `{command}` with the draft for {o.finding} applied ({i + 1} of {runs})")
+                    run_dir = base / f"after-run-{k}-{i}"
+                    after_runs[diff].append((run_dir, _run(runner, command, repo, base / f"after-{k}-{i}", run_dir,
+                                                           timeout, patch)))
+            after = median_run([Measured(why=f"the run with the draft failed: {failed_after}") if failed_after else
+                                measure(run_dir, o.ranks, function) for run_dir, failed_after in after_runs[diff]])
             v = judge(command, before, after, healthy or before.baseline_seconds, function, o.ranks)
             (Path(o.directory) / "verification.json").write_text(v.model_dump_json(indent=2) + "\n")
             _append(Path(o.directory) / "change_request.md", v)

@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-window-step", type=int, default=40,
                    help="the step the re-runs measure from: a window of the policy's length is forced there "
                         "(default 40; after the command's warm-up and the slowdown's onset)")
+    p.add_argument("--verify-runs", type=int, default=3,
+                   help="how many times the command runs with each draft; the median run is compared with the "
+                        "healthy step (default 3: re-runs of one job on a shared host differ by 10-15%%)")
     p.add_argument("--link", metavar="SERVICE_URL",
                    help="with --verify: link each verified change request to its finding's issue in this eroica "
                         "serve (token from EROICA_SINK_TOKEN)")
@@ -90,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
     if args.verify and args.repo is None:
         print("eroica draft: --verify needs --repo (the code the command runs)")
         return 2
+    if args.verify_runs < 1:
+        print(f"eroica draft: --verify-runs {args.verify_runs}: at least 1")
+        return 2
     if args.link and not (args.verify and args.job):
         print("eroica draft: --link needs --verify (only verified change requests are linked) and --job")
         return 2
@@ -98,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
         validate_timeout_seconds=args.validate_timeout, sandboxed_validation=not args.unsandboxed_validation))
     if args.verify:
         outcomes = verify_all(d, outcomes, args.repo, args.verify, runner(args.verify_window_step),
-                              args.verify_timeout, progress=lambda s: print(f"eroica draft: {s}", file=sys.stderr,
-                                                                            flush=True))
+                              args.verify_timeout, runs=args.verify_runs,
+                              progress=lambda s: print(f"eroica draft: {s}", file=sys.stderr, flush=True))
         write_outcomes(args.output, outcomes)
         if args.link:
             for line in link_verified(outcomes, args.link, args.job, os.environ.get("EROICA_SINK_TOKEN")):
