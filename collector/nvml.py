@@ -13,25 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-#: clock-throttle (clock-event) reason bits, from nvml.h
-THROTTLE_REASONS = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
-
-
+#: clock-throttle (clock-event) reason bits, from nvml.h: 0x1 gpu_idle, 0x2 applications_clocks_setting,
+#: 0x4 sw_power_cap, 0x8 hw_slowdown, 0x10 sync_boost, 0x20 sw_thermal_slowdown, 0x40 hw_thermal_slowdown,
+#: 0x80 hw_power_brake_slowdown, 0x100 display_clock_setting. The summary keeps the window's OR of them
+#: (gpu_throttle_mask) and the share of samples with any but idling set (gpu_throttled_sample_ratio).
 IDLE_REASON = 0x1     # an idle GPU parks its clocks: set on every healthy GPU between kernels
-
-
-def decode_throttle_reasons(mask: int) -> list[str]:
-    return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
 
 
 def throttled(mask: int) -> bool:
