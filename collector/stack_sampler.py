@@ -4,7 +4,8 @@ While a window is open, a daemon thread reads the training thread's stack every 
 (`sys._current_frames()`) and keeps its innermost *user* frame: the first frame, from the innermost
 out, in a file outside the standard library, installed packages and eroica. Time inside a training
 framework's own Python (torch, Lightning, transformers, accelerate, DeepSpeed: a pipeline schedule,
-a module's hooks) is the framework's, not the user function that called it, and so is eroica's own
+a module's hooks) is the framework's, not the user function that called it (its blocking I/O calls,
+torch.save and torch.load, excepted: there the user's function waits), and so is eroica's own
 (a store poll inside `mon.step()`): a sample whose stack passes through one before it reaches user
 code is left to `untracked` (the loop's own function would otherwise be named for every such call).
 A run of samples in one user function becomes an execution of that function (category `python`, the
@@ -34,6 +35,9 @@ from eroica.schema.patterns import Category, CollectorGap
 FRAMEWORKS = tuple(f"{os.sep}{name}{os.sep}" for name in ("torch", "lightning", "pytorch_lightning", "transformers",
                                                           "accelerate", "deepspeed", "megatron", "apex",
                                                           "torchvision", "torchtext", "torchaudio"))
+#: a framework's blocking I/O calls: the calling user function waits in them as in a blocking HTTP
+#: client (a torch.save to a slow volume is the user's save_checkpoint), not the framework's own work
+BLOCKING_CALLS = tuple(f"{os.sep}torch{os.sep}{name}" for name in ("serialization.py", "_weights_only_unpickler.py"))
 MAX_SAMPLES = 20_000         # per window: 200 s at 10 ms
 MAX_DEPTH = 64               # frames walked per sample
 SITE_FRAMES = 3              # user frames kept per site, innermost first
@@ -65,6 +69,8 @@ def _kind(filename: str) -> str:
     passed through on the way to the user's frame (a blocking HTTP client is the calling function's)."""
     if is_user_file(filename):
         return "user"
+    if filename.endswith(BLOCKING_CALLS):
+        return "other"
     return "framework" if os.path.abspath(filename).startswith(OURS) or any(f in filename for f in FRAMEWORKS) \
         else "other"
 

@@ -118,3 +118,33 @@ def test_time_inside_a_frameworks_python_is_not_the_calling_user_functions(tmp_p
     t.join(5)
     ex, sites, _gap = s.stop(t0, time.monotonic_ns())
     assert not [e for e in ex if e.name == "training_loop"] and "function.training_loop" not in sites
+
+
+
+def save_checkpoint(path: Path, state: dict[str, object], saves: int) -> None:
+    import torch
+
+    for _ in range(saves):
+        torch.save(state, path)              # torch's blocking I/O: this function waits in it
+
+
+def test_a_torch_save_is_the_calling_functions_time_not_the_frameworks(tmp_path: Path) -> None:
+    """torch.save and torch.load are blocking calls the user's function waits in (a checkpoint to a slow
+    volume is the user's save_checkpoint), unlike a framework's own Python work."""
+    import torch
+
+    from eroica.collector import stack_sampler as ss
+
+    assert ss._kind(torch.serialization.__file__) == "other"
+    assert ss._kind(torch.nn.modules.module.__file__) == "framework"
+    state: dict[str, object] = {f"w{i}": torch.randn(256, 256) for i in range(32)}
+    t = threading.Thread(target=save_checkpoint, args=(tmp_path / "c.pt", state, 40))
+    s = StackSampler(0.004)
+    t0 = time.monotonic_ns()
+    t.start()
+    assert s.start(t.ident) is None
+    t.join(60)
+    t1 = time.monotonic_ns()
+    ex, sites, _gap = s.stop(t0, t1)
+    named = sum(e.end_ns - e.start_ns for e in ex if e.name == "save_checkpoint")
+    assert named > 0.5 * (t1 - t0) and "function.save_checkpoint" in sites, (named / (t1 - t0), ex[:5])
