@@ -319,7 +319,10 @@ def to_background(text: str, target: Candidate) -> str:
 
 
 def async_checkpoint(text: str, target: Candidate) -> str:
-    """`torch.save(state, path)` -> `torch.distributed.checkpoint.async_save`, one save in flight."""
+    """`torch.save(state, path)` -> the state serialized by the same torch.save into memory in the step,
+    and the bytes written to the same path on a background thread, one save in flight: the file, its
+    format and its path stay what they were (a collective torch.distributed.checkpoint.async_save would
+    change all three and need every rank to call it)."""
     def swap(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
         assert isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr)
         call = stmt.body[0].value
@@ -331,11 +334,14 @@ def async_checkpoint(text: str, target: Candidate) -> str:
         return [cst.parse_statement("if _EROICA_SAVES:  # eroica draft: one checkpoint in flight; wait for the last\n"
                                     "    _EROICA_SAVES.pop().result()\n").with_changes(
                                         leading_lines=stmt.leading_lines),
-                cst.parse_statement(f"_EROICA_SAVES.append(torch.distributed.checkpoint.async_save({state}, "
-                                    f"checkpoint_id={path}))\n")]
+                cst.parse_statement("_eroica_buffer = io.BytesIO()  # eroica draft: serialized in the step, "
+                                    "written to disk in the background\n"),
+                cst.parse_statement(f"torch.save({state}, _eroica_buffer)\n"),
+                cst.parse_statement(f"_EROICA_SAVES.append(_eroica_background.submit(pathlib.Path({path}).write_bytes, "
+                                    f"_eroica_buffer.getbuffer()))\n")]
     module = splice(text, target, cst.SimpleStatementLine, swap)
-    return ensure_imports(module, ["import torch.distributed.checkpoint"],
-                          ["_EROICA_SAVES: list = []  # eroica draft: pending asynchronous checkpoint writes"]).code
+    return ensure_imports(module, ["import concurrent.futures", "import io", "import pathlib"],
+                          [EXECUTOR, "_EROICA_SAVES: list = []  # eroica draft: pending checkpoint writes"]).code
 
 
 def read(repo: Path, rel: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -241,3 +242,29 @@ def test_a_loader_that_is_already_parallel_never_gets_more_workers(tmp_path: Pat
     assert "crowd the CPUs" in (more_workers(signals(busy=0.9, runqueue_wait=0.4))[0] or "")
     assert more_workers(f.model_copy(update={"signals": []})) == (
         None, "no loader workers were sampled on the rank: it loads its batches in the training process")
+
+
+def test_the_checkpoint_draft_writes_the_same_file_from_the_background(tmp_path: Path) -> None:
+    """The drafted save runs: one save in flight, the bytes torch.save would have written land at the
+    same path after the step returns, and torch.load reads them back unchanged."""
+    from eroica.assistant import edits
+    from eroica.assistant.targets import Candidate
+
+    script = ("import os\nimport sys\n\nimport torch\n\n\n"
+              "def save(state, step):\n"
+              "    torch.save(state, os.path.join(sys.argv[1], f'step{step % 2}.pt'))\n\n\n"
+              "for step in range(4):\n"
+              "    save({'w': torch.full((256, 256), float(step)), 'meta': [step, {'lr': 0.1}]}, step)\n"
+              "print('steps done', flush=True)\n")
+    line = next(i for i, t in enumerate(script.splitlines(), 1) if "torch.save(" in t)
+    drafted = edits.async_checkpoint(script, Candidate("train.py", line, line, script.splitlines()[line - 1].strip()))
+    assert "    torch.save(state, _eroica_buffer)\n" in drafted and "torch.distributed" not in drafted
+    (tmp_path / "train.py").write_text(drafted)
+    res = subprocess.run([sys.executable, str(tmp_path / "train.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "steps done" in res.stdout, res.stderr
+    import torch
+
+    for path, step in ((tmp_path / "step0.pt", 2), (tmp_path / "step1.pt", 3)):   # the last save of each path
+        state = torch.load(path)
+        assert state["meta"] == [step, {"lr": 0.1}] and torch.equal(state["w"], torch.full((256, 256), float(step)))
