@@ -18,7 +18,12 @@ verifies that the collections no longer cost the step.
 
 A fourth turns autograd anomaly detection on for one rank from step 30 (a debugging session's switch,
 never taken out): framework_config on rank 1, the setting that differs named; the draft removes the
-call, and the re-run verifies it."""
+call, and the re-run verifies it.
+
+A fifth saves a resume checkpoint with torch.save after every step, each rank to its own node-local
+volume; rank 1's is slow (a loop-device volume whose writes a blkio cgroup caps): slow_storage in
+save_checkpoint on rank 1; the draft serializes in the step and writes in the background, and the
+re-run verifies it."""
 
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ import pytest
 from service_support import SERVE_TOKEN, get, serve
 
 from eroica.cli.main import main
+from eroica.lab import volume
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e
@@ -44,6 +50,8 @@ SCRIPT = Path(__file__).parent / "verify_repos" / "slow_reads"
 METRICS = Path(__file__).parent / "verify_repos" / "blocking_metrics"
 INDEX = Path(__file__).parent / "verify_repos" / "metadata_index"
 ANOMALY = Path(__file__).parent / "verify_repos" / "anomaly_debug"
+CHECKPOINT = Path(__file__).parent / "verify_repos" / "local_checkpoint"
+WRITE_CAP = 16 * 1024 * 1024      # bytes/s to rank 1's volume: its 0.5 MB checkpoint takes ~33 ms to write
 TORCHRUN = f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc-per-node 4 train.py"
 JOB = "verify-slow-reads"
 
@@ -92,15 +100,22 @@ def test_a_loader_draft_is_verified_by_re_running_the_job_and_linked(tmp_path: P
 
 
 def run_diagnose_and_verify(tmp_path: Path, source: Path, cause: str, finding_ok: Callable[[dict[str, Any]], bool],
-                            monkeypatch: pytest.MonkeyPatch, capsys: Any) -> tuple[dict[str, Any], str, str]:
+                            monkeypatch: pytest.MonkeyPatch, capsys: Any, job_args: str = "",
+                            wrap: Callable[[str], str] = lambda line: line,
+                            judged: bool = True) -> tuple[dict[str, Any], str, str]:
     """The user's script run under `eroica run` (100 steps, rank 1 slow from step 30), diagnosed (some
     finding of `cause` on rank 1 must satisfy `finding_ok`), drafted against its repository and verified
-    by re-running it 80 steps with and without the draft. (The outcome, why it is what it is, the diff.)"""
+    by re-running it 80 steps with and without the draft. `job_args` go to the script; `wrap` turns a
+    shell line into the one that runs it under the fault's conditions (the same for every run). Unless
+    not `judged`, the draft must be verified and the unchanged re-run 1.3x slower. (The outcome, why
+    it is what it is, the diff.)"""
     repo = tmp_path / "repo"
     shutil.copytree(source, repo)
     eroica = str(Path(sys.executable).parent / "eroica")
-    res = subprocess.run([eroica, "run", "--out", str(tmp_path / "run"), "--", *shlex.split(TORCHRUN),
-                          "--steps", "100"], cwd=repo, capture_output=True, text=True, timeout=600)
+    job = f"{TORCHRUN} {job_args}".strip()
+    res = subprocess.run(["bash", "-c", wrap(f"{shlex.quote(eroica)} run --out {shlex.quote(str(tmp_path / 'run'))} "
+                                             f"-- {job} --steps 100")],
+                         cwd=repo, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert main(["diagnose", str(tmp_path / "run"), "--format", "json", "-o", str(tmp_path / "d.json")]) == 0
     found = [f for w in json.loads((tmp_path / "d.json").read_text())["windows"] for f in w["findings"]]
@@ -110,15 +125,20 @@ def run_diagnose_and_verify(tmp_path: Path, source: Path, cause: str, finding_ok
     # their median step is steadier against this 2-core machine's noise than a 10-step window's
     monkeypatch.setenv("EROICA_POLICY_WINDOW_STEPS", "20")
     assert main(["draft", str(tmp_path / "d.json"), "--repo", str(repo), "-o", str(tmp_path / "drafts"),
-                 "--verify", f"{TORCHRUN} --steps 80", "--verify-window-step", "50"]) == 0
+                 "--verify", wrap(f"{job} --steps 80"), "--verify-window-step", "50"]) == 0
     out = capsys.readouterr().out
     drafts = json.loads((tmp_path / "drafts" / "drafts.json").read_text())
-    (o,) = [o for o in drafts if o["root_cause"] == cause and o["ranks"] == [1]]
+    # the code draft (a hardware cause's ticket for its device comes beside it)
+    code = [o for o in drafts if o["root_cause"] == cause and o["ranks"] == [1] and o["kind"] == "code"]
+    assert len(code) == 1, drafts
+    o = code[0]
     v = o["verification"]
     why = json.dumps(v) + out
-    assert o["kind"] == "code" and v is not None and v["verified"], why
-    print(v["summary"])
-    assert v["before_step_seconds"] > 1.3 * v["after_step_seconds"], why       # unchanged, the re-run was slow
+    assert v is not None, why
+    print(v["summary"], "(verified)" if v["verified"] else f"(not verified: {v['why']})")
+    if judged:
+        assert v["verified"], why
+        assert v["before_step_seconds"] > 1.3 * v["after_step_seconds"], why   # unchanged, the re-run was slow
     return v, why, (Path(o["directory"]) / "patch.diff").read_text()
 
 
@@ -147,3 +167,23 @@ def test_anomaly_detection_left_on_is_turned_off_and_verified(tmp_path: Path, ca
         monkeypatch, capsys)
     assert "-            torch.autograd.set_detect_anomaly(True)" in diff, diff
     assert "set_detect_anomaly(True)" in (tmp_path / "repo" / "train.py").read_text()   # the user's code is untouched
+
+
+@pytest.mark.skipif(volume.unavailable() is not None, reason=str(volume.unavailable()))
+def test_a_checkpoint_on_a_slow_volume_is_written_in_the_background_and_verified(
+        tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with volume.slow_volume(write_bytes_per_second=WRITE_CAP) as vol:
+        (ckpt / "rank1").symlink_to(vol.mount)              # rank 1's node-local volume is the slow one
+        v, why, diff = run_diagnose_and_verify(
+            tmp_path, CHECKPOINT, "slow_storage", lambda f: f["function"] == "save_checkpoint", monkeypatch, capsys,
+            job_args=f"--ckpt-dir {shlex.quote(str(ckpt))}", wrap=vol.enter, judged=False)
+        assert (vol.mount / "latest.pt").stat().st_size > 0                  # rank 1 did write there
+    # the save leaves rank 1's step. The job's step is not judged here: rank 1 blocked in I/O hands its
+    # share of the two cores to the other three ranks, so the unchanged job is only 1.1-1.25x slower,
+    # within this host's run-to-run spread (docs/benchmarks.md, "Drafts verified by re-running")
+    assert v["function"] == "save_checkpoint" and v["after_function_seconds"] < 0.3 * v["before_function_seconds"], why
+    assert v["after_step_seconds"] < v["before_step_seconds"], why
+    assert "+    torch.save(model.state_dict(), _eroica_buffer)" in diff, diff
+    assert "torch.save(model.state_dict(), os.path.join(directory" in (tmp_path / "repo" / "train.py").read_text()
