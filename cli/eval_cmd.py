@@ -134,11 +134,10 @@ def run(args: argparse.Namespace) -> int:
     # a held-out folder named directly is judged as held-out, not as a library
     named = "held-out" if args.dir.resolve().name == HELDOUT else "library"
     results = _replay(incs, args.verbose, named)
-    if incs and named == "held-out":
-        print(f"held-out ({args.dir}: another job, never tuned on)")
-    elif incs:
-        print(f"library ({args.dir}: the incidents the rules are written and tested against)")
-        print(table(results))
+    if incs:
+        print(f"held-out ({args.dir}: another job, never tuned on)" if named == "held-out" else
+              f"library ({args.dir}: the incidents the rules are written and tested against)")
+        print(table(results, "held-out yield" if named == "held-out" else "overall yield"))
         if args.calibration:
             print(calibration_table(results))
     if held:

@@ -69,6 +69,10 @@ def test_eval_scores_the_heldout_set_apart_and_only_the_library_gates(tmp_path: 
     out = capsys.readouterr().out
     lib, _, ho = out.partition("held-out (")
     assert "overall yield: 1/1" in lib and "held-out yield (not gating): 1/2" in ho and "FAIL HO-0002" in out
+    # the held-out folder named directly is judged as held-out, with its table and calibration
+    assert main(["eval", str(held), "--calibration"]) == 1
+    out = capsys.readouterr().out
+    assert "held-out yield: 1/2" in out and "Brier score:" in out and "overall yield" not in out
 
 
 def test_an_incident_of_several_windows_is_judged_on_the_first_after_the_onset(tmp_path: Path) -> None:
