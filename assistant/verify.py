@@ -158,7 +158,8 @@ def verify_all(diagnosis: Diagnosis, outcomes: list[DraftOutcome], repo: Path, c
             patch = Path(o.directory) / "patch.diff"
             diff = patch.read_text()
             if diff not in after_runs:
-                k, after_runs[diff] = len(after_runs), []
+                k = len(after_runs)
+                after_runs[diff] = []
                 for i in range(runs):
                     progress(f"re-running `{command}` with the draft for {o.finding} applied ({i + 1} of {runs})")
                     run_dir = base / f"after-run-{k}-{i}"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eroica.lab.errors import FaultSetupError
-from eroica.lab.launch import KilledCgroup
+from eroica.lab.launch import BlkioCgroup
 
 BLKIO = Path("/sys/fs/cgroup/blkio")
 
@@ -62,7 +62,7 @@ def slow_volume(write_bytes_per_second: int, size_mb: int = 128, image_dir: str 
     tag = uuid.uuid4().hex[:8]
     image = Path(image_dir) / f"eroica-volume-{tag}.img"
     mount = Path(image_dir) / f"eroica-volume-{tag}"
-    cgroup = BLKIO / f"eroica-io-{tag}"
+    cgroup: BlkioCgroup | None = None
     device = None
     mounted = False
     try:
@@ -74,13 +74,10 @@ def slow_volume(write_bytes_per_second: int, size_mb: int = 128, image_dir: str 
         _run("mount", "-o", "sync", device, str(mount))
         mounted = True
         mount.chmod(0o1777)
-        rdev = os.stat(device).st_rdev
-        cgroup.mkdir()
-        (cgroup / "blkio.throttle.write_bps_device").write_text(
-            f"{os.major(rdev)}:{os.minor(rdev)} {write_bytes_per_second}")
-        yield SlowVolume(mount=mount, cgroup=cgroup)
+        cgroup = BlkioCgroup.create(directory=str(mount), bps=write_bytes_per_second)   # the loop device's writes
+        yield SlowVolume(mount=mount, cgroup=cgroup.path)
     finally:
-        notes = KilledCgroup(cgroup).cleanup() if cgroup.exists() else []
+        notes = cgroup.cleanup() if cgroup is not None else []
         if mounted:
             res = subprocess.run(["umount", str(mount)], capture_output=True, timeout=60)
             if res.returncode != 0:
