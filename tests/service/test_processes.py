@@ -47,9 +47,29 @@ def post(url: str, body: bytes) -> int:
 
 
 def http_processes(rep: Replica) -> list[psutil.Process]:
-    """The replica and its forked HTTP processes (not its spawned diagnosis workers)."""
+    """The replica and its forked HTTP processes (not its spawned diagnosis workers). A worker being
+    spawned is, until its exec, a fork with the replica's command line: the children are read until
+    two reads 0.3 s apart name the same ones (10 s at most)."""
     main = psutil.Process(rep.proc.pid)
-    return [main, *(c for c in main.children() if "multiprocessing" not in " ".join(c.cmdline()))]
+
+    def forked() -> dict[int, psutil.Process]:
+        out = {}
+        for c in main.children():
+            try:
+                if "multiprocessing" not in " ".join(c.cmdline()):
+                    out[c.pid] = c
+            except psutil.NoSuchProcess:
+                continue
+        return out
+
+    deadline = time.monotonic() + 10
+    now = forked()
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        before, now = now, forked()
+        if now.keys() == before.keys():
+            break
+    return [main, *now.values()]
 
 
 WITH_PG = pytest.param("postgresql", marks=pytest.mark.skipif(not PG, reason=PG_WHY))
