@@ -27,7 +27,6 @@ re-run verifies it."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
@@ -177,9 +176,10 @@ def test_a_checkpoint_on_a_slow_volume_is_written_in_the_background_and_verified
         tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     # the peers' volumes are healthy and local: a tmpfs, not this host's shared disk, whose other
     # writers would make the peers wait for I/O too
-    ckpt = Path(tempfile.mkdtemp(prefix="eroica-ckpt-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
-    with volume.slow_volume(write_bytes_per_second=WRITE_CAP) as vol, contextlib.ExitStack() as cleanup:
-        cleanup.callback(shutil.rmtree, ckpt, True)
+    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="eroica-ckpt-", dir=shm) as peers, \
+            volume.slow_volume(write_bytes_per_second=WRITE_CAP) as vol:
+        ckpt = Path(peers)
         (ckpt / "rank1").symlink_to(vol.mount)              # rank 1's node-local volume is the slow one
         v, why, diff = run_diagnose_and_verify(
             tmp_path, CHECKPOINT, "slow_storage", lambda f: f["function"] == "save_checkpoint", monkeypatch, capsys,

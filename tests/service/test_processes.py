@@ -6,6 +6,7 @@ replica, even when it is killed."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
 import json
@@ -20,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 from load_support import TOKEN, Replica
+from polling import until
 from service_support import PG, PG_WHY, database
 
 from eroica.lab.simulate import simulate
@@ -55,21 +57,20 @@ def http_processes(rep: Replica) -> list[psutil.Process]:
     def forked() -> dict[int, psutil.Process]:
         out = {}
         for c in main.children():
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 if "multiprocessing" not in " ".join(c.cmdline()):
                     out[c.pid] = c
-            except psutil.NoSuchProcess:
-                continue
         return out
 
-    deadline = time.monotonic() + 10
-    now = forked()
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        before, now = now, forked()
-        if now.keys() == before.keys():
-            break
-    return [main, *now.values()]
+    last: dict[int, psutil.Process] = {}
+
+    def settled() -> list[psutil.Process] | None:
+        nonlocal last
+        before, last = last, forked()
+        return [main, *last.values()] if before and last.keys() == before.keys() else None
+
+    last = forked()
+    return until(settled, timeout=10, what="the replica's forked HTTP processes settle", every=0.3)
 
 
 WITH_PG = pytest.param("postgresql", marks=pytest.mark.skipif(not PG, reason=PG_WHY))
