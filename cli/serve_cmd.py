@@ -91,8 +91,11 @@ def _serve_one(settings: Any, sock: socket.socket) -> None:
     import uvicorn
 
     from eroica.service.app import create_app
+    from eroica.service.heap import freeze_startup
 
-    uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning")).run(sockets=[sock])
+    app = create_app(settings)
+    freeze_startup()
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -23,10 +23,12 @@ from pydantic import ValidationError
 from eroica.engine.errors import RunDirError
 from eroica.engine.load import parse_doc
 from eroica.schema.diagnosis import Diagnosis
+from eroica.schema.patterns import PatternsDoc
 from eroica.service import pages, store, traces
-from eroica.service.bulk import BulkIngested, ingest_many, split_lines
+from eroica.service.bulk import BulkIngested, prepare, split_lines, write
 from eroica.service.db import make_engine, migrate
 from eroica.service.errors import Invalid, ServiceError
+from eroica.service.group_commit import GroupCommit
 from eroica.service.guard import Access, Guard
 from eroica.service.inputs import document_refusal, first_problem
 from eroica.service.metrics import ServiceMetrics
@@ -84,6 +86,8 @@ class Service:
         self.eng: sa.Engine = make_engine(settings.db_url)
         migrate(self.eng)
         self.metrics = ServiceMetrics(self.eng)
+        # uploads arriving together are stored in one transaction (each still answered after its commit)
+        self.uploads = GroupCommit(lambda group: retried(lambda: write(self.eng, group)))
         self.diagnoser: Diagnoser | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -126,14 +130,8 @@ class Service:
         except (RunDirError, ValidationError) as exc:
             self.metrics.ingest_error("invalid")
             raise document_refusal(exc) from exc
-        try:
-            got = retried(lambda: store.ingest(self.eng, job_id, doc, body, name=name))
-        except ServiceError:
-            self.metrics.ingest_error("refused")
-            raise
-        if got.created:
-            self.metrics.documents.inc()
-        return got
+        got = self._store(job_id, [(1, doc, body)], name=name, alone=True)
+        return store.Ingested(got.windows[0], bool(got.created))
 
     def accept_many(self, job_id: str, body: bytes, where: str, name: str | None = None,
                     packed: bytes | None = None) -> BulkIngested:
@@ -147,8 +145,14 @@ class Service:
             except (RunDirError, ValidationError) as exc:
                 self.metrics.ingest_error("invalid")
                 raise document_refusal(exc, f"line {n}: ") from exc
+        return self._store(job_id, docs, name=name, packed=packed)
+
+    def _store(self, job_id: str, docs: list[tuple[int, PatternsDoc, bytes]], name: str | None,
+               packed: bytes | None = None, alone: bool = False) -> BulkIngested:
+        """Check and lay out an upload (eroica.service.bulk.prepare), then store it with whatever
+        else is being uploaded now (eroica.service.group_commit)."""
         try:
-            got = retried(lambda: ingest_many(self.eng, job_id, docs, name=name, packed=packed))
+            got = self.uploads.submit(prepare(job_id, docs, name, packed, alone))
         except ServiceError:
             self.metrics.ingest_error("refused")
             raise

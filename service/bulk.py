@@ -50,81 +50,163 @@ def split_lines(body: bytes) -> list[tuple[int, bytes]]:
     return lines
 
 
-def ingest_many(eng: sa.Engine, job_id: str, docs: list[tuple[int, PatternsDoc, bytes]], now: float | None = None,
-                name: str | None = None, packed: bytes | None = None, alone: bool = False) -> BulkIngested:
-    """Store a batch of (line, document, its JSON text) of run `job_id` in one transaction. `packed`:
-    the whole body gzip'd, when it came so (its non-empty lines are `docs`, in order), kept as is.
-    `alone`: one document uploaded by itself, kept in its own row (no batch row)."""
-    now = time.time() if now is None else now
+@dataclass(frozen=True)
+class Prepared:
+    """One upload, checked and laid out before any transaction: its documents by window, its body to
+    keep, each window's column chunk and each document's hash (the CPU work of storing it)."""
+
+    job_id: str
+    name: str | None
+    alone: bool                  # one document uploaded by itself, kept in its own row (no batch row)
+    world: int
+    by_window: dict[str, list[tuple[int, PatternsDoc, bytes]]]
+    index: dict[int, int]        # a document's line: its index among the batch's
+    packed: bytes | None         # the batch's body, gzip'd (None when alone)
+    chunks: dict[str, bytes]     # a window's documents of this batch as columns (none when alone)
+    sha256: dict[int, str]       # a document's line: the hash of its text
+    keys: frozenset[tuple[str, str, int]]   # (job, window, rank) of every document
+
+    @property
+    def size(self) -> int:
+        return len(self.index)
+
+    def where(self, line: int) -> str:
+        return "" if self.alone else f"line {line}: "
+
+
+def prepare(job_id: str, docs: list[tuple[int, PatternsDoc, bytes]], name: str | None = None,
+            packed: bytes | None = None, alone: bool = False) -> Prepared:
+    """Check a batch of (line, document, its JSON text) of run `job_id` (one world, each rank once per
+    window, every rank inside the world; refused naming the line) and lay it out for `write`.
+    `packed`: the whole body gzip'd, when it came so (its non-empty lines are `docs`, in order), kept as
+    is. `alone`: one document uploaded by itself."""
     valid_job_id(job_id)
     world = docs[0][1].job.world_size
     by_window: dict[str, list[tuple[int, PatternsDoc, bytes]]] = defaultdict(list)
     seen: dict[tuple[str, int], int] = {}
     where = (lambda n: "") if alone else (lambda n: f"line {n}: ")  # noqa: E731
-    for line, doc, text in docs:
+    for line, doc, _ in docs:
         if doc.job.world_size != world:
             raise Invalid(f"{where(line)}world size {doc.job.world_size}, line {docs[0][0]} says {world}",
-                              "job.world_size")
+                          "job.world_size")
         if doc.job.rank >= world:
-            raise Invalid(f"{where(line)}rank {doc.job.rank} is outside the job's world of {world}",
-                              "job.rank")
+            raise Invalid(f"{where(line)}rank {doc.job.rank} is outside the job's world of {world}", "job.rank")
         key = (doc.window.window_id, doc.job.rank)
         if key in seen:
-            raise Invalid(f"{where(line)}rank {doc.job.rank} of window {key[0]} again (line {seen[key]})",
-                              "job.rank")
+            raise Invalid(f"{where(line)}rank {doc.job.rank} of window {key[0]} again (line {seen[key]})", "job.rank")
         seen[key] = line
-        by_window[doc.window.window_id].append((line, doc, text))
-    st = _statements(eng.dialect.name)
-    created = existing = 0
-    pks: list[int] = []
-    index = {line: i for i, (line, _, _) in enumerate(docs)}   # a document's line: its index among the batch's
+    for item in docs:
+        by_window[item[1].window.window_id].append(item)
+    index = {line: i for i, (line, _, _) in enumerate(docs)}
     if not alone and packed is None:
         packed = gzip.compress(b"".join(text.strip() + b"\n" for _, _, text in docs), 1)
-    # each window's documents of this batch as columns, built before the transaction (they are
-    # kept only where every one of them is stored now)
+    # built before the transaction; kept only where every document of the window is stored now
     chunks = {} if alone else {wid: _chunk(items, index) for wid, items in by_window.items()}
+    return Prepared(job_id, name, alone, world, dict(by_window), index, None if alone else packed, chunks,
+                    {line: hashlib.sha256(text.strip()).hexdigest() for line, _, text in docs},
+                    frozenset((job_id, wid, r) for wid, r in seen))
+
+
+def ingest_many(eng: sa.Engine, job_id: str, docs: list[tuple[int, PatternsDoc, bytes]], now: float | None = None,
+                name: str | None = None, packed: bytes | None = None, alone: bool = False) -> BulkIngested:
+    """Store a batch of (line, document, its JSON text) of run `job_id` in one transaction (`prepare`
+    says what is checked and what `packed` and `alone` mean)."""
+    return write(eng, [prepare(job_id, docs, name, packed, alone)], now)[0]
+
+
+def write(eng: sa.Engine, group: list[Prepared], now: float | None = None) -> list[BulkIngested]:
+    """Store prepared uploads in one transaction, all or nothing (a refusal of any refuses them all:
+    eroica.service.group_commit then stores each alone). No two of them may hold a document of the
+    same rank of the same window. Every lock is taken in one order (runs and hosts, then documents
+    and windows by key), so two such transactions never deadlock."""
+    if len(frozenset().union(*(g.keys for g in group))) != sum(len(g.keys) for g in group):
+        raise ValueError("two uploads of one group hold a document of the same rank of the same window")
+    now = time.time() if now is None else now
+    st = _statements(eng.dialect.name)
     with writing(eng) as c:
-        batch_pk = None if alone else c.execute(st.batch, {"body": packed, "received_at": now}).scalar_one()
-        for host in sorted({d.job.hostname for _, d, _ in docs}):
-            touch_run(c, job_id, name, world, host, now, "job.world_size")
-        for wid, items in by_window.items():
+        batched = [g for g in group if not g.alone]
+        batch_pk: dict[int, int] = {}
+        if batched:
+            got = c.execute(st.batch, [{"body": g.packed, "received_at": now} for g in batched]).scalars().all()
+            batch_pk = {id(g): pk for g, pk in zip(batched, got, strict=True)}
+        for job_id, name, world, host in sorted({(g.job_id, g.name or "", g.world, d.job.hostname)
+                                                 for g in group for items in g.by_window.values()
+                                                 for _, d, _ in items}):
+            touch_run(c, job_id, name or None, world, host, now, "job.world_size")
+        window_pk: dict[tuple[str, str], int] = {}
+        for job_id, wid in sorted({(g.job_id, wid) for g in group for wid in g.by_window}):
             pk = c.execute(st.window, {"job": job_id, "wid": wid}).scalar()
             if pk is None:             # the window's first documents (or another replica's, at the same moment)
-                win = items[0][1].window
+                win = next(g.by_window[wid][0][1].window for g in group if g.job_id == job_id and wid in g.by_window)
+                world = next(g.world for g in group if g.job_id == job_id and wid in g.by_window)
                 c.execute(st.new_window, {
                     "job_id": job_id, "window_id": wid, "world_size": world, "start_step": win.start_step,
                     "end_step": win.end_step, "trigger": win.trigger, "status": "collecting", "ranks_reported": 0,
                     "first_doc_at": now, "last_doc_at": now, "attempts": 0})
                 pk = c.execute(st.window, {"job": job_id, "wid": wid}).scalar_one()
-            pks.append(pk)
-            rows = {doc.job.rank: {"window_pk": pk, "rank": doc.job.rank,
-                                   "sha256": hashlib.sha256(text.strip()).hexdigest(),
-                                   "body": gzip.compress(text, 1) if alone else None,
-                                   "batch_pk": batch_pk, "line": None if alone else index[line],
-                                   "host": doc.job.hostname, "received_at": now}
-                    for line, doc, text in items}
-            ranks = list(rows)
-            # executemany: one compiled statement, sent as multi-row INSERTs (SQLAlchemy's insertmanyvalues)
-            stored = set(c.execute(st.documents, [rows[r] for r in ranks]).scalars())
-            again = [r for r in ranks if r not in stored]
-            if again:
-                old = {r: h for r, h in c.execute(sa.select(documents.c.rank, documents.c.sha256).where(
-                    documents.c.window_pk == pk, documents.c.rank.in_(again)))}
-                for line, doc, _ in items:
-                    r = doc.job.rank
-                    if r in old and old[r] != rows[r]["sha256"]:
-                        raise Conflict(f"{where(line)}window {wid} already has a different document for "
-                                               f"rank {r}" + ("" if alone else "; nothing of this batch was stored"),
-                                          "job.rank")
-            if batch_pk is not None and len(stored) == len(items):
-                c.execute(st.chunk, {"window_pk": pk, "batch_pk": batch_pk, "body": chunks[wid]})
-            created += len(stored)
-            existing += len(again)
-            if stored:                 # the window's row is locked here, by this one statement, until commit
-                c.execute(st.window_update, _window_update(pk, items, len(stored), now))
-        if batch_pk is not None and not created:      # all of it was here already: keep nothing of this copy
-            c.execute(batches.delete().where(batches.c.pk == batch_pk))
-    return BulkIngested(created, existing, pks)
+            window_pk[(job_id, wid)] = pk
+        rows = sorted(({"window_pk": window_pk[(g.job_id, wid)], "rank": doc.job.rank, "sha256": g.sha256[line],
+                        "body": gzip.compress(text, 1) if g.alone else None, "batch_pk": batch_pk.get(id(g)),
+                        "line": None if g.alone else g.index[line], "host": doc.job.hostname, "received_at": now}
+                       for g in group for wid, items in g.by_window.items() for line, doc, text in items),
+                      key=lambda r: (r["window_pk"], r["rank"]))
+        stored = _insert_documents(c, st, rows)
+        out: list[BulkIngested] = []
+        chunk_rows: list[dict[str, Any]] = []
+        updates: dict[int, list[tuple[list[tuple[int, PatternsDoc, bytes]], int]]] = defaultdict(list)
+        for g in group:
+            created = existing = 0
+            pks = []
+            for wid, items in g.by_window.items():
+                pk = window_pk[(g.job_id, wid)]
+                pks.append(pk)
+                again = [(line, doc) for line, doc, _ in items if (pk, doc.job.rank) not in stored]
+                if again:
+                    _refuse_different(c, g, wid, pk, again)
+                if id(g) in batch_pk and not again:
+                    chunk_rows.append({"window_pk": pk, "batch_pk": batch_pk[id(g)], "body": g.chunks[wid]})
+                created += len(items) - len(again)
+                existing += len(again)
+                if len(items) > len(again):
+                    updates[pk].append((items, len(items) - len(again)))
+            out.append(BulkIngested(created, existing, pks))
+        if chunk_rows:
+            c.execute(st.chunk, chunk_rows)
+        for pk in sorted(updates):     # the window's row is locked here, by this one statement, until commit
+            c.execute(st.window_update, _window_update(pk, updates[pk], now))
+        unused = [batch_pk[id(g)] for g, r in zip(group, out, strict=True) if id(g) in batch_pk and not r.created]
+        if unused:                     # all of it was here already: keep nothing of this copy
+            c.execute(batches.delete().where(batches.c.pk.in_(unused)))
+    return out
+
+
+#: PostgreSQL: the group's documents as one array per column, unnested (one short statement however many
+#: rows: the driver caches and prepares it, where a multi-row VALUES list is parsed again every time)
+_PG_DOCUMENTS = (
+    "INSERT INTO documents (window_pk, rank, sha256, body, batch_pk, line, host, received_at) "
+    "SELECT * FROM unnest(%s::integer[], %s::integer[], %s::varchar[], %s::bytea[], %s::integer[], %s::integer[], "
+    "%s::varchar[], %s::float8[]) ON CONFLICT (window_pk, rank) DO NOTHING RETURNING window_pk, rank")
+_DOCUMENT_COLUMNS = ("window_pk", "rank", "sha256", "body", "batch_pk", "line", "host", "received_at")
+
+
+def _insert_documents(c: sa.Connection, st: _Statements, rows: list[dict[str, Any]]) -> set[tuple[int, int]]:
+    """Insert the rows a document does not have yet; the (window, rank) of those stored now."""
+    if c.dialect.name == "postgresql":
+        return {(pk, r) for pk, r in c.exec_driver_sql(
+            _PG_DOCUMENTS, tuple([row[k] for row in rows] for k in _DOCUMENT_COLUMNS))}
+    # executemany: one compiled statement, sent as multi-row INSERTs (SQLAlchemy's insertmanyvalues)
+    return {(pk, r) for pk, r in c.execute(st.documents, rows)}
+
+
+def _refuse_different(c: sa.Connection, g: Prepared, wid: str, pk: int, again: list[tuple[int, PatternsDoc]]) -> None:
+    """A rank stored already must be stored with the same document (a re-upload), else 409."""
+    old = {r: h for r, h in c.execute(sa.select(documents.c.rank, documents.c.sha256).where(
+        documents.c.window_pk == pk, documents.c.rank.in_([d.job.rank for _, d in again])))}
+    for line, doc in again:
+        r = doc.job.rank
+        if r in old and old[r] != g.sha256[line]:
+            raise Conflict(f"{g.where(line)}window {wid} already has a different document for rank {r}"
+                           + ("" if g.alone else "; nothing of this batch was stored"), "job.rank")
 
 
 @dataclass(frozen=True)
@@ -162,11 +244,11 @@ def _statements(dialect_name: str) -> _Statements:
         status=sa.case((finished, "ready"), else_=w.status),
         attempts=sa.case((finished, 0), else_=w.attempts)))
     return _Statements(
-        batch=batches.insert().returning(batches.c.pk),
+        batch=batches.insert().returning(batches.c.pk, sort_by_parameter_order=True),
         window=sa.select(w.pk).where(w.job_id == sa.bindparam("job"), w.window_id == sa.bindparam("wid")),
         new_window=dialect.insert(windows).on_conflict_do_nothing(index_elements=["job_id", "window_id"]),
         documents=(dialect.insert(documents).on_conflict_do_nothing(index_elements=["window_pk", "rank"])
-                   .returning(documents.c.rank)),
+                   .returning(documents.c.window_pk, documents.c.rank)),
         window_update=update,
         chunk=batch_columns.insert(),
     )
@@ -180,8 +262,13 @@ def _chunk(items: list[tuple[int, PatternsDoc, bytes]], index: dict[int, int]) -
     return encode_chunk(b, [index[line] for line, _, _ in items])
 
 
-def _window_update(pk: int, items: list[tuple[int, PatternsDoc, bytes]], n: int, now: float) -> dict[str, Any]:
-    opened = [d.window.opened_unix_seconds for _, d, _ in items if d.window.opened_unix_seconds is not None]
-    closed = [d.window.closed_unix_seconds for _, d, _ in items if d.window.closed_unix_seconds is not None]
-    return {"window": pk, "n": n, "now": now, "opened": min(opened) if opened else None,
+Items = list[tuple[int, PatternsDoc, bytes]]      # (line, document, its JSON text)
+
+
+def _window_update(pk: int, parts: list[tuple[Items, int]], now: float) -> dict[str, Any]:
+    """The window's row update for its documents stored now (`parts`: each upload's, with how many were new)."""
+    docs = [d for items, _ in parts for _, d, _ in items]
+    opened = [d.window.opened_unix_seconds for d in docs if d.window.opened_unix_seconds is not None]
+    closed = [d.window.closed_unix_seconds for d in docs if d.window.closed_unix_seconds is not None]
+    return {"window": pk, "n": sum(n for _, n in parts), "now": now, "opened": min(opened) if opened else None,
             "closed": max(closed) if closed else None}

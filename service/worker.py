@@ -38,6 +38,15 @@ def diagnose_window(window_id: str, packs: Sequence[bytes], refs: list[tuple[int
     `history`: the `WindowHistory` JSON of the job's earlier windows; `parse_processes`: how many
     processes parse a wide window's documents (forked from this worker, for this window only);
     `chunks`: packs' documents already as columns, by pack index (those are not parsed again)."""
+    from eroica.service.heap import held_off
+
+    with held_off():
+        return _diagnose_window(window_id, packs, refs, history, knowledge_dirs, parse_processes, chunks)
+
+
+def _diagnose_window(window_id: str, packs: Sequence[bytes], refs: list[tuple[int, int]] | None,
+                     history: list[str], knowledge_dirs: list[str], parse_processes: int,
+                     chunks: Mapping[int, bytes] | None) -> str:
     from eroica.engine.diagnose import DiagnoseOptions, diagnose_documents
     from eroica.engine.load import window_of_packs
     from eroica.schema.diagnosis import WindowHistory
@@ -56,10 +65,11 @@ def diagnose_stored(db_url: str, window_pk: int, window_id: str, history: list[s
     when the engine wants one of its documents in full (eroica.service.docs)."""
     from eroica.service.db import make_engine, reading
     from eroica.service.docs import StoredPacks, window_packs
+    from eroica.service.heap import held_off
 
     eng = make_engine(db_url)
     try:
-        with reading(eng) as c:
+        with held_off(), reading(eng) as c:
             wp = window_packs(c, window_pk, with_chunks=True)
     finally:
         eng.dispose()          # no connection is left to the parsers this worker may fork
@@ -71,11 +81,13 @@ def warm(knowledge_dirs: list[str]) -> None:
     """Import the engine and compile the knowledge in a new worker, so its first window does not pay
     it. Knowledge that does not compile is not this call's to report: the window's diagnosis will."""
     from eroica.engine.diagnose import DiagnoseOptions, compile_knowledge
+    from eroica.service.heap import freeze_startup
 
     try:
         compile_knowledge(DiagnoseOptions(in_process=True, knowledge_dirs=[Path(k) for k in knowledge_dirs]))
     except Exception:      # noqa: BLE001  (reported by the first diagnosis, with its window)
         pass
+    freeze_startup()
 
 
 class Diagnoser:
