@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 
 NAMING = {"ix": "ix_%(column_0_label)s", "uq": "uq_%(table_name)s_%(column_0_name)s",
           "ck": "ck_%(table_name)s_%(constraint_name)s", "fk": "fk_%(table_name)s_%(column_0_name)s",
@@ -307,6 +305,9 @@ def migrate(eng: sa.Engine) -> None:
     PostgreSQL, replicas starting together take turns (an advisory lock held until the upgrade's
     transaction ends): the first upgrades, the others find the schema at head. SQLite's writers are
     serialized by the database itself."""
+    from alembic import command  # only here: a diagnosis worker reading the store needs none of it
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     with writing(eng) as conn:

@@ -80,6 +80,12 @@ def diagnose_stored(db_url: str, window_pk: int, window_id: str, history: list[s
 def warm(knowledge_dirs: list[str]) -> None:
     """Import the engine and compile the knowledge in a new worker, so its first window does not pay
     it. Knowledge that does not compile is not this call's to report: the window's diagnosis will."""
+    # what reading a stored window imports (the store, PostgreSQL's driver, the rule runtime)
+    import psycopg  # noqa: F401
+    import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401
+
+    import eroica.engine.rules._durable  # noqa: F401
+    import eroica.service.docs  # noqa: F401
     from eroica.engine.diagnose import DiagnoseOptions, compile_knowledge
     from eroica.service.heap import freeze_startup
 
