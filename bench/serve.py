@@ -153,17 +153,19 @@ def scale(hosts: list[bytes], db: str, batched: bool, replicas: int, tmp: Path,
         bodies = [gzip.compress(x, 1) for x in items]
         ctype = "application/x-ndjson" if batched else "application/json"
         client = Client()
+        cpu0 = time.process_time()
         t0 = time.time()
         with ThreadPoolExecutor(8) as ex:
             list(ex.map(lambda ix: client.post(reps[ix[0] % replicas].url, "sim", ix[1], ctype), enumerate(bodies)))
         t_up = time.time() - t0
+        client_ms = (time.process_time() - cpu0) / n_docs * 1e3
         w = wait_done(reps[0].url, "sim", timeout=3600)
         t_all = (w["diagnosed_at"] or time.time()) - t0
         return {"documents": n_docs, "requests": len(items), "upload_s": round(t_up, 1),
                 "docs_per_s": round(n_docs / t_up), "to_diagnosis_s": round(t_all, 1),
                 "after_upload_s": round(t_all - t_up, 1), "status": w["status"],
                 "diagnoses_stored": w["diagnoses_stored"], "error": w["error"],
-                "peak_rss_mb": [round(r.peak_rss_bytes / 2**20) for r in reps]}
+                "peak_rss_mb": [round(r.peak_rss_bytes / 2**20) for r in reps], "client_ms": round(client_ms, 3)}
     finally:
         for r in reps:
             r.stop()
@@ -189,7 +191,8 @@ def main() -> int:
               f"({r['docs_per_s']} documents/s); diagnosis stored {r['to_diagnosis_s']} s after the first upload, "
               f"{r['after_upload_s']} s after the last "
               f"({r['status']}, stored {r['diagnoses_stored']}x{', ' + str(r['error']) if r['error'] else ''}); "
-              f"peak RSS per replica {r['peak_rss_mb']} MB", flush=True)
+              f"peak RSS per replica {r['peak_rss_mb']} MB; the load generator's CPU {r['client_ms']} ms a document",
+              flush=True)
 
     # one rank per request (before batching), one host per request in one process, and in N processes
     ways = [(False, 1), (True, 1), (True, args.http_processes)] if args.http_processes > 1 else [(False, 1), (True, 1)]
