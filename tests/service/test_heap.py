@@ -38,7 +38,9 @@ from eroica.service.worker import warm
 warm([])
 before = set(sys.modules)
 import eroica.service.docs, eroica.engine.rules._durable, psycopg, sqlalchemy.dialects.postgresql.psycopg
-print(json.dumps({"no_alembic": no_alembic, "new": sorted(set(sys.modules) - before), "gc_frozen": __import__("gc").get_freeze_count() > 0}))
+import gc
+frozen = gc.get_freeze_count() > 0
+print(json.dumps({"no_alembic": no_alembic, "new": sorted(set(sys.modules) - before), "gc_frozen": frozen}))
 """
     out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                     timeout=120).stdout)
