@@ -11,7 +11,7 @@ A small diagnosis takes about as long as starting Python, so three things are do
   pydantic's and the rule engine's modules is a visible share of a small run. Only commands that
   start no thread and leave no file to clean up after they return are in FAST_EXIT.
 Their effect is measured by `bench/traces.py` (eroica diagnose against HTA's trace load). The service's
-long-running processes have their own (eroica.service.heap)."""
+long-running processes have their own (eroica.engine.heap)."""
 
 from __future__ import annotations
 

@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
 def _serve_one(settings: Any, sock: socket.socket) -> None:
     import uvicorn
 
+    from eroica.engine.heap import freeze_startup
     from eroica.service.app import create_app
-    from eroica.service.heap import freeze_startup
 
     app = create_app(settings)
     freeze_startup()

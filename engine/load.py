@@ -6,12 +6,10 @@ the other ranks are still diagnosed.
 
 from __future__ import annotations
 
-import gc
 import gzip
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from pydantic import ValidationError
 from eroica.engine.column_chunks import WindowChunks, window_chunks
 from eroica.engine.columns import ColumnsBuilder, WindowColumns, window_columns
 from eroica.engine.errors import RunDirError
+from eroica.engine.heap import held_off
 from eroica.engine.shares import contiguous_shares
 from eroica.schema.files import PACKED_FILE, RANK_FILE, TRACE_FILE, is_pattern_file
 from eroica.schema.patterns import PATTERNS_SCHEMA, PatternsDoc
@@ -145,7 +144,7 @@ def window_of_packs(window_id: str, packs: Sequence[bytes], refs: Sequence[tuple
     else:
         for p, line in refs:
             wanted.setdefault(p, []).append(line)
-    with _gc_paused():
+    with held_off():
         ready = window_chunks(sorted(wanted.items()), chunks or {}, workers)
     items = ready.rest
     total = sum(len(packs[p]) for p, _ in items)
@@ -155,11 +154,11 @@ def window_of_packs(window_id: str, packs: Sequence[bytes], refs: Sequence[tuple
     if got is None:
         w = WindowData(window_id=window_id, docs=BlobStore(packs, cache_limit))
         builder = ColumnsBuilder()
-        with _gc_paused():     # many objects, no cycles
+        with held_off():     # many objects, no cycles
             _load_packs(w, packs, items, builder)
     else:
         w, builder = got
-    with _gc_paused():
+    with held_off():
         builder = _add_chunks(w, packs, builder, ready)
         w._columns = builder.build()
     return w
@@ -225,7 +224,7 @@ def _share_packs(packs: Sequence[bytes]) -> None:
 def _packs_part(window_id: str, items: list[tuple[int, list[int]]]) -> tuple[ColumnsBuilder, WindowData]:
     w = WindowData(window_id=window_id, docs=BlobStore(_SHARED_PACKS, 0))
     builder = ColumnsBuilder()
-    with _gc_paused():
+    with held_off():
         _load_packs(w, _SHARED_PACKS, items, builder)
     return builder.seal(), w
 
@@ -245,7 +244,7 @@ def _packs_parallel(window_id: str, packs: Sequence[bytes], items: list[tuple[in
         store = BlobStore(packs, cache_limit)
         w = WindowData(window_id=window_id, docs=store)
         builder = ColumnsBuilder()
-        with _gc_paused():
+        with held_off():
             _load_packs(w, packs, shares[0], builder)
             parts = [fut.result() for fut in futures]
     return (w, builder) if _merge_parts(w, builder, parts) else None
@@ -308,7 +307,7 @@ def load_window(wdir: Path, cache_limit: int = 4096, workers: int = 1) -> Window
             return w
     w = WindowData(window_id=wdir.name, docs=DocStore(cache_limit))
     builder = ColumnsBuilder()
-    with _gc_paused():     # many objects, no cycles: the cyclic collector would only rescan them
+    with held_off():     # many objects, no cycles: the cyclic collector would only rescan them
         _load_files(w, files, builder)
         w._columns = builder.build()
     return w
@@ -351,7 +350,7 @@ def _load_part(wdir: Path, files: list[Path]) -> tuple[ColumnsBuilder, WindowDat
     reads them again from their file when asked)."""
     w = WindowData(window_id=wdir.name, docs=DocStore(0))
     builder = ColumnsBuilder()
-    with _gc_paused():
+    with held_off():
         _load_files(w, files, builder)
     return builder.seal(), w
 
@@ -372,12 +371,12 @@ def _load_parallel(wdir: Path, files: list[Path], cache_limit: int, workers: int
         futures = [pool.submit(_load_part, wdir, share) for share in shares[1:]]
         w = WindowData(window_id=wdir.name, docs=DocStore(cache_limit))
         builder = ColumnsBuilder()
-        with _gc_paused():
+        with held_off():
             _load_files(w, shares[0] + others, builder)
             parts = [fut.result() for fut in futures]
     if not _merge_parts(w, builder, parts):
         return None
-    with _gc_paused():
+    with held_off():
         w._columns = builder.build()
     return w
 
@@ -398,17 +397,6 @@ def _merge_parts(w: WindowData, builder: ColumnsBuilder, parts: list[tuple[Colum
         w.problems += part.problems
         w.raw_traces.update(part.raw_traces)
     return True
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _load_packed(w: WindowData, f: Path, keep: Callable[[PatternsDoc, tuple[str, int, int], str], None]) -> None:

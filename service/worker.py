@@ -38,7 +38,7 @@ def diagnose_window(window_id: str, packs: Sequence[bytes], refs: list[tuple[int
     `history`: the `WindowHistory` JSON of the job's earlier windows; `parse_processes`: how many
     processes parse a wide window's documents (forked from this worker, for this window only);
     `chunks`: packs' documents already as columns, by pack index (those are not parsed again)."""
-    from eroica.service.heap import held_off
+    from eroica.engine.heap import held_off
 
     with held_off():
         return _diagnose_window(window_id, packs, refs, history, knowledge_dirs, parse_processes, chunks)
@@ -63,9 +63,9 @@ def diagnose_stored(db_url: str, window_pk: int, window_id: str, history: list[s
     """`diagnose_window` of a stored window, its documents read here, in the worker, once: the
     batches' column chunks, the bodies of documents without one, and a chunked batch's body only
     when the engine wants one of its documents in full (eroica.service.docs)."""
+    from eroica.engine.heap import held_off
     from eroica.service.db import make_engine, reading
     from eroica.service.docs import StoredPacks, window_packs
-    from eroica.service.heap import held_off
 
     eng = make_engine(db_url)
     try:
@@ -87,7 +87,7 @@ def warm(knowledge_dirs: list[str]) -> None:
     import eroica.engine.rules._durable  # noqa: F401
     import eroica.service.docs  # noqa: F401
     from eroica.engine.diagnose import DiagnoseOptions, compile_knowledge
-    from eroica.service.heap import freeze_startup
+    from eroica.engine.heap import freeze_startup
 
     try:
         compile_knowledge(DiagnoseOptions(in_process=True, knowledge_dirs=[Path(k) for k in knowledge_dirs]))

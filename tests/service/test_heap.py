@@ -1,4 +1,4 @@
-"""The service processes' collection policy (eroica.service.heap) and the diagnosis worker's warm-up:
+"""The service processes' collection policy (eroica.engine.heap) and the diagnosis worker's warm-up:
 a worker's first window pays no import the warm-up could have paid."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from eroica.service.heap import held_off
+from eroica.engine.heap import held_off
 
 
 def test_collection_is_held_off_inside_and_restored_after_even_on_error() -> None:

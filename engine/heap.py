@@ -1,7 +1,9 @@
-"""Cyclic garbage collection in the service's long-running processes (a speed trick, in one place
-beside eroica.cli.fastpath, which holds the batch commands').
+"""Cyclic garbage collection held off or narrowed where it only rescans live objects (a speed trick,
+in one place beside eroica.cli.fastpath, which holds the batch commands').
 
-- An HTTP process freezes what it built while starting (the app, the imported modules, the
+- Loading a window (eroica.engine.load) makes many objects and no cycles: collection is held off
+  while it runs (`held_off`).
+- A service HTTP process freezes what it built while starting (the app, the imported modules, the
   database engine) out of every later collection (`freeze_startup`): they live as long as the
   process, and each full collection walked all of them again while the requests' short-lived
   documents were collected.
