@@ -31,6 +31,7 @@ from eroica.service.errors import Conflict, Invalid, Malformed, TooLarge
 from eroica.service.runs import touch_run, valid_job_id
 
 MAX_LINES = 4096          # documents per batch (a host has at most a few dozen ranks)
+Items = list[tuple[int, PatternsDoc, bytes]]      # (line, document, its JSON text)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Prepared:
     name: str | None
     alone: bool                  # one document uploaded by itself, kept in its own row (no batch row)
     world: int
-    by_window: dict[str, list[tuple[int, PatternsDoc, bytes]]]
+    by_window: dict[str, Items]
     index: dict[int, int]        # a document's line: its index among the batch's
     packed: bytes | None         # the batch's body, gzip'd (None when alone)
     chunks: dict[str, bytes]     # a window's documents of this batch as columns (none when alone)
@@ -71,10 +72,15 @@ class Prepared:
         return len(self.index)
 
     def where(self, line: int) -> str:
-        return "" if self.alone else f"line {line}: "
+        return _line_prefix(self.alone, line)
 
 
-def prepare(job_id: str, docs: list[tuple[int, PatternsDoc, bytes]], name: str | None = None,
+def _line_prefix(alone: bool, line: int) -> str:
+    """How a refusal names a document: by its line in a batch; nothing for one uploaded alone."""
+    return "" if alone else f"line {line}: "
+
+
+def prepare(job_id: str, docs: Items, name: str | None = None,
             packed: bytes | None = None, alone: bool = False) -> Prepared:
     """Check a batch of (line, document, its JSON text) of run `job_id` (one world, each rank once per
     window, every rank inside the world; refused naming the line) and lay it out for `write`.
@@ -82,9 +88,11 @@ def prepare(job_id: str, docs: list[tuple[int, PatternsDoc, bytes]], name: str |
     is. `alone`: one document uploaded by itself."""
     valid_job_id(job_id)
     world = docs[0][1].job.world_size
-    by_window: dict[str, list[tuple[int, PatternsDoc, bytes]]] = defaultdict(list)
+    by_window: dict[str, Items] = defaultdict(list)
     seen: dict[tuple[str, int], int] = {}
-    where = (lambda n: "") if alone else (lambda n: f"line {n}: ")  # noqa: E731
+
+    def where(line: int) -> str:
+        return _line_prefix(alone, line)
     for line, doc, _ in docs:
         if doc.job.world_size != world:
             raise Invalid(f"{where(line)}world size {doc.job.world_size}, line {docs[0][0]} says {world}",
@@ -107,7 +115,7 @@ def prepare(job_id: str, docs: list[tuple[int, PatternsDoc, bytes]], name: str |
                     frozenset((job_id, wid, r) for wid, r in seen))
 
 
-def ingest_many(eng: sa.Engine, job_id: str, docs: list[tuple[int, PatternsDoc, bytes]], now: float | None = None,
+def ingest_many(eng: sa.Engine, job_id: str, docs: Items, now: float | None = None,
                 name: str | None = None, packed: bytes | None = None, alone: bool = False) -> BulkIngested:
     """Store a batch of (line, document, its JSON text) of run `job_id` in one transaction (`prepare`
     says what is checked and what `packed` and `alone` mean)."""
@@ -137,10 +145,10 @@ def write(eng: sa.Engine, group: list[Prepared], now: float | None = None) -> li
         for job_id, wid in sorted({(g.job_id, wid) for g in group for wid in g.by_window}):
             pk = c.execute(st.window, {"job": job_id, "wid": wid}).scalar()
             if pk is None:             # the window's first documents (or another replica's, at the same moment)
-                win = next(g.by_window[wid][0][1].window for g in group if g.job_id == job_id and wid in g.by_window)
-                world = next(g.world for g in group if g.job_id == job_id and wid in g.by_window)
+                first = next(g for g in group if g.job_id == job_id and wid in g.by_window)
+                win = first.by_window[wid][0][1].window
                 c.execute(st.new_window, {
-                    "job_id": job_id, "window_id": wid, "world_size": world, "start_step": win.start_step,
+                    "job_id": job_id, "window_id": wid, "world_size": first.world, "start_step": win.start_step,
                     "end_step": win.end_step, "trigger": win.trigger, "status": "collecting", "ranks_reported": 0,
                     "first_doc_at": now, "last_doc_at": now, "attempts": 0})
                 pk = c.execute(st.window, {"job": job_id, "wid": wid}).scalar_one()
@@ -153,7 +161,7 @@ def write(eng: sa.Engine, group: list[Prepared], now: float | None = None) -> li
         stored = _insert_documents(c, st, rows)
         out: list[BulkIngested] = []
         chunk_rows: list[dict[str, Any]] = []
-        updates: dict[int, list[tuple[list[tuple[int, PatternsDoc, bytes]], int]]] = defaultdict(list)
+        updates: dict[int, list[tuple[Items, int]]] = defaultdict(list)
         for g in group:
             created = existing = 0
             pks = []
@@ -182,11 +190,12 @@ def write(eng: sa.Engine, group: list[Prepared], now: float | None = None) -> li
 
 #: PostgreSQL: the group's documents as one array per column, unnested (one short statement however many
 #: rows: the driver caches and prepares it, where a multi-row VALUES list is parsed again every time)
+_DOCUMENT_COLUMNS = {"window_pk": "integer", "rank": "integer", "sha256": "varchar", "body": "bytea",
+                     "batch_pk": "integer", "line": "integer", "host": "varchar", "received_at": "float8"}
 _PG_DOCUMENTS = (
-    "INSERT INTO documents (window_pk, rank, sha256, body, batch_pk, line, host, received_at) "
-    "SELECT * FROM unnest(%s::integer[], %s::integer[], %s::varchar[], %s::bytea[], %s::integer[], %s::integer[], "
-    "%s::varchar[], %s::float8[]) ON CONFLICT (window_pk, rank) DO NOTHING RETURNING window_pk, rank")
-_DOCUMENT_COLUMNS = ("window_pk", "rank", "sha256", "body", "batch_pk", "line", "host", "received_at")
+    f"INSERT INTO documents ({', '.join(_DOCUMENT_COLUMNS)}) "
+    f"SELECT * FROM unnest({', '.join(f'%s::{t}[]' for t in _DOCUMENT_COLUMNS.values())}) "
+    "ON CONFLICT (window_pk, rank) DO NOTHING RETURNING window_pk, rank")
 
 
 def _insert_documents(c: sa.Connection, st: _Statements, rows: list[dict[str, Any]]) -> set[tuple[int, int]]:
@@ -254,15 +263,12 @@ def _statements(dialect_name: str) -> _Statements:
     )
 
 
-def _chunk(items: list[tuple[int, PatternsDoc, bytes]], index: dict[int, int]) -> bytes:
+def _chunk(items: Items, index: dict[int, int]) -> bytes:
     """A window's documents of one batch as a column chunk, each with its line in the batch."""
     b = ColumnsBuilder()
     for _, doc, _ in items:
         b.add(doc)
     return encode_chunk(b, [index[line] for line, _, _ in items])
-
-
-Items = list[tuple[int, PatternsDoc, bytes]]      # (line, document, its JSON text)
 
 
 def _window_update(pk: int, parts: list[tuple[Items, int]], now: float) -> dict[str, Any]:
