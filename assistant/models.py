@@ -58,8 +58,9 @@ def load_remediations(directory: Path) -> dict[str, Remediation]:
 
 class Verification(Frozen):
     """What re-running the job measured with a draft applied, beside the same command on the unchanged
-    code (`eroica draft --verify CMD`). Step: the median over the window's steps of the slowest rank's
-    step; healthy: the job's step before the slowdown (the diagnosis' window history)."""
+    code (`eroica draft --verify CMD`). Step: the median of every rank's steps in the re-run's window
+    (the median re-run's); healthy: the job's step before the slowdown (assistant/verify.py says where
+    it is measured)."""
 
     verified: bool
     command: str
@@ -68,6 +69,8 @@ class Verification(Frozen):
     before_step_seconds: float | None = None
     after_step_seconds: float | None = None
     healthy_step_seconds: float | None = None
+    healthy_from: str = ""                     # where the healthy step was measured
+    step_to_healthy_ratio: float | None = None  # what the verdict judged (paired: the median run's own ratio)
     function: str | None = None
     before_function_seconds: float | None = None   # the finding's function on its ranks, per step
     after_function_seconds: float | None = None

@@ -6,10 +6,23 @@ The change request then says what the re-runs measured, e.g. "step 160 ms -> 63 
 DataLoader.__next__ 121 ms -> 1 ms per step on rank 1", and a draft whose re-run does not bring the
 job's step within 10% of its healthy step is "not verified", with the numbers.
 
-Healthy is the job's own history: the step before the slowdown, from the run's earliest window (its
-`steps.before_median_seconds`), else the baseline the unchanged re-run's detector measured. The
-command is the user's own job, run as given (not sandboxed, unlike the gate's validation): only what
-`--verify` names runs, in a scratch copy, bounded in time.
+Healthy is the job's own step before the slowdown. Re-runs of one job on a shared host differ by 10-15%
+as a whole (docs/benchmarks.md, "Drafts verified by re-running": four processes on two cores settle
+into a faster or a slower schedule per run), more than the tolerance, so a step is judged against
+the healthy step of the same run where the job shows one: the reproduction runs the job's healthy
+stretch before the slowdown's onset, and each re-run's steps at the positions the diagnosed run's
+detector took its healthy reference from (the reference steps before the recent steps it judged when
+it fired the earliest window) are that run's healthy step. The verdict is then the median over the
+re-runs with the draft of each run's window step over its own healthy steps. That pairing holds only
+when the re-run on the unchanged code reproduced the slowdown against its own healthy steps (a run
+slow from its first step has no healthy stretch, and its slow steps must never become "healthy"); and
+since a draft could slow every step alike, before the onset too, its re-runs' healthy steps must not
+be slower than the unchanged code's by more than HARM (twice the tolerance: the spread between runs).
+Else healthy is the diagnosed run's history (the earliest window's `steps.before_median_seconds`),
+else the unchanged re-run's detector baseline, and a draft is not verified when the unchanged re-run
+was not slow against it (the command did not reproduce the slowdown: the re-run with the draft shows
+nothing). The command is the user's own job, run as given (not sandboxed, unlike the gate's
+validation): only what `--verify` names runs, in a scratch copy, bounded in time.
 """
 
 from __future__ import annotations
@@ -33,6 +46,8 @@ from eroica.schema.files import RANK_FILE
 from eroica.schema.patterns import PatternsDoc
 
 TOLERANCE = 0.10            # within 10% of the healthy step: the slowdown is gone
+MIN_REFERENCE_STEPS = 8     # the fewest steps a healthy reference is taken from (the detector's own minimum)
+HARM = 2 * TOLERANCE        # a draft's healthy steps this much slower than the unchanged code's: it slows the job
 #: runs `command` in `cwd`, attached, its windows written under `out`, for at most `timeout` seconds;
 #: returns why it failed (None when it exited 0)
 Runner = Callable[[str, Path, Path, float], "str | None"]
@@ -43,12 +58,39 @@ class Measured:
     step_seconds: float | None = None         # median of every rank's steps in the window
     baseline_seconds: float | None = None     # the detector's baseline before the window (rank median)
     function_seconds: float | None = None     # the function on the given ranks, critical seconds per step
+    reference_seconds: float | None = None    # median of every rank's steps at the reference positions
+    reference_ratio: float | None = None      # step_seconds / reference_seconds, of one run
     why: str | None = None
 
 
-def measure(run_dir: Path, ranks: list[int], function: str | None) -> Measured:
-    """The job's step in the run's forced window (else its last window), and `function`'s time per
-    step on `ranks` (the largest of them)."""
+@dataclass(frozen=True)
+class DetectorSteps:
+    """The step-time detector's step counts the re-runs run with (the collector's policy, from the
+    environment the re-runs inherit; the CLI reads it)."""
+    warmup_steps: int
+    baseline_steps: int
+    recent_steps: int
+    lead_steps: int          # from the detector's firing to the window's first step
+
+
+def reference_steps(diagnosis: Diagnosis, policy: DetectorSteps) -> range | None:
+    """The step numbers the diagnosed run's detector took its healthy reference from when it fired the
+    earliest window (the one `healthy_step` reads), `lead_steps` before the window's first step: the
+    `baseline_steps` before the `recent_steps` it judged (where the slowdown began), none of them
+    warm-up. None when fewer than 8 such steps exist."""
+    first = next((w for w in sorted(diagnosis.windows, key=lambda w: w.start_step) if w.steps.before_median_seconds),
+                 None)
+    if first is None:
+        return None
+    hi = first.start_step - policy.lead_steps - policy.recent_steps
+    lo = max(policy.warmup_steps, hi - policy.baseline_steps)
+    return range(lo, hi) if hi - lo >= MIN_REFERENCE_STEPS else None
+
+
+def measure(run_dir: Path, ranks: list[int], function: str | None, reference: range | None = None) -> Measured:
+    """The job's step in the run's forced window (else its last window), `function`'s time per
+    step on `ranks` (the largest of them), and the job's step at the `reference` step numbers (the
+    window's series before it: every rank's, pooled)."""
     windows = sorted(p for p in run_dir.glob("w*") if p.is_dir() and _rank_files(p))
     if not windows:
         return Measured(why=f"the re-run opened no window in {run_dir} (was --verify-window-step within its steps?)")
@@ -67,8 +109,12 @@ def measure(run_dir: Path, ranks: list[int], function: str | None) -> Measured:
         per_rank = [sum(f.critical_seconds for f in d.functions if merged_key(f.category, f.name)[1] == function)
                     / max(len(d.step_times.during_seconds), 1) for d in chosen if d.job.rank in ranks]
         fn = max(per_rank) if per_rank else None
-    return Measured(step_seconds=statistics.median(steps),
-                    baseline_seconds=statistics.median(baselines) if baselines else None, function_seconds=fn)
+    at_reference = [x for d in chosen if reference is not None for i, x in enumerate(d.step_times.before_seconds)
+                    if d.window.start_step - len(d.step_times.before_seconds) + i in reference]
+    step = statistics.median(steps)
+    ref = statistics.median(at_reference) if len(at_reference) >= MIN_REFERENCE_STEPS else None
+    return Measured(step_seconds=step, baseline_seconds=statistics.median(baselines) if baselines else None,
+                    function_seconds=fn, reference_seconds=ref, reference_ratio=step / ref if ref else None)
 
 
 def median_run(runs: list[Measured]) -> Measured:
@@ -83,7 +129,9 @@ def median_run(runs: list[Measured]) -> Measured:
         return statistics.median(known) if known else None
     return Measured(step_seconds=mid([m.step_seconds for m in runs]),
                     baseline_seconds=mid([m.baseline_seconds for m in runs]),
-                    function_seconds=mid([m.function_seconds for m in runs]))
+                    function_seconds=mid([m.function_seconds for m in runs]),
+                    reference_seconds=mid([m.reference_seconds for m in runs]),
+                    reference_ratio=mid([m.reference_ratio for m in runs]))
 
 
 def _rank_files(wdir: Path) -> list[Path]:
@@ -94,23 +142,61 @@ def _ms(x: float | None) -> str:
     return "?" if x is None else f"{x * 1000:.0f} ms"
 
 
-def judge(command: str, before: Measured, after: Measured, healthy: float | None, function: str | None,
+@dataclass(frozen=True)
+class Healthy:
+    seconds: float | None
+    source: str                               # where it was measured, said in the change request
+    paired: bool = False                      # each re-run judged against its own healthy steps
+    unchanged_seconds: float | None = None    # paired: the unchanged code's healthy steps (the HARM check)
+
+
+def healthy_reference(diagnosis: Diagnosis, before: Measured, after: Measured, reference: range | None) -> Healthy:
+    """The healthy step the re-runs are judged against (the module's docstring says which, and why)."""
+    then = healthy_step(diagnosis)
+    if reference is not None and before.reference_seconds and before.step_seconds \
+            and before.step_seconds > before.reference_seconds * (1 + TOLERANCE) \
+            and after.reference_seconds and after.reference_ratio is not None:
+        return Healthy(after.reference_seconds,
+                       f"each re-run's own steps {reference.start}-{reference.stop - 1}, before the slowdown's onset "
+                       f"({_ms(before.reference_seconds)} on the unchanged code; {_ms(then)} in the diagnosed run)",
+                       paired=True, unchanged_seconds=before.reference_seconds)
+    if then is not None:
+        return Healthy(then, "the diagnosed run's steps before its slowdown")
+    return Healthy(before.baseline_seconds, "the baseline of the re-run on the unchanged code")
+
+
+def judge(command: str, before: Measured, after: Measured, healthy: float | Healthy | None, function: str | None,
           ranks: list[int]) -> Verification:
-    """The verdict: verified when the re-run with the draft holds the step within TOLERANCE of healthy."""
-    summary = f"step {_ms(before.step_seconds)} -> {_ms(after.step_seconds)}; healthy {_ms(healthy)}"
+    """The verdict: verified when the re-run on the unchanged code was slow and the re-runs with the draft
+    hold the step within TOLERANCE of healthy (paired: of each run's own healthy steps)."""
+    ref = healthy if isinstance(healthy, Healthy) else Healthy(healthy, "given")
+    summary = f"step {_ms(before.step_seconds)} -> {_ms(after.step_seconds)}; healthy {_ms(ref.seconds)}"
     if function and (before.function_seconds or after.function_seconds):   # a setting's key is no function
         summary += (f"; {function} {_ms(before.function_seconds)} -> {_ms(after.function_seconds)} per step on "
                     f"rank {', '.join(map(str, ranks))}")
     why = after.why or before.why
-    if why is None and healthy is None:
+    ratio = after.reference_ratio if ref.paired else \
+        after.step_seconds / ref.seconds if after.step_seconds is not None and ref.seconds else None
+    if why is None and ref.seconds is None:
         why = "no healthy step to compare with (the diagnosis' window has no history, the re-run no baseline)"
-    if why is None and after.step_seconds is not None and healthy is not None \
-            and after.step_seconds > healthy * (1 + TOLERANCE):
-        why = (f"the step with the draft, {_ms(after.step_seconds)}, is {after.step_seconds / healthy - 1:.0%} "
-               f"above the healthy {_ms(healthy)} (at most {TOLERANCE:.0%})")
+    if why is None and not ref.paired and before.step_seconds is not None and ref.seconds is not None \
+            and before.step_seconds <= ref.seconds * (1 + TOLERANCE):
+        why = (f"the re-run on the unchanged code was not slow ({_ms(before.step_seconds)} against a healthy "
+               f"{_ms(ref.seconds)}): the command did not reproduce the slowdown, so the re-run with the draft shows "
+               "nothing")
+    if why is None and ratio is not None and ratio > 1 + TOLERANCE:
+        why = (f"the step with the draft, {_ms(after.step_seconds)}, is {ratio - 1:.0%} above the healthy "
+               f"{_ms(ref.seconds)} (at most {TOLERANCE:.0%}{'; each re-run against its own' if ref.paired else ''})")
+    if why is None and ref.paired and ref.seconds is not None and ref.unchanged_seconds \
+            and ref.seconds > ref.unchanged_seconds * (1 + HARM):
+        why = (f"with the draft the steps before the slowdown's onset ran {ref.seconds / ref.unchanged_seconds - 1:.0%}"
+               f" slower than on the unchanged code ({_ms(ref.seconds)} against {_ms(ref.unchanged_seconds)}; at most "
+               f"{HARM:.0%}, the spread between runs): the draft slows the healthy job")
     return Verification(
         verified=why is None, command=command, summary=summary, why=why,
-        before_step_seconds=before.step_seconds, after_step_seconds=after.step_seconds, healthy_step_seconds=healthy,
+        before_step_seconds=before.step_seconds, after_step_seconds=after.step_seconds,
+        healthy_step_seconds=ref.seconds, healthy_from=ref.source,
+        step_to_healthy_ratio=None if ratio is None else round(ratio, 4),
         function=function, before_function_seconds=before.function_seconds,
         after_function_seconds=after.function_seconds, tolerance_ratio=TOLERANCE)
 
@@ -136,7 +222,8 @@ def healthy_step(diagnosis: Diagnosis) -> float | None:
 
 
 def verify_all(diagnosis: Diagnosis, outcomes: list[DraftOutcome], repo: Path, command: str, runner: Runner,
-               timeout: float, progress: Callable[[str], None] = lambda _s: None, runs: int = 3) -> list[DraftOutcome]:
+               timeout: float, progress: Callable[[str], None] = lambda _s: None, runs: int = 3,
+               detector: DetectorSteps | None = None) -> list[DraftOutcome]:
     """Re-run `command` on the unchanged repository once and `runs` times with each distinct code draft applied;
     each code outcome gets its Verification (also `verification.json` and a section of its change
     request)."""
@@ -144,7 +231,7 @@ def verify_all(diagnosis: Diagnosis, outcomes: list[DraftOutcome], repo: Path, c
     if not code:
         return outcomes
     out: dict[int, DraftOutcome] = {}
-    healthy = healthy_step(diagnosis)
+    reference = reference_steps(diagnosis, detector) if detector is not None else None
     with tempfile.TemporaryDirectory(prefix="eroica-verify-") as tmp:
         base = Path(tmp)
         progress(f"re-running `{command}` on the unchanged code")
@@ -154,7 +241,7 @@ def verify_all(diagnosis: Diagnosis, outcomes: list[DraftOutcome], repo: Path, c
             f = _finding(diagnosis, o)
             function = f.function if f is not None else None
             before = Measured(why=f"the run on the unchanged code failed: {failed}") if failed else \
-                measure(base / "before-run", o.ranks, function)
+                measure(base / "before-run", o.ranks, function, reference)
             patch = Path(o.directory) / "patch.diff"
             diff = patch.read_text()
             if diff not in after_runs:
@@ -165,9 +252,11 @@ def verify_all(diagnosis: Diagnosis, outcomes: list[DraftOutcome], repo: Path, c
                     run_dir = base / f"after-run-{k}-{i}"
                     after_runs[diff].append((run_dir, _run(runner, command, repo, base / f"after-{k}-{i}", run_dir,
                                                            timeout, patch)))
-            after = median_run([Measured(why=f"the run with the draft failed: {failed_after}") if failed_after else
-                                measure(run_dir, o.ranks, function) for run_dir, failed_after in after_runs[diff]])
-            v = judge(command, before, after, healthy or before.baseline_seconds, function, o.ranks)
+            after = median_run([Measured(why=f"the run with the draft failed: {failed_after}") if failed_after
+                                else measure(run_dir, o.ranks, function, reference)
+                                for run_dir, failed_after in after_runs[diff]])
+            v = judge(command, before, after, healthy_reference(diagnosis, before, after, reference), function,
+                      o.ranks)
             (Path(o.directory) / "verification.json").write_text(v.model_dump_json(indent=2) + "\n")
             _append(Path(o.directory) / "change_request.md", v)
             out[id(o)] = o.model_copy(update={"verification": v})
@@ -197,6 +286,7 @@ def _append(change_request: Path, v: Verification) -> None:
         lines.append(f"- Why not verified: {v.why}.")
     else:
         lines.append(f"- The step with the change is within {v.tolerance_ratio:.0%} of the healthy step.")
+    lines.append(f"- Healthy: {v.healthy_from}.")
     lines.append("- The numbers: `verification.json` beside this file.")
     text = change_request.read_text() if change_request.exists() else ""
     change_request.write_text(text.rstrip("\n") + "\n" + "\n".join(lines) + "\n")

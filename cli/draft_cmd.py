@@ -12,7 +12,7 @@ from pathlib import Path
 from eroica.assistant.backends import ModelSettings
 from eroica.assistant.draft import Options, draft_all, load_diagnosis, write_outcomes
 from eroica.assistant.redact import load_pattern_file
-from eroica.assistant.verify import Runner, link_verified, verify_all
+from eroica.assistant.verify import DetectorSteps, Runner, link_verified, verify_all
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,8 +103,12 @@ def run(args: argparse.Namespace) -> int:
         repo=args.repo, backend=args.backend, settings=settings, redact_patterns=patterns, validate=args.validate,
         validate_timeout_seconds=args.validate_timeout, sandboxed_validation=not args.unsandboxed_validation))
     if args.verify:
+        from eroica.collector.policy import TriggerPolicy
+        policy = TriggerPolicy.from_env()        # the re-runs' detector: they inherit this environment
         outcomes = verify_all(d, outcomes, args.repo, args.verify, runner(args.verify_window_step),
                               args.verify_timeout, runs=args.verify_runs,
+                              detector=DetectorSteps(policy.warmup_steps, policy.baseline_steps, policy.recent_steps,
+                                                     policy.lead_steps),
                               progress=lambda s: print(f"eroica draft: {s}", file=sys.stderr, flush=True))
         write_outcomes(args.output, outcomes)
         if args.link:

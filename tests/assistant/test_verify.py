@@ -8,7 +8,17 @@ from pathlib import Path
 
 from patterns_factory import make_doc, write_run
 
-from eroica.assistant.verify import Measured, judge, measure, median_run
+from eroica.assistant.verify import (
+    DetectorSteps,
+    Healthy,
+    Measured,
+    healthy_reference,
+    judge,
+    measure,
+    median_run,
+    reference_steps,
+)
+from eroica.schema.diagnosis import Diagnosis
 
 
 def _run(tmp: Path, step: float, data: float, trigger: str = "forced") -> Path:
@@ -26,6 +36,80 @@ def test_the_step_and_the_function_are_read_from_the_forced_window(tmp_path: Pat
     m = measure(_run(tmp_path, 0.16, 0.12), [1], "DataLoader.__next__")
     assert m.why is None and abs(m.step_seconds - 0.16) < 1e-9 and abs(m.function_seconds - 0.12) < 1e-9
     assert "opened no window" in (measure(tmp_path / "none", [1], None).why or "")
+
+
+def _series_run(tmp: Path, series: list[float], step: float) -> Path:
+    """A re-run whose forced window opened at step 50, after `series` (steps 2-49) on every rank."""
+    docs = []
+    for r in range(4):
+        d = make_doc(r, step=step, window="w000-s50")
+        docs.append(d.model_copy(update={
+            "window": d.window.model_copy(update={"trigger": "forced", "start_step": 50, "end_step": 60}),
+            "step_times": d.step_times.model_copy(update={"before_seconds": series})}))
+    return write_run(tmp, docs)
+
+
+def _diagnosis(first_window_step: int, healthy: float) -> Diagnosis:
+    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+    d = diagnose(Path(__file__).parents[2] / "incidents" / "INC-0001" / "patterns", DiagnoseOptions(in_process=True))
+    w = d.windows[0]
+    w = w.model_copy(update={"start_step": first_window_step,
+                             "steps": w.steps.model_copy(update={"before_median_seconds": healthy})})
+    return d.model_copy(update={"windows": [w]})
+
+
+DETECTOR = DetectorSteps(warmup_steps=10, baseline_steps=20, recent_steps=8, lead_steps=8)
+
+
+def test_each_re_run_is_judged_against_its_own_healthy_steps(tmp_path: Path) -> None:
+    # the job slowed at step 30; the diagnosed run's detector fired at 33 against steps 10-24 and its
+    # window opened at 41 (healthy 60 ms then). Runs differ as a whole: the unchanged re-run ran its
+    # healthy steps at 60 ms, the draft's three re-runs at 66, 60 and 70 ms, each window 4-6% above its own
+    diagnosis = _diagnosis(41, 0.060)
+    ref = reference_steps(diagnosis, DETECTOR)
+    assert ref == range(10, 25)
+
+    def run(name: str, healthy: float, window: float) -> Measured:
+        series = [0.5] * 8 + [healthy] * 20 + [window] * 20    # steps 2-9 warm-up, 10-29 healthy, 30-49 slow
+        m = measure(_series_run(tmp_path / name, series, window), [1], None, ref)
+        assert m.reference_seconds == healthy and m.step_seconds == window
+        return m
+
+    before = run("before", 0.060, 0.091)
+    after = median_run([run("a0", 0.066, 0.069), run("a1", 0.060, 0.063), run("a2", 0.070, 0.074)])
+    h = healthy_reference(diagnosis, before, after, ref)
+    assert h.paired and h.seconds == 0.066 and h.unchanged_seconds == 0.060
+    assert "steps 10-24" in h.source and "60 ms on the unchanged code" in h.source
+    v = judge("cmd", before, after, h, None, [1])
+    # the median window, 69 ms, is 15% above the unchanged run's healthy 60 ms: judged on its own, it fails
+    assert v.verified and v.healthy_from == h.source and v.step_to_healthy_ratio == 1.05, v   # the median run's 63/60
+    still_slow = median_run([run("s0", 0.060, 0.075), run("s1", 0.062, 0.077), run("s2", 0.058, 0.070)])
+    v = judge("cmd", before, still_slow, healthy_reference(diagnosis, before, still_slow, ref), None, [1])
+    assert not v.verified and "each re-run against its own" in (v.why or ""), v
+    # a draft that slows every step, before the onset too: its windows match its healthy steps, but
+    # those are 40% slower than the unchanged code's
+    slower = median_run([run(f"h{i}", 0.084, 0.086) for i in range(3)])
+    v = judge("cmd", before, slower, healthy_reference(diagnosis, before, slower, ref), None, [1])
+    assert not v.verified and "the draft slows the healthy job" in (v.why or ""), v
+    # too few reference steps: a window before the job got that far, or a short series
+    assert reference_steps(_diagnosis(30, 0.060), DETECTOR) is None
+    assert measure(_series_run(tmp_path / "short", [0.066] * 5, 0.07), [1], None, ref).reference_seconds is None
+
+
+def test_a_re_run_slow_from_its_first_step_never_makes_its_slow_steps_healthy(tmp_path: Path) -> None:
+    diagnosis = _diagnosis(41, 0.060)
+    ref = reference_steps(diagnosis, DETECTOR)
+    before = measure(_series_run(tmp_path / "before", [0.1] * 48, 0.1), [1], None, ref)      # slow throughout
+    after = measure(_series_run(tmp_path / "after", [0.1] * 48, 0.1), [1], None, ref)        # a draft that did nothing
+    h = healthy_reference(diagnosis, before, after, ref)
+    assert before.reference_seconds == 0.1 and not h.paired
+    assert h == Healthy(0.060, "the diagnosed run's steps before its slowdown")
+    assert not judge("cmd", before, after, h, None, [1]).verified
+
+
+def test_a_command_that_does_not_reproduce_the_slowdown_verifies_nothing() -> None:
+    v = judge("cmd", Measured(step_seconds=0.064), Measured(step_seconds=0.062), 0.060, None, [1])
+    assert not v.verified and "did not reproduce the slowdown" in (v.why or "") and "64 ms" in (v.why or "")
 
 
 def test_a_draft_that_leaves_the_job_slow_is_not_verified() -> None:
