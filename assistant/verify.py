@@ -182,11 +182,15 @@ def judge(command: str, before: Measured, after: Measured, healthy: float | Heal
     if why is None and not ref.paired and before.step_seconds is not None and ref.seconds is not None \
             and before.step_seconds <= ref.seconds * (1 + TOLERANCE):
         why = (f"the re-run on the unchanged code was not slow ({_ms(before.step_seconds)} against a healthy "
-               f"{_ms(ref.seconds)}): the command did not reproduce the slowdown, so the re-run with the draft shows "
-               "nothing")
-    if why is None and ratio is not None and ratio > 1 + TOLERANCE:
+               f"{_ms(ref.seconds)}, {ref.source}): the command did not reproduce the slowdown, or the healthy step "
+               "is a slow one (a window whose history already held the slowdown: draft from the earliest), so the "
+               "re-run with the draft shows nothing")
+    if why is None and ratio is not None and ratio > 1 + TOLERANCE and ref.paired:
+        why = (f"the re-runs with the draft ran their window {ratio - 1:.0%} above their own healthy steps (the median "
+               f"run; {_ms(after.step_seconds)} against {_ms(ref.seconds)} over all of them; at most {TOLERANCE:.0%})")
+    elif why is None and ratio is not None and ratio > 1 + TOLERANCE:
         why = (f"the step with the draft, {_ms(after.step_seconds)}, is {ratio - 1:.0%} above the healthy "
-               f"{_ms(ref.seconds)} (at most {TOLERANCE:.0%}{'; each re-run against its own' if ref.paired else ''})")
+               f"{_ms(ref.seconds)} (at most {TOLERANCE:.0%})")
     if why is None and ref.paired and ref.seconds is not None and ref.unchanged_seconds \
             and ref.seconds > ref.unchanged_seconds * (1 + HARM):
         why = (f"with the draft the steps before the slowdown's onset ran {ref.seconds / ref.unchanged_seconds - 1:.0%}"
