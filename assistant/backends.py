@@ -34,7 +34,7 @@ class CodeAction(NamedTuple):
 CODE_ACTIONS: dict[str, CodeAction] = {
     "dataloader_kwargs": CodeAction(targets.loader, lambda text, c, p: edits.loader_kwargs(
         text, c, int(p.get("num_workers", 4)), int(p.get("prefetch_factor", 4)), pin="cuda" in text)),
-    "balanced_sampler": CodeAction(targets.loader, lambda text, c, p: edits.balanced_sampler(text, c)),
+    "balanced_sampler": CodeAction(targets.sampler, lambda text, c, p: edits.balanced_sampler(text, c)),
     "gc_freeze": CodeAction(targets.loop, lambda text, c, p: edits.gc_freeze(
         text, c, int(p.get("gen0_threshold", 50_000)))),
     "anomaly_off": CodeAction(targets.anomaly, lambda text, c, p: edits.anomaly_off(text, c)),

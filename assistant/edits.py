@@ -14,7 +14,7 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from eroica.assistant.targets import Candidate, callee
+from eroica.assistant.targets import SAMPLERS, Candidate, callee
 
 
 class NotDrafted(Exception):
@@ -146,12 +146,22 @@ def loader_kwargs(text: str, target: Candidate, workers: int, prefetch: int, pin
 
 
 def balanced_sampler(text: str, target: Candidate) -> str:
-    """The same work per rank per step: a Trainer buckets its samples by length. At the same batch size a
-    rank with more work per step holds longer (or bigger) samples, so equalizing sample counts
-    (DistributedSampler, drop_last) would change nothing; for a plain DataLoader a person chooses the
-    bucketing (a length-grouped batch sampler, a token budget per batch): nothing is drafted."""
+    """The same work per rank per step. A DistributedSampler with `shuffle=False` fixes each rank's shard
+    by index (rank r takes samples r, r+W, r+2W, ...): any period in the dataset's order that matches the
+    world size (sources interleaved round-robin, one of them longer) lands on one rank every step, the
+    persistent single-rank skew the finding shows; shuffling spreads it. A Trainer buckets its samples by
+    length. Otherwise: at the same batch size a rank with more work per step holds longer (or bigger)
+    samples, so equalizing sample counts (drop_last) would change nothing; for a plain DataLoader a person
+    chooses the bucketing (a length-grouped batch sampler, a token budget per batch): nothing is drafted."""
     def fix(n: cst.CSTNode) -> cst.CSTNode:
         assert isinstance(n, cst.Call)
+        if callee(n) in SAMPLERS:
+            shuffle = next((a.value for a in n.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
+            if not (isinstance(shuffle, cst.Name) and shuffle.value == "False"):
+                raise NotDrafted("the data loader's DistributedSampler already shuffles (or its shuffle is computed): "
+                                 "its shards are not fixed by index; bucket the samples by length or cap the tokens "
+                                 "per batch, which a person must choose")
+            return set_kwargs(n, {"shuffle": "True"}, lambda k, o: "True")
         if callee(n) != "TrainingArguments":
             raise NotDrafted("at the same batch size, a rank with more work per step holds longer or bigger samples: "
                              "equal sample counts (DistributedSampler, drop_last) would not balance them; bucket "
@@ -159,7 +169,9 @@ def balanced_sampler(text: str, target: Candidate) -> str:
         kv = ("train_sampling_strategy", '"group_by_length"') if _transformers_major() >= 5 else \
             ("group_by_length", "True")
         return set_kwargs(n, dict([kv]), lambda k, o: kv[1])
-    return edit_at(text, target, cst.Call, fix, _loader_call).code
+    # a sampler inline in the loader's call starts on the loader's line: the sampler is the one located
+    calls = SAMPLERS if any(f"{s}(" in target.text for s in SAMPLERS) else LOADER_CALLS
+    return edit_at(text, target, cst.Call, fix, lambda n: isinstance(n, cst.Call) and callee(n) in calls).code
 
 
 def _transformers_major() -> int:

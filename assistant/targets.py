@@ -175,6 +175,40 @@ def loader(repo: Path, f: Finding) -> Target:
     return choose("loader", cands, resolve_site(repo, f.sites.get("loader")), "data loader")
 
 
+SAMPLERS = ("DistributedSampler",)
+
+
+def sampler(repo: Path, f: Finding) -> Target:
+    """Where the located data loader's samples are sharded: the DistributedSampler passed as its
+    `sampler=` (inline, or the variable's last assignment above the loader in its file). Else the loader
+    itself (a Trainer's TrainingArguments, or a loader that shards some other way)."""
+    found = loader(repo, f)
+    c = found.found
+    parsed = parse(repo, c.file) if c is not None else None
+    if c is None or parsed is None:
+        return found
+    _wrapper, start, end = parsed
+    lines = (repo / c.file).read_text().splitlines()
+    call = next((n for n, s in start.items() if s == c.line and isinstance(n, cst.Call) and callee(n) == "DataLoader"),
+                None)
+    arg = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "sampler"),
+               None) if call is not None else None
+    node: cst.CSTNode | None = None
+    if isinstance(arg, cst.Call) and callee(arg) in SAMPLERS:
+        node = arg
+    elif isinstance(arg, cst.Name):
+        assigned = [n.value for n, s in start.items() if isinstance(n, cst.Assign) and s < c.line
+                    and any(isinstance(t.target, cst.Name) and t.target.value == arg.value for t in n.targets)]
+        last = max(assigned, key=lambda v: start[v], default=None)
+        if isinstance(last, cst.Call) and callee(last) in SAMPLERS:
+            node = last
+    if node is None:
+        return found
+    s = start[node]
+    here = Candidate(c.file, s, end[node], lines[s - 1].strip())
+    return Target("sampler", here, f"the sampler of the data loader at {c}: {found.why}", [here])
+
+
 def _calls_step(node: cst.CSTNode) -> bool:
     found = False
 

@@ -122,6 +122,53 @@ def test_a_length_imbalance_never_gets_drop_last_and_a_trainer_buckets_by_length
     assert "group_by_length" in out and "drop_last" not in out
 
 
+def test_an_unshuffled_distributed_sampler_is_shuffled_where_the_loader_takes_it(tmp_path: Path) -> None:
+    """A persistent single-rank skew and a loader whose DistributedSampler(shuffle=False) fixes each
+    rank's shard by index: the draft shuffles that sampler (found through the loader's `sampler=`), on
+    its own line only; a sampler that already shuffles, or a loader sharded some other way, gets none."""
+    import difflib
+    import shutil
+
+    import pytest
+
+    from eroica.assistant.edits import NotDrafted, balanced_sampler
+
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "tests" / "e2e" / "verify_repos" / "interleaved_sources", repo)
+    text = (repo / "train.py").read_text()
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines, 1) if "loader = DataLoader(" in line)
+    f = finding("INC-0003", "workload_imbalance")
+    f = f.model_copy(update={"sites": {"loader": f"/job/train.py:{at} < /job/train.py:70"}})
+    t = targets.sampler(repo, f)
+    assert t.kind == "sampler" and t.found is not None, t
+    assert lines[t.found.line - 1].strip().startswith("sampler = DistributedSampler("), t
+    assert f"train.py:{at}" in t.why
+    out = balanced_sampler(text, t.found)
+    changed = [ln for ln in difflib.unified_diff(text.splitlines(), out.splitlines(), lineterm="", n=0)
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    new = "+    sampler = DistributedSampler(corpus, num_replicas=world, rank=rank, shuffle=True)"
+    assert changed == [f"-{lines[t.found.line - 1]}", new], changed
+    # inline in the loader's call
+    inline = text.replace("sampler=sampler,", "sampler=DistributedSampler(corpus, shuffle=False),")
+    (repo / "train.py").write_text(inline)
+    t = targets.sampler(repo, f)
+    assert t.kind == "sampler" and t.found is not None and t.found.line == at
+    assert "sampler=DistributedSampler(corpus, shuffle=True)," in balanced_sampler(inline, t.found)
+    # already shuffled: nothing to draft; a loader without a DistributedSampler: the loader, no draft
+    shuffled = text.replace(", shuffle=False)", ")")
+    (repo / "train.py").write_text(shuffled)
+    t = targets.sampler(repo, f)
+    with pytest.raises(NotDrafted, match="already shuffles"):
+        balanced_sampler(shuffled, t.found)  # type: ignore[arg-type]
+    plain = text.replace("sampler=sampler,", "shuffle=False,")
+    (repo / "train.py").write_text(plain)
+    t = targets.sampler(repo, f)
+    assert t.kind == "loader" and t.found is not None and t.found.line == at
+    with pytest.raises(NotDrafted, match="bucket the samples by length"):
+        balanced_sampler(plain, t.found)
+
+
 def test_a_cause_no_template_fixes_sends_the_model_the_loop_and_the_recorded_stack() -> None:
     """unknown (time no recorded function held) and transient_stall have no template: the model gets
     the code the evidence points at (the training loop here) and each recorded stack's frames in the

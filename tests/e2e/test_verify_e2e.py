@@ -24,7 +24,11 @@ call, and the re-run verifies it.
 A fifth saves a resume checkpoint with torch.save after every step, each rank to its own node-local
 volume; rank 1's is slow (a loop-device volume whose writes a blkio cgroup caps): slow_storage in
 save_checkpoint on rank 1; the draft serializes in the step and writes in the background, and the
-re-run verifies it."""
+re-run verifies it.
+
+A sixth shards a corpus of four interleaved sources, one of long documents, with an unshuffled
+DistributedSampler; from step 30 the corpus is written round-robin, so rank 1 gets every long document
+every step: workload_imbalance on rank 1; the draft shuffles that sampler, and the re-run verifies it."""
 
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ METRICS = Path(__file__).parent / "verify_repos" / "blocking_metrics"
 INDEX = Path(__file__).parent / "verify_repos" / "metadata_index"
 ANOMALY = Path(__file__).parent / "verify_repos" / "anomaly_debug"
 CHECKPOINT = Path(__file__).parent / "verify_repos" / "local_checkpoint"
+INTERLEAVED = Path(__file__).parent / "verify_repos" / "interleaved_sources"
 WRITE_CAP = 16 * 1024 * 1024      # bytes/s to rank 1's volume: its 0.5 MB checkpoint takes ~33 ms to write
 TORCHRUN = f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc-per-node 4 train.py"
 JOB = "verify-slow-reads"
@@ -171,6 +176,15 @@ def test_anomaly_detection_left_on_is_turned_off_and_verified(tmp_path: Path, ca
         monkeypatch, capsys)
     assert "-            torch.autograd.set_detect_anomaly(True)" in diff, diff
     assert "set_detect_anomaly(True)" in (tmp_path / "repo" / "train.py").read_text()   # the user's code is untouched
+
+
+def test_a_shard_fixed_by_index_is_shuffled_and_verified(tmp_path: Path, capsys,  # type: ignore[no-untyped-def]
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    _v, _why, diff = run_diagnose_and_verify(tmp_path, INTERLEAVED, "workload_imbalance", lambda f: True,
+                                             monkeypatch, capsys)
+    assert "-    sampler = DistributedSampler(corpus, num_replicas=world, rank=rank, shuffle=False)" in diff, diff
+    assert "+    sampler = DistributedSampler(corpus, num_replicas=world, rank=rank, shuffle=True)" in diff, diff
+    assert "shuffle=False)" in (tmp_path / "repo" / "train.py").read_text()         # the user's code is untouched
 
 
 @pytest.mark.skipif(volume.unavailable() is not None, reason=str(volume.unavailable()))
