@@ -180,8 +180,9 @@ SAMPLERS = ("DistributedSampler",)
 
 def sampler(repo: Path, f: Finding) -> Target:
     """Where the located data loader's samples are sharded: the DistributedSampler passed as its
-    `sampler=` (inline, or the variable's last assignment above the loader in its file). Else the loader
-    itself (a Trainer's TrainingArguments, or a loader that shards some other way)."""
+    `sampler=` (inline, or the variable's last assignment above the loader in its function). Else the
+    loader itself (a Trainer's TrainingArguments, a sampler passed in, or a loader that shards some other
+    way)."""
     found = loader(repo, f)
     c = found.found
     parsed = parse(repo, c.file) if c is not None else None
@@ -197,8 +198,14 @@ def sampler(repo: Path, f: Finding) -> Target:
     if isinstance(arg, cst.Call) and callee(arg) in SAMPLERS:
         node = arg
     elif isinstance(arg, cst.Name):
-        assigned = [n.value for n, s in start.items() if isinstance(n, cst.Assign) and s < c.line
-                    and any(isinstance(t.target, cst.Name) and t.target.value == arg.value for t in n.targets)]
+        # in the loader's own function (a sampler of the same name in another function is another loader's)
+        scope = min((n for n, s in start.items() if isinstance(n, cst.FunctionDef) and s <= c.line <= end[n]),
+                    key=lambda n: end[n] - start[n], default=None)
+        lo, hi = (start[scope], end[scope]) if scope is not None else (1, c.line)
+        assigned = [n.value for n, s in start.items() if isinstance(n, cst.Assign) and lo <= s < c.line <= hi
+                    and any(isinstance(t.target, cst.Name) and t.target.value == arg.value for t in n.targets)
+                    and (scope is not None or not any(isinstance(d, cst.FunctionDef) and start[d] <= s <= end[d]
+                                                      for d in start))]
         last = max(assigned, key=lambda v: start[v], default=None)
         if isinstance(last, cst.Call) and callee(last) in SAMPLERS:
             node = last

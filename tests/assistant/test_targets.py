@@ -155,6 +155,17 @@ def test_an_unshuffled_distributed_sampler_is_shuffled_where_the_loader_takes_it
     t = targets.sampler(repo, f)
     assert t.kind == "sampler" and t.found is not None and t.found.line == at
     assert "sampler=DistributedSampler(corpus, shuffle=True)," in balanced_sampler(inline, t.found)
+    # a sampler passed in from elsewhere, with an eval loader's unshuffled sampler of the same name in
+    # another function above: that one is not this loader's, so the loader itself is the target
+    passed = text.replace("def main() -> None:", "def evaluation(corpus):\n"
+                          "    sampler = DistributedSampler(corpus, shuffle=False)\n"
+                          "    return DataLoader(corpus, sampler=sampler)\n\n\n"
+                          "def main(sampler=None) -> None:").replace(
+        "    sampler = DistributedSampler(corpus, num_replicas=world, rank=rank, shuffle=False)\n", "")
+    (repo / "train.py").write_text(passed)
+    at_passed = next(i for i, line in enumerate(passed.splitlines(), 1) if "loader = DataLoader(" in line)
+    t = targets.sampler(repo, f.model_copy(update={"sites": {"loader": f"/job/train.py:{at_passed}"}}))
+    assert t.kind == "loader" and t.found is not None and t.found.line == at_passed, t
     # already shuffled: nothing to draft; a loader without a DistributedSampler: the loader, no draft
     shuffled = text.replace(", shuffle=False)", ")")
     (repo / "train.py").write_text(shuffled)
