@@ -199,13 +199,14 @@ def sampler(repo: Path, f: Finding) -> Target:
         node = arg
     elif isinstance(arg, cst.Name):
         # in the loader's own function (a sampler of the same name in another function is another loader's)
-        scope = min((n for n, s in start.items() if isinstance(n, cst.FunctionDef) and s <= c.line <= end[n]),
-                    key=lambda n: end[n] - start[n], default=None)
-        lo, hi = (start[scope], end[scope]) if scope is not None else (1, c.line)
-        assigned = [n.value for n, s in start.items() if isinstance(n, cst.Assign) and lo <= s < c.line <= hi
+        defs = [n for n in start if isinstance(n, cst.FunctionDef)]
+
+        def function_of(line: int) -> cst.CSTNode | None:
+            return min((d for d in defs if start[d] <= line <= end[d]), key=lambda d: end[d] - start[d], default=None)
+        home = function_of(c.line)
+        assigned = [n.value for n, s in start.items() if isinstance(n, cst.Assign) and s < c.line
                     and any(isinstance(t.target, cst.Name) and t.target.value == arg.value for t in n.targets)
-                    and (scope is not None or not any(isinstance(d, cst.FunctionDef) and start[d] <= s <= end[d]
-                                                      for d in start))]
+                    and function_of(s) is home]
         last = max(assigned, key=lambda v: start[v], default=None)
         if isinstance(last, cst.Call) and callee(last) in SAMPLERS:
             node = last

@@ -41,7 +41,7 @@ from pathlib import Path
 from eroica.assistant.gate import scratch_copy
 from eroica.assistant.models import DraftOutcome, Verification
 from eroica.engine.columns import merged_key
-from eroica.schema.diagnosis import Diagnosis, Finding
+from eroica.schema.diagnosis import Diagnosis, Finding, WindowDiagnosis
 from eroica.schema.files import RANK_FILE
 from eroica.schema.patterns import PatternsDoc
 
@@ -78,8 +78,7 @@ def reference_steps(diagnosis: Diagnosis, policy: DetectorSteps) -> range | None
     earliest window (the one `healthy_step` reads), `lead_steps` before the window's first step: the
     `baseline_steps` before the `recent_steps` it judged (where the slowdown began), none of them
     warm-up. None when fewer than 8 such steps exist."""
-    first = next((w for w in sorted(diagnosis.windows, key=lambda w: w.start_step) if w.steps.before_median_seconds),
-                 None)
+    first = _earliest_with_history(diagnosis)
     if first is None:
         return None
     hi = first.start_step - policy.lead_steps - policy.recent_steps
@@ -216,13 +215,16 @@ def _finding(diagnosis: Diagnosis, o: DraftOutcome) -> Finding | None:
     return None
 
 
+def _earliest_with_history(diagnosis: Diagnosis) -> WindowDiagnosis | None:
+    """The run's earliest window that has a history (a later window's history already holds the slow steps)."""
+    return next((w for w in sorted(diagnosis.windows, key=lambda w: w.start_step) if w.steps.before_median_seconds),
+                None)
+
+
 def healthy_step(diagnosis: Diagnosis) -> float | None:
-    """The job's step before its slowdown: the history of the run's earliest window that has one (a
-    later window's history already holds the slow steps)."""
-    for w in sorted(diagnosis.windows, key=lambda w: w.start_step):
-        if w.steps.before_median_seconds:
-            return w.steps.before_median_seconds
-    return None
+    """The job's step before its slowdown: the history of the run's earliest window that has one."""
+    first = _earliest_with_history(diagnosis)
+    return first.steps.before_median_seconds if first is not None else None
 
 
 def verify_all(diagnosis: Diagnosis, outcomes: list[DraftOutcome], repo: Path, command: str, runner: Runner,
