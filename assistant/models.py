@@ -58,9 +58,9 @@ def load_remediations(directory: Path) -> dict[str, Remediation]:
 
 class Verification(Frozen):
     """What re-running the job measured with a draft applied, beside the same command on the unchanged
-    code (`eroica draft --verify CMD`). Step: the median of every rank's steps in the re-run's window
-    (the median re-run's); healthy: the job's step before the slowdown (assistant/verify.py says where
-    it is measured)."""
+    code (`eroica draft --verify CMD`). Step: the median of every rank's steps from the slowdown's onset
+    on outside every profiling window (else in the re-run's window), the median re-run's; healthy: the
+    job's step before the slowdown (assistant/verify.py says where each is measured)."""
 
     verified: bool
     command: str
@@ -70,6 +70,7 @@ class Verification(Frozen):
     after_step_seconds: float | None = None
     healthy_step_seconds: float | None = None
     healthy_from: str = ""                     # where the healthy step was measured
+    step_from: str = ""                        # which steps of the re-runs the step is the median of
     step_to_healthy_ratio: float | None = None  # what the verdict judged (paired: the median run's own ratio)
     function: str | None = None
     before_function_seconds: float | None = None   # the finding's function on its ranks, per step

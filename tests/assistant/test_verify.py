@@ -17,6 +17,7 @@ from eroica.assistant.verify import (
     measure,
     median_run,
     reference_steps,
+    slow_from,
 )
 from eroica.schema.diagnosis import Diagnosis
 
@@ -94,6 +95,30 @@ def test_each_re_run_is_judged_against_its_own_healthy_steps(tmp_path: Path) -> 
     # too few reference steps: a window before the job got that far, or a short series
     assert reference_steps(_diagnosis(30, 0.060), DETECTOR) is None
     assert measure(_series_run(tmp_path / "short", [0.066] * 5, 0.07), [1], None, ref).reference_seconds is None
+
+
+def test_the_step_is_judged_outside_the_profiling_windows(tmp_path: Path) -> None:
+    # the draft fixed the slowdown: its steps after the onset run at the healthy 60 ms, but the forced
+    # window's profiled steps cost 12% more (the profiler's per-op cost); the unchanged re-run's own
+    # detector profiled steps 41-60, so its slow stretch outside windows is steps 33-40
+    diagnosis = _diagnosis(41, 0.060)
+    ref, slow = reference_steps(diagnosis, DETECTOR), slow_from(diagnosis, DETECTOR)
+    assert slow == 33
+    after = measure(_series_run(tmp_path / "after", [0.5] * 8 + [0.060] * 40, 0.0672), [1], None, ref, slow)
+    assert after.step_seconds == 0.060 and after.step_from == "steps 33-49 outside windows", after
+    assert measure(_series_run(tmp_path / "after", [0.5] * 8 + [0.060] * 40, 0.0672), [1], None,
+                   ref).step_seconds == 0.0672                     # no firing step known: the window's own
+    before_run = _series_run(tmp_path / "before", [0.5] * 8 + [0.060] * 23 + [0.090] * 17, 0.1)
+    for r in range(4):                                              # its detector's window, steps 41-60
+        d = make_doc(r, step=0.1, window="w000-s41")
+        d = d.model_copy(update={"window": d.window.model_copy(update={"trigger": "detector", "start_step": 41,
+                                                                       "end_step": 61})})
+        write_run(before_run, [d])
+    before = measure(before_run, [1], None, ref, slow)
+    assert before.step_from == "the window" and before.step_seconds == 0.1   # 33-39: too few steps outside windows
+    after = median_run([after] * 3)
+    v = judge("cmd", before, after, healthy_reference(diagnosis, before, after, ref), None, [1])
+    assert v.verified and v.step_to_healthy_ratio == 1.0 and v.step_from == "steps 33-49 outside windows", v
 
 
 def test_a_re_run_slow_from_its_first_step_never_makes_its_slow_steps_healthy(tmp_path: Path) -> None:
