@@ -20,7 +20,7 @@ since a draft could slow every step alike, before the onset too, its re-runs' he
 be slower than the unchanged code's by more than HARM (twice the tolerance: the spread between runs).
 The step those are judged on is every rank's steps from the step the diagnosed run's detector fired at
 up to the re-run's forced window, less any step a window profiled: a window's steps carry the
-profiler's cost (per op, so 5-10% of the step on a model of many small ops, more on a slower host) and
+profiler's cost (per op, so most on a model of many small ops and a slow host: docs/benchmarks.md) and
 the healthy steps do not; the window's own steps only when fewer than 8 such steps were recorded.
 Else healthy is the diagnosed run's history (the earliest window's `steps.before_median_seconds`),
 else the unchanged re-run's detector baseline, and a draft is not verified when the unchanged re-run
@@ -124,7 +124,7 @@ def measure(run_dir: Path, ranks: list[int], function: str | None, reference: ra
         fn = max(per_rank) if per_rank else None
     ref = _median_at(chosen, reference, set())
     # the step from the onset on, outside every window of the run: a window's steps carry the profiler's
-    # cost (per op: on a model of many small ops, 5-10% of the step) and the healthy steps do not
+    # cost (per op, so most on a model of many small ops) and the healthy steps do not
     slow = range(slow_from_step, chosen[0].window.start_step) if slow_from_step is not None else None
     profiled = {s for ds in docs if ds for s in range(ds[0].window.start_step - 1, ds[0].window.end_step + 1)}
     unprofiled = _median_at(chosen, slow, profiled)
