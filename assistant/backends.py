@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from eroica.assistant import edits, targets
 from eroica.assistant.errors import BackendConfigError
 from eroica.assistant.gate import Scope
-from eroica.assistant.models import ConfigEdit, Proposal, Remediation
+from eroica.assistant.models import ConfigEdit, ModelReply, Proposal, Remediation
 from eroica.assistant.redact import Redactor
 from eroica.schema.diagnosis import Finding
 
@@ -168,37 +168,61 @@ def _where(repo: Path | None, key: str) -> str | None:
 
 SYSTEM = (
     "You draft fixes for slow distributed training jobs. Reply with one JSON object only: "
-    '{"kind": "diff" | "config" | "none", "diff": "<unified diff with a/ and b/ paths, or empty>", '
-    '"config": [{"key": "...", "before": "...", "after": "..."}], "rationale": "<one sentence>"}. '
-    "Change only the code shown; never add network calls, subprocesses or secrets."
+    '{"kind": "edit" | "config" | "none", "edits": [{"start_line": <first line replaced>, "end_line": <last line '
+    'replaced>, "replacement": "<the new text of those lines, indented as the code is, without line numbers; '
+    'empty deletes them>"}], "config": [{"key": "...", "before": "...", "after": "..."}], '
+    '"rationale": "<one sentence>"}. '
+    "Change only the target lines; never add network calls, subprocesses or secrets."
 )
+#: one edit of the target's lines is the smallest change the prompt asks for (a small model otherwise
+#: writes several overlapping ones); a config change may name every setting the finding names
+MAX_EDITS = 1
+_EDIT = {"type": "object",
+         "properties": {"start_line": {"type": "integer"}, "end_line": {"type": "integer"},
+                        "replacement": {"type": "string"}},
+         "required": ["start_line", "end_line", "replacement"], "additionalProperties": False}
+_CONFIG = {"type": "object",
+           "properties": {"key": {"type": "string"}, "before": {"type": "string"}, "after": {"type": "string"}},
+           "required": ["key", "before", "after"], "additionalProperties": False}
 
 
-#: the reply's JSON schema, which the server enforces while the model writes (llama.cpp compiles it to
-#: a grammar): even a small model's reply parses, and the gate judges what it says
-PROPOSAL_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "kind": {"type": "string", "enum": ["diff", "config", "none"]},
-        "diff": {"type": "string"},
-        "config": {"type": "array", "items": {
-            "type": "object",
-            "properties": {"key": {"type": "string"}, "before": {"type": "string"}, "after": {"type": "string"}},
-            "required": ["key", "before", "after"], "additionalProperties": False}},
-        "rationale": {"type": "string"},
-    },
-    "required": ["kind", "diff", "config", "rationale"],
-    "additionalProperties": False,
-}
+def reply_schema(ctx: Context | None = None) -> dict[str, Any]:
+    """The reply's JSON schema (a ModelReply), which the server enforces while the model writes (llama.cpp
+    compiles it to a grammar): even a small model's reply parses. With a located target, an edit's line
+    numbers may only be the target's lines and a config key only one the finding names, so what reaches
+    the gate is judged on what it changes, not on where it points."""
+    edit, config = json.loads(json.dumps(_EDIT)), json.loads(json.dumps(_CONFIG))
+    edits: dict[str, Any] = {"type": "array", "items": edit, "maxItems": MAX_EDITS}
+    configs: dict[str, Any] = {"type": "array", "items": config}
+    if ctx is not None:
+        t = ctx.target
+        if t is not None and t.found is not None:
+            lines = list(range(t.found.line, t.found.end_line + 1))
+            edit["properties"]["start_line"] = edit["properties"]["end_line"] = {"type": "integer", "enum": lines}
+        else:
+            edits["maxItems"] = 0
+        keys = sorted({s.key for s in ctx.finding.settings})
+        if keys:
+            config["properties"]["key"] = {"type": "string", "enum": keys}
+            configs["maxItems"] = len(keys)
+        else:
+            configs["maxItems"] = 0
+    return {"type": "object",
+            "properties": {"kind": {"type": "string", "enum": ["edit", "config", "none"]}, "edits": edits,
+                           "config": configs, "rationale": {"type": "string"}},
+            "required": ["kind", "edits", "config", "rationale"], "additionalProperties": False}
+
+
 RESPONSE_FORMATS = ("json_schema", "json_object")
 
 
-def response_format(kind: str) -> dict[str, Any]:
+def response_format(kind: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
     """OpenAI's form (`json_schema`: hosted APIs, vLLM, llama-server), or `json_object` with the schema
     beside it (llama-cpp-python's server, which refuses the other)."""
+    schema = schema if schema is not None else reply_schema()
     if kind == "json_object":
-        return {"type": "json_object", "schema": PROPOSAL_SCHEMA}
-    return {"type": "json_schema", "json_schema": {"name": "proposal", "strict": True, "schema": PROPOSAL_SCHEMA}}
+        return {"type": "json_object", "schema": schema}
+    return {"type": "json_schema", "json_schema": {"name": "proposal", "strict": True, "schema": schema}}
 
 
 @dataclass
@@ -246,8 +270,9 @@ def prompt(ctx: Context, redact: Redactor) -> str:
     if t is not None and t.found is not None and ctx.repo is not None:
         lines = edits.read(ctx.repo, t.found.file).splitlines()
         lo, hi = max(t.found.line - 8, 1), min(t.found.end_line + 8, len(lines))
-        parts += [f"Change only lines {t.found.line}-{t.found.end_line} of {t.found.file} (the target); the diff "
-                  f"must use a/{t.found.file} and b/{t.found.file}. Lines {lo}-{hi}:", "```python",
+        parts += [f"Change only lines {t.found.line}-{t.found.end_line} of {t.found.file} (the target): reply with "
+                  "edits that replace whole lines by their numbers (the numbers are not part of the code). "
+                  f"Lines {lo}-{hi}:", "```python",
                   *(f"{i}: {lines[i - 1]}" for i in range(lo, hi + 1)), "```"]
     return redact("\n".join(parts))
 
@@ -271,7 +296,7 @@ def llm(ctx: Context, settings: ModelSettings, redact: Redactor) -> Proposal:
                         max_retries=0)
         resp = client.chat.completions.create(  # type: ignore[call-overload]
             model=settings.model, temperature=0, seed=0, max_tokens=settings.max_tokens,
-            response_format=response_format(settings.response_format),
+            response_format=response_format(settings.response_format, reply_schema(ctx)),
             messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": ctx.sent}])
         text = _content(resp).strip()
         cut = getattr(resp.choices[0], "finish_reason", None) == "length"
@@ -282,9 +307,44 @@ def llm(ctx: Context, settings: ModelSettings, redact: Redactor) -> Proposal:
                         f"EROICA_LLM_MAX_TOKENS) before it was complete; it began: {text[:200]!r}")
     if text.startswith("```"):
         text = text.strip("`").removeprefix("json").strip()
-    try:   # strict=False: a raw newline inside a string (a small model's diff) is still the schema's form
-        return Proposal.model_validate(json.loads(text, strict=False))
+    try:   # strict=False: a raw newline inside a string (a small model's code) is still the schema's form
+        reply = ModelReply.model_validate(json.loads(text, strict=False))
     except (json.JSONDecodeError, ValidationError, TypeError) as exc:
         why = str(exc).splitlines()[0][:120]
         return Proposal(kind="none", rationale=f"the model's reply was not the structured form ({why}); "
                         f"it began: {text[:300]!r}")
+    return proposal_of(reply, ctx)
+
+
+NUMBERED = re.compile(r"^\d+: ?")
+
+
+def proposal_of(reply: ModelReply, ctx: Context) -> Proposal:
+    """A model's reply as a Proposal: its line edits applied to the target's file, as a unified diff for
+    the gate (which judges scope, compilation and validation). Lines copied with the prompt's numbers
+    lose them (`47:     x = 1` is no Python line)."""
+    if reply.kind != "edit":
+        return Proposal(kind=reply.kind, config=reply.config, rationale=reply.rationale)
+    t = ctx.target
+    if ctx.repo is None or t is None or t.found is None:
+        return Proposal(kind="none", rationale="the model's reply edits lines, but no target was located")
+    if not reply.edits:
+        return Proposal(kind="none", rationale="the model's reply is an edit with no lines")
+    text = edits.read(ctx.repo, t.found.file)
+    lines = text.splitlines(keepends=True)
+    spans = sorted(reply.edits, key=lambda e: e.start_line)
+    for e in spans:
+        if not 1 <= e.start_line <= e.end_line <= len(lines):
+            return Proposal(kind="none", rationale=f"the model's reply edits lines {e.start_line}-{e.end_line}, "
+                            f"not lines of {t.found.file} ({len(lines)} lines)")
+    for a, b in zip(spans, spans[1:]):
+        if b.start_line <= a.end_line:
+            return Proposal(kind="none", rationale=f"the model's reply edits lines {a.start_line}-{a.end_line} and "
+                            f"{b.start_line}-{b.end_line}, which overlap")
+    for e in reversed(spans):
+        new = e.replacement.splitlines()
+        if new and all(NUMBERED.match(ln) for ln in new if ln.strip()):
+            new = [NUMBERED.sub("", ln, count=1) for ln in new]
+        lines[e.start_line - 1:e.end_line] = [ln + "\n" for ln in new]
+    return Proposal(kind="diff", rationale=reply.rationale,
+                    diff=edits.unified_diff(t.found.file, text, "".join(lines)))

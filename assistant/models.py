@@ -32,6 +32,27 @@ class Proposal(Frozen):
     rationale: str = ""
 
 
+class LineEdit(Frozen):
+    """A model's edit: lines `start_line`-`end_line` of the target's file (1-based, inclusive) become
+    `replacement` (empty: they are deleted). Line numbers, not a diff: a model copies numbered lines
+    far more reliably than it writes hunk headers, and the server's schema holds the numbers to the
+    target's lines."""
+
+    start_line: int
+    end_line: int
+    replacement: str
+
+
+class ModelReply(Frozen):
+    """What a model replies (the schema the server enforces): line edits to the target, a config
+    change, or nothing and a next step. The backend turns edits into the Proposal's diff."""
+
+    kind: Literal["edit", "config", "none"]
+    edits: list[LineEdit] = Field(default_factory=list)
+    config: list[ConfigEdit] = Field(default_factory=list)
+    rationale: str = ""
+
+
 class Remediation(Frozen):
     """A remediation template from knowledge/remediations/<id>.yaml (SRE-authored data)."""
 

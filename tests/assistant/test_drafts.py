@@ -3,10 +3,12 @@ server on 127.0.0.1 that replays recorded model replies (good, malformed, unsafe
 
 from __future__ import annotations
 
+import difflib
 import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -151,14 +153,20 @@ def test_the_openai_backend_ends_in_a_valid_draft_or_a_recorded_refusal(tmp_path
     (o,) = draft_all(d, good, r)
     good_diff = (Path(o.directory) / "patch.diff").read_text()
     text = (r / "train.py").read_text()
-    shell = good_diff.replace("persistent_workers=True", "persistent_workers=__import__('os').system('id') or True")
-    unrelated = good_diff.replace("a/train.py", "a/README.md").replace("b/train.py", "b/README.md")
+    fixed = _applied(r, good_diff)
+    good = _edits(text, fixed)
+    # the model copies the prompt's numbered lines: the numbers are dropped, the same draft results
+    numbered = [{**e, "replacement": "\n".join(f"{e['start_line'] + i}: {ln}" for i, ln in
+                                               enumerate(e["replacement"].splitlines()))} for e in good]
+    shell = [{**e, "replacement": e["replacement"].replace(
+        "persistent_workers=True", "persistent_workers=__import__('os').system('id') or True")} for e in good]
+    outside = [{"start_line": 1, "end_line": 1, "replacement": "import os"}]     # what no server enforced
     Replay.replies = [
-        (200, json.dumps({"kind": "diff", "diff": good_diff, "rationale": "workers and prefetch"}), 0.0),
+        (200, json.dumps({"kind": "edit", "edits": numbered, "rationale": "workers and prefetch"}), 0.0),
         (200, "Sure! Here is a fix: add more workers.", 0.0),                         # not the structured form
-        (200, json.dumps({"kind": "diff", "diff": shell}), 0.0),                        # a shell-out
-        (200, json.dumps({"kind": "diff", "diff": unrelated}), 0.0),                    # another file
-        (200, json.dumps({"kind": "diff", "diff": good_diff}), 3.0),                    # too slow
+        (200, json.dumps({"kind": "edit", "edits": shell}), 0.0),                       # a shell-out
+        (200, json.dumps({"kind": "edit", "edits": outside}), 0.0),                     # outside the target
+        (200, json.dumps({"kind": "edit", "edits": good}), 3.0),                        # too slow
         (500, "", 0.0),                                                                 # HTTP error
     ]
     settings = ModelSettings(base_url=server, model="replay", api_key="k", timeout_seconds=1.0)
@@ -170,9 +178,10 @@ def test_the_openai_backend_ends_in_a_valid_draft_or_a_recorded_refusal(tmp_path
         assert all(s in req for s in SECTIONS) and o.sent_to_model
         assert "sent_to_model.txt" in req
     assert results[0].kind == "code" and results[0].refusal is None
+    assert _applied(r, (Path(results[0].directory) / "patch.diff").read_text()) == fixed
     assert "structured form" in (results[1].refusal or "")
     assert "eval/exec" in (results[2].refusal or "")
-    assert "evidence does not reach" in (results[3].refusal or "")
+    assert "outside the located target" in (results[3].refusal or "")
     assert "endpoint failed" in (results[4].refusal or "") and "Timeout" in (results[4].refusal or "")
     assert "endpoint failed" in (results[5].refusal or "")
     assert all(o.kind == "human" for o in results[1:])
@@ -185,20 +194,45 @@ def test_the_openai_backend_ends_in_a_valid_draft_or_a_recorded_refusal(tmp_path
                                 ("alice@example.com", "<email>")):
         assert secret not in sent and placeholder in sent, (secret, placeholder)
     assert "x `<host>`" in (Path(results[0].directory) / "change_request.md").read_text()
-    # the reply's schema went with every request, in OpenAI's form: the server holds the model to it
-    from eroica.assistant.backends import PROPOSAL_SCHEMA
-    assert all(f == {"type": "json_schema", "json_schema": {"name": "proposal", "strict": True,
-                                                            "schema": PROPOSAL_SCHEMA}} for f in Replay.formats)
-    assert len(Replay.formats) == 6
+    # the reply's schema went with every request, in OpenAI's form: the server holds the model to it, and
+    # to the located target's lines
+    assert len(Replay.formats) == 6 and all(f["type"] == "json_schema" and f["json_schema"]["strict"]
+                                            for f in Replay.formats)
+    first = int((results[0].target or "").split(":")[1].split()[0])        # "train.py:41 `...`"
+    edit = Replay.formats[0]["json_schema"]["schema"]["properties"]["edits"]
+    assert edit["items"]["properties"]["start_line"]["enum"][0] == first, (edit, results[0].target)
+    assert Replay.formats[0]["json_schema"]["schema"]["properties"]["config"]["maxItems"] == 0   # no setting
+
+
+def _applied(r: Path, diff: str) -> str:
+    """The repository's train.py with the diff applied (in a copy)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(r, Path(tmp) / "r")
+        (Path(tmp) / "p.diff").write_text(diff)
+        subprocess.run(["git", "apply", str(Path(tmp) / "p.diff")], cwd=Path(tmp) / "r", check=True)
+        return (Path(tmp) / "r" / "train.py").read_text()
+
+
+def _edits(before: str, after: str) -> list[dict[str, object]]:
+    """The line edits (a model's reply) that turn `before` into `after`."""
+    a, b = before.splitlines(), after.splitlines()
+    out: list[dict[str, object]] = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op == "equal":
+            continue
+        if op == "insert":         # a line edit replaces lines: the line before the insertion, and the new ones
+            i1, j1 = i1 - 1, j1 - 1
+        out.append({"start_line": i1 + 1, "end_line": i2, "replacement": "\n".join(b[j1:j2])})
+    return out
 
 
 def test_llama_cpp_pythons_server_gets_the_schema_in_its_own_form(monkeypatch: pytest.MonkeyPatch) -> None:
-    from eroica.assistant.backends import PROPOSAL_SCHEMA, response_format
+    from eroica.assistant.backends import reply_schema, response_format
     from eroica.assistant.errors import BackendConfigError
 
     monkeypatch.setenv("EROICA_LLM_RESPONSE_FORMAT", "json_object")
     s = ModelSettings.from_env("http://127.0.0.1:1/v1")
-    assert response_format(s.response_format) == {"type": "json_object", "schema": PROPOSAL_SCHEMA}
+    assert response_format(s.response_format) == {"type": "json_object", "schema": reply_schema()}
     monkeypatch.setenv("EROICA_LLM_RESPONSE_FORMAT", "yaml")
     with pytest.raises(BackendConfigError, match="json_object for llama-cpp-python"):
         ModelSettings.from_env("http://127.0.0.1:1/v1")
@@ -268,3 +302,39 @@ def test_the_checkpoint_draft_writes_the_same_file_from_the_background(tmp_path:
     for path, step in ((tmp_path / "step0.pt", 2), (tmp_path / "step1.pt", 3)):   # the last save of each path
         state = torch.load(path)
         assert state["meta"] == [step, {"lr": 0.1}] and torch.equal(state["w"], torch.full((256, 256), float(step)))
+
+
+def test_a_models_line_edits_become_the_diff_the_gate_judges(tmp_path: Path) -> None:
+    """Edits by line number, bounded by the schema to the target's lines; a reply that no server held to
+    the schema (lines past the file's end, edits that overlap) is refused with the reason."""
+    from eroica.assistant.backends import Context, proposal_of, reply_schema
+    from eroica.assistant.models import LineEdit, ModelReply, load_remediations
+    from eroica.engine.rules.source import builtin_knowledge_dir
+
+    r = repo(tmp_path)
+    d = diagnose(ROOT / "incidents" / "INC-0001" / "patterns", OPTS)
+    f = next(f for w in d.windows for f in w.findings if f.root_cause == "dataloader_stall")
+    rem = next(x for x in load_remediations(builtin_knowledge_dir() / "remediations").values()
+               if "dataloader_stall" in x.root_causes)
+    ctx = Context(finding=f, remediation=rem, repo=r)
+    assert ctx.target is not None and ctx.target.found is not None
+    lo, hi = ctx.target.found.line, ctx.target.found.end_line
+    props = reply_schema(ctx)["properties"]
+    assert props["edits"]["items"]["properties"]["end_line"]["enum"] == list(range(lo, hi + 1))
+    assert props["edits"]["maxItems"] == 1 and props["config"]["maxItems"] == 0
+
+    text = (r / "train.py").read_text().splitlines()
+    delete = proposal_of(ModelReply(kind="edit", edits=[LineEdit(start_line=lo, end_line=lo, replacement="")]), ctx)
+    added = [ln for ln in delete.diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    assert delete.kind == "diff" and f"-{text[lo - 1]}" in delete.diff and not added
+    same = proposal_of(ModelReply(kind="edit", edits=[LineEdit(start_line=lo, end_line=lo,
+                                                                   replacement=f"{lo}: {text[lo - 1]}")]), ctx)
+    assert same.kind == "diff" and same.diff == ""           # the gate refuses it: "the draft is an empty diff"
+    past = proposal_of(ModelReply(kind="edit", edits=[LineEdit(start_line=lo, end_line=10_000, replacement="")]),
+                       ctx)
+    assert past.kind == "none" and "not lines of train.py" in past.rationale
+    overlap = proposal_of(ModelReply(kind="edit", edits=[LineEdit(start_line=lo, end_line=hi, replacement="x"),
+                                                         LineEdit(start_line=hi, end_line=hi, replacement="y")]), ctx)
+    assert overlap.kind == "none" and "overlap" in overlap.rationale
+    step = proposal_of(ModelReply(kind="none", rationale="measure the loader's read time on rank 1"), ctx)
+    assert step.kind == "none" and step.rationale.startswith("measure")
