@@ -9,12 +9,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from model_replay import Replay, replay_server
 
 from eroica.assistant.backends import ModelSettings
 from eroica.assistant.draft import draft_all
@@ -99,46 +97,10 @@ def test_the_gate_refuses_a_config_key_the_evidence_does_not_name() -> None:
 
 # ---- a real OpenAI-compatible HTTP server on 127.0.0.1 replaying recorded model replies ----
 
-class Replay(BaseHTTPRequestHandler):
-    replies: list[tuple[int, str, float]] = []     # (HTTP status, message content, delay seconds)
-    prompts: list[str] = []
-    formats: list[dict] = []  # type: ignore[type-arg]
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        Replay.prompts.append(body["messages"][-1]["content"])
-        Replay.formats.append(body.get("response_format", {}))
-        status, content, delay = Replay.replies.pop(0)
-        time.sleep(delay)
-        payload = json.dumps({"id": "r", "object": "chat.completion", "created": 0, "model": body["model"],
-                              "choices": [{"index": 0, "finish_reason": "stop",
-                                           "message": {"role": "assistant", "content": content}}],
-                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-        if status != 200:
-            payload = b'{"error": {"message": "server error", "type": "server_error"}}'
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-        except (BrokenPipeError, ConnectionResetError):   # the client gave up (timeout)
-            pass
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def server():  # type: ignore[no-untyped-def]
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Replay)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    Replay.prompts.clear()
-    Replay.formats.clear()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    srv.shutdown()
-    srv.server_close()
+    with replay_server() as url:
+        yield url
 
 
 def test_the_openai_backend_ends_in_a_valid_draft_or_a_recorded_refusal(tmp_path: Path, server: str) -> None:

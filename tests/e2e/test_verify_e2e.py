@@ -10,6 +10,8 @@ verified change request.
 A second script, nobody's instrumentation in it, waits on a metrics endpoint after every step; rank 1's
 turned slow. The stack sampler names the user function (`report_metrics`) in time no recorded function
 held, the finding is user_code, the draft moves the call off the step, and the re-run verifies it.
+The same finding drafted by a model (`--backend openai`, a replayed reply: report every 10th step)
+goes through the same gate and re-runs, and is verified the same way.
 
 A third trims memory with gc.collect() after each step past its warm-up on a rank that holds more than
 its budget: rank 1, which builds a large in-memory index of cyclic records before training, so each
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_replay import Replay, replay_server
 from service_support import SERVE_TOKEN, get, serve
 
 from eroica.cli.main import main
@@ -110,7 +113,7 @@ def test_a_loader_draft_is_verified_by_re_running_the_job_and_linked(tmp_path: P
 def run_diagnose_and_verify(tmp_path: Path, source: Path, cause: str, finding_ok: Callable[[dict[str, Any]], bool],
                             monkeypatch: pytest.MonkeyPatch, capsys: Any, job_args: str = "",
                             wrap: Callable[[str], str] = lambda line: line,
-                            judged: bool = True) -> tuple[dict[str, Any], str, str]:
+                            judged: bool = True, draft_args: tuple[str, ...] = ()) -> tuple[dict[str, Any], str, str]:
     """The user's script run under `eroica run` (100 steps, rank 1 slow from step 30), diagnosed (some
     finding of `cause` on rank 1 must satisfy `finding_ok`), drafted against its repository and verified
     by re-running it 80 steps with and without the draft. `job_args` go to the script; `wrap` turns a
@@ -134,7 +137,7 @@ def run_diagnose_and_verify(tmp_path: Path, source: Path, cause: str, finding_ok
     # their median step is steadier against this 2-core machine's noise than a 10-step window's
     monkeypatch.setenv("EROICA_POLICY_WINDOW_STEPS", "20")
     assert main(["draft", str(tmp_path / "d.json"), "--repo", str(repo), "-o", str(tmp_path / "drafts"),
-                 "--verify", wrap(f"{job} --steps 80"), "--verify-window-step", "50"]) == 0
+                 "--verify", wrap(f"{job} --steps 80"), "--verify-window-step", "50", *draft_args]) == 0
     out = capsys.readouterr().out
     drafts = json.loads((tmp_path / "drafts" / "drafts.json").read_text())
     # the code draft (a hardware cause's ticket for its device comes beside it)
@@ -158,6 +161,38 @@ def test_a_blocking_call_found_by_sampling_is_moved_off_the_step_and_verified(tm
     assert v["function"] == "report_metrics" and v["after_function_seconds"] < 0.2 * v["before_function_seconds"], why
     assert "+        _eroica_background.submit(report_metrics, args, rank, step, loss.item())" in diff, diff
     assert "report_metrics(args, rank, step, loss.item())" in (tmp_path / "repo" / "train.py").read_text()  # untouched
+
+
+def test_a_models_draft_goes_through_the_same_gate_and_re_run_as_a_templates(
+        tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The same blocking call, drafted through `--backend openai`: the model is sent the located call and
+    answers with one line edit, which the gate checks and the re-runs measure like a template's draft.
+    The model is a replay (tests/model_replay.py) answering what the remediation's guidance suggests
+    ("call it every N steps"): no model these machines can run writes a fix reliably; the real small
+    model's path is `make test-llm`."""
+    lines = (METRICS / "train.py").read_text().splitlines()
+    at = next(i for i, ln in enumerate(lines, 1) if ln.strip() == "report_metrics(args, rank, step, loss.item())")
+    edit = {"kind": "edit", "config": [], "rationale": "report the metrics every 10th step, not every step",
+            "edits": [{"start_line": at, "end_line": at, "replacement":
+                       "        if step % 10 == 0:\n            report_metrics(args, rank, step, loss.item())"}]}
+
+    def answer(prompt: str) -> str:   # the user_code finding's call gets the edit; anything else a next step
+        if f"Change only lines {at}-{at} of train.py" in prompt and "report_metrics" in prompt:
+            return json.dumps(edit)
+        return json.dumps({"kind": "none", "edits": [], "config": [], "rationale": "measure it again"})
+
+    with replay_server() as url:
+        Replay.answer = answer
+        v, why, diff = run_diagnose_and_verify(
+            tmp_path, METRICS, "user_code", lambda f: f["function"] == "report_metrics", monkeypatch, capsys,
+            draft_args=("--backend", "openai", "--base-url", url, "--model", "replay"))
+    sent = [f for p, f in zip(Replay.prompts, Replay.formats) if f"Change only lines {at}-{at}" in p]
+    assert sent, Replay.prompts
+    # the schema the model was held to: only the located call's line
+    assert sent[0]["json_schema"]["schema"]["properties"]["edits"]["items"]["properties"]["start_line"]["enum"] == [at]
+    assert f"-{lines[at - 1]}" in diff and "+        if step % 10 == 0:" in diff, diff
+    assert v["function"] == "report_metrics" and v["after_function_seconds"] < 0.3 * v["before_function_seconds"], why
+    assert "if step % 10" not in (tmp_path / "repo" / "train.py").read_text()          # the user's code is untouched
 
 
 def test_a_gc_draft_freezes_the_long_lived_heap_and_is_verified(tmp_path: Path, capsys,  # type: ignore[no-untyped-def]
