@@ -192,7 +192,7 @@ def reply_schema(ctx: Context | None = None) -> dict[str, Any]:
     numbers may only be the target's lines and a config key only one the finding names, so what reaches
     the gate is judged on what it changes, not on where it points."""
     edit, config = json.loads(json.dumps(_EDIT)), json.loads(json.dumps(_CONFIG))
-    edits: dict[str, Any] = {"type": "array", "items": edit, "maxItems": MAX_EDITS}
+    edit_list: dict[str, Any] = {"type": "array", "items": edit, "maxItems": MAX_EDITS}
     configs: dict[str, Any] = {"type": "array", "items": config}
     if ctx is not None:
         t = ctx.target
@@ -200,7 +200,7 @@ def reply_schema(ctx: Context | None = None) -> dict[str, Any]:
             lines = list(range(t.found.line, t.found.end_line + 1))
             edit["properties"]["start_line"] = edit["properties"]["end_line"] = {"type": "integer", "enum": lines}
         else:
-            edits["maxItems"] = 0
+            edit_list["maxItems"] = 0
         keys = sorted({s.key for s in ctx.finding.settings})
         if keys:
             config["properties"]["key"] = {"type": "string", "enum": keys}
@@ -208,7 +208,7 @@ def reply_schema(ctx: Context | None = None) -> dict[str, Any]:
         else:
             configs["maxItems"] = 0
     return {"type": "object",
-            "properties": {"kind": {"type": "string", "enum": ["edit", "config", "none"]}, "edits": edits,
+            "properties": {"kind": {"type": "string", "enum": ["edit", "config", "none"]}, "edits": edit_list,
                            "config": configs, "rationale": {"type": "string"}},
             "required": ["kind", "edits", "config", "rationale"], "additionalProperties": False}
 
