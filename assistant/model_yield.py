@@ -93,7 +93,8 @@ def model_yield(incidents: Path, repos_root: Path, settings: ModelSettings, vali
 def table(ev: ModelEval) -> str:
     n = ev.counts()
     lines = [f"model drafts: {len(ev.cases)} (finding, repository) pairs of {', '.join(CAUSES)}",
-             f"  accepted by the gate: {n['accepted']}",
+             f"  accepted by the gate: {n['accepted']} (not re-run here: the corpus's repositories do not "
+             "reproduce a slowdown; `eroica draft --verify CMD` re-runs a job with a draft)",
              f"  next step instead of a change (kind none): {n['next_step']}",
              f"  refused by the gate: {n['refused']}",
              f"  nothing sent (no target in the repository): {n['no_target']}",
