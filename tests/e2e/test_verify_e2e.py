@@ -24,9 +24,9 @@ never taken out): framework_config on rank 1, the setting that differs named; th
 call, and the re-run verifies it.
 
 A fifth saves a resume checkpoint with torch.save after every step, each rank to its own node-local
-volume; rank 1's is slow (a loop-device volume whose writes a blkio cgroup caps): slow_storage in
-save_checkpoint on rank 1; the draft serializes in the step and writes in the background, and the
-re-run verifies it.
+volume; from step 30 rank 1's is slow (a loop-device volume whose writes a blkio cgroup caps):
+slow_storage in save_checkpoint on rank 1; the draft serializes in the step and writes in the
+background, and the re-run measures it (the function must leave the step; the step is not judged).
 
 A sixth shards a corpus of four interleaved sources, one of long documents, with an unshuffled
 DistributedSampler; from step 30 the corpus is written round-robin, so rank 1 gets every long document
@@ -231,15 +231,17 @@ def test_a_checkpoint_on_a_slow_volume_is_written_in_the_background_and_verified
     with tempfile.TemporaryDirectory(prefix="eroica-ckpt-", dir=shm) as peers, \
             volume.slow_volume(write_bytes_per_second=WRITE_CAP) as vol:
         ckpt = Path(peers)
-        (ckpt / "rank1").symlink_to(vol.mount)              # rank 1's node-local volume is the slow one
         v, why, diff = run_diagnose_and_verify(
             tmp_path, CHECKPOINT, "slow_storage", lambda f: f["function"] == "save_checkpoint", monkeypatch, capsys,
-            job_args=f"--ckpt-dir {shlex.quote(str(ckpt))}", wrap=vol.enter, judged=False)
+            job_args=f"--ckpt-dir {shlex.quote(str(ckpt))} --slow-dir {shlex.quote(str(vol.mount))}", wrap=vol.enter,
+            judged=False)
         assert (vol.mount / "latest.pt").stat().st_size > 0                  # rank 1 did write there
     # the save leaves rank 1's step. The job's step is not judged here: rank 1 blocked in I/O hands its
-    # share of the two cores to the other three ranks, so the unchanged job is only 1.05-1.5x slower,
-    # within this host's run-to-run spread (docs/benchmarks.md, "Drafts verified by re-running"); the
-    # draft must not make it slower (waiting on the save in flight would), 5% allowed for that spread
+    # share of the two cores to the other three ranks, so the unchanged job is only 1.2-1.5x slower, and
+    # the background write's kernel time still runs on the same two cores, so the draft lands at 0.99-1.13
+    # of the healthy step (checkpointing to a healthy volume), across the 10% line on this host
+    # (docs/benchmarks.md, "Drafts verified by re-running"); the draft must not make it slower (waiting
+    # on the save in flight would), 5% allowed for the run-to-run spread
     assert v["function"] == "save_checkpoint" and v["after_function_seconds"] < 0.3 * v["before_function_seconds"], why
     assert v["after_step_seconds"] < 1.05 * v["before_step_seconds"], why
     assert "+    torch.save(model.state_dict(), _eroica_buffer)" in diff, diff

@@ -1,8 +1,9 @@
-"""A user's training script, no eroica in it. From --save-from on (after warm-up), every rank writes a
-resume checkpoint of its model to its own directory after every step, with torch.save, so that a
-preempted job loses at most one step. Each rank's directory (--ckpt-dir/rank<r>) is on its node's local
-volume; rank 1's volume turned slow, so its saves hold its step and the other ranks wait for it at the
-next all-reduce."""
+"""A user's training script, no eroica in it. Every rank writes a resume checkpoint of its model to its
+own directory after every step, with torch.save, so that a preempted job loses at most one step. Each
+rank's directory is on its node's local volume (--ckpt-dir/rank<r>). From --slow-from on, rank
+--slow-rank's volume is a degraded one (--slow-dir: the test mounts a volume whose writes are capped
+there), so its saves hold its step and the other ranks wait for it at the next all-reduce; before,
+every rank checkpoints to a healthy volume, as the job always did."""
 
 import argparse
 import os
@@ -18,21 +19,29 @@ def save_checkpoint(model: nn.Module, directory: str) -> None:
     torch.save(model.state_dict(), os.path.join(directory, "latest.pt"))
 
 
+def volume(args: argparse.Namespace, rank: int, step: int) -> str:
+    """The rank's node-local checkpoint directory; the fault: rank --slow-rank's turns slow at --slow-from."""
+    if rank == args.slow_rank and step >= args.slow_from:
+        return args.slow_dir
+    return os.path.join(args.ckpt_dir, f"rank{rank}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--depth", type=int, default=8)
-    p.add_argument("--save-from", type=int, default=30)
+    p.add_argument("--slow-from", type=int, default=30)
+    p.add_argument("--slow-rank", type=int, default=1)
     p.add_argument("--ckpt-dir", required=True)
+    p.add_argument("--slow-dir", required=True)
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(rank)
-    directory = os.path.join(args.ckpt_dir, f"rank{rank}")
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(volume(args, rank, 0), exist_ok=True)
     model = DDP(nn.Sequential(*[m for _ in range(args.depth) for m in (nn.Linear(args.width, args.width), nn.ReLU())],
                               nn.Linear(args.width, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -42,8 +51,7 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if step >= args.save_from:
-            save_checkpoint(model, directory)
+        save_checkpoint(model, volume(args, rank, step))
         if rank == 0 and step % 20 == 0:
             print(f"step {step} loss {loss.item():.3f}", flush=True)
     dist.barrier()
