@@ -168,49 +168,48 @@ def _where(repo: Path | None, key: str) -> str | None:
 
 SYSTEM = (
     "You draft fixes for slow distributed training jobs. Reply with one JSON object only: "
-    '{"kind": "edit" | "config" | "none", "edits": [{"start_line": <first line replaced>, "end_line": <last line '
+    '{"kind": "edit" | "config" | "none", "edit": {"start_line": <first line replaced>, "end_line": <last line '
     'replaced>, "replacement": "<the new text of those lines, indented as the code is, without line numbers; '
-    'empty deletes them>"}], "config": [{"key": "...", "before": "...", "after": "..."}], '
+    'empty deletes them>"}, "config": [{"key": "...", "before": "...", "after": "..."}], '
     '"rationale": "<one sentence>"}. '
     "Change only the target lines; never add network calls, subprocesses or secrets."
 )
-#: one edit of the target's lines is the smallest change the prompt asks for (a small model otherwise
-#: writes several overlapping ones); a config change may name every setting the finding names
-MAX_EDITS = 1
-_EDIT = {"type": "object",
-         "properties": {"start_line": {"type": "integer"}, "end_line": {"type": "integer"},
-                        "replacement": {"type": "string"}},
-         "required": ["start_line", "end_line", "replacement"], "additionalProperties": False}
-_CONFIG = {"type": "object",
-           "properties": {"key": {"type": "string"}, "before": {"type": "string"}, "after": {"type": "string"}},
-           "required": ["key", "before", "after"], "additionalProperties": False}
+
+
+def _edit(lines: list[int] | None) -> dict[str, Any]:
+    number: dict[str, Any] = {"type": "integer"} if lines is None else {"type": "integer", "enum": lines}
+    return {"type": "object",
+            "properties": {"start_line": number, "end_line": number, "replacement": {"type": "string"}},
+            "required": ["start_line", "end_line", "replacement"], "additionalProperties": False}
+
+
+def _config(keys: list[str] | None) -> dict[str, Any]:
+    key: dict[str, Any] = {"type": "string"} if keys is None else {"type": "string", "enum": keys}
+    return {"type": "array", "items": {
+        "type": "object", "properties": {"key": key, "before": {"type": "string"}, "after": {"type": "string"}},
+        "required": ["key", "before", "after"], "additionalProperties": False}}
 
 
 def reply_schema(ctx: Context | None = None) -> dict[str, Any]:
     """The reply's JSON schema (a ModelReply), which the server enforces while the model writes (llama.cpp
-    compiles it to a grammar): even a small model's reply parses. With a located target, an edit's line
-    numbers may only be the target's lines and a config key only one the finding names, so what reaches
-    the gate is judged on what it changes, not on where it points."""
-    edit, config = json.loads(json.dumps(_EDIT)), json.loads(json.dumps(_CONFIG))
-    edit_list: dict[str, Any] = {"type": "array", "items": edit, "maxItems": MAX_EDITS}
-    configs: dict[str, Any] = {"type": "array", "items": config}
-    if ctx is not None:
-        t = ctx.target
-        if t is not None and t.found is not None:
-            lines = list(range(t.found.line, t.found.end_line + 1))
-            edit["properties"]["start_line"] = edit["properties"]["end_line"] = {"type": "integer", "enum": lines}
-        else:
-            edit_list["maxItems"] = 0
-        keys = sorted({s.key for s in ctx.finding.settings})
-        if keys:
-            config["properties"]["key"] = {"type": "string", "enum": keys}
-            configs["maxItems"] = len(keys)
-        else:
-            configs["maxItems"] = 0
-    return {"type": "object",
-            "properties": {"kind": {"type": "string", "enum": ["edit", "config", "none"]}, "edits": edit_list,
-                           "config": configs, "rationale": {"type": "string"}},
-            "required": ["kind", "edits", "config", "rationale"], "additionalProperties": False}
+    compiles it to a grammar): even a small model's reply parses. One edit, not a list: the smallest
+    change is one span of the target (a small model writes several overlapping ones when it may). With a
+    finding in hand, the reply may only be what it allows: an edit only of the located target's line
+    numbers, a config change only of the keys the finding names, so what reaches the gate is judged on
+    what it changes, not on where it points. Only what strict schemas everywhere accept (no length or
+    numeric bounds): every property required, enums, no extra properties."""
+    props: dict[str, Any] = {"rationale": {"type": "string"}}
+    kinds = ["none"]
+    t = ctx.target if ctx is not None else None
+    if ctx is None or (t is not None and t.found is not None):
+        kinds.insert(0, "edit")
+        props["edit"] = _edit(None if t is None or t.found is None else list(range(t.found.line, t.found.end_line + 1)))
+    keys = sorted({s.key for s in ctx.finding.settings}) if ctx is not None else None
+    if keys is None or keys:
+        kinds.insert(-1, "config")
+        props["config"] = _config(keys)
+    props = {"kind": {"type": "string", "enum": kinds}, **props}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
 RESPONSE_FORMATS = ("json_schema", "json_object")
@@ -271,7 +270,7 @@ def prompt(ctx: Context, redact: Redactor) -> str:
         lines = edits.read(ctx.repo, t.found.file).splitlines()
         lo, hi = max(t.found.line - 8, 1), min(t.found.end_line + 8, len(lines))
         parts += [f"Change only lines {t.found.line}-{t.found.end_line} of {t.found.file} (the target): reply with "
-                  "edits that replace whole lines by their numbers (the numbers are not part of the code). "
+                  "an edit that replaces whole lines by their numbers (the numbers are not part of the code). "
                   f"Lines {lo}-{hi}:", "```python",
                   *(f"{i}: {lines[i - 1]}" for i in range(lo, hi + 1)), "```"]
     return redact("\n".join(parts))
@@ -320,31 +319,24 @@ NUMBERED = re.compile(r"^\d+: ?")
 
 
 def proposal_of(reply: ModelReply, ctx: Context) -> Proposal:
-    """A model's reply as a Proposal: its line edits applied to the target's file, as a unified diff for
+    """A model's reply as a Proposal: its line edit applied to the target's file, as a unified diff for
     the gate (which judges scope, compilation and validation). Lines copied with the prompt's numbers
     lose them (`47:     x = 1` is no Python line)."""
     if reply.kind != "edit":
         return Proposal(kind=reply.kind, config=reply.config, rationale=reply.rationale)
-    t = ctx.target
+    t, e = ctx.target, reply.edit
     if ctx.repo is None or t is None or t.found is None:
         return Proposal(kind="none", rationale="the model's reply edits lines, but no target was located")
-    if not reply.edits:
+    if e is None:
         return Proposal(kind="none", rationale="the model's reply is an edit with no lines")
     text = edits.read(ctx.repo, t.found.file)
     lines = text.splitlines(keepends=True)
-    spans = sorted(reply.edits, key=lambda e: e.start_line)
-    for e in spans:
-        if not 1 <= e.start_line <= e.end_line <= len(lines):
-            return Proposal(kind="none", rationale=f"the model's reply edits lines {e.start_line}-{e.end_line}, "
-                            f"not lines of {t.found.file} ({len(lines)} lines)")
-    for a, b in zip(spans, spans[1:]):
-        if b.start_line <= a.end_line:
-            return Proposal(kind="none", rationale=f"the model's reply edits lines {a.start_line}-{a.end_line} and "
-                            f"{b.start_line}-{b.end_line}, which overlap")
-    for e in reversed(spans):
-        new = e.replacement.splitlines()
-        if new and all(NUMBERED.match(ln) for ln in new if ln.strip()):
-            new = [NUMBERED.sub("", ln, count=1) for ln in new]
-        lines[e.start_line - 1:e.end_line] = [ln + "\n" for ln in new]
+    if not 1 <= e.start_line <= e.end_line <= len(lines):    # a server that did not hold the model to the schema
+        return Proposal(kind="none", rationale=f"the model's reply edits lines {e.start_line}-{e.end_line}, "
+                        f"not lines of {t.found.file} ({len(lines)} lines)")
+    new = e.replacement.splitlines()
+    if new and all(NUMBERED.match(ln) for ln in new if ln.strip()):
+        new = [NUMBERED.sub("", ln, count=1) for ln in new]
+    lines[e.start_line - 1:e.end_line] = [ln + "\n" for ln in new]
     return Proposal(kind="diff", rationale=reply.rationale,
                     diff=edits.unified_diff(t.found.file, text, "".join(lines)))

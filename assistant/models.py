@@ -44,11 +44,11 @@ class LineEdit(Frozen):
 
 
 class ModelReply(Frozen):
-    """What a model replies (the schema the server enforces): line edits to the target, a config
-    change, or nothing and a next step. The backend turns edits into the Proposal's diff."""
+    """What a model replies (the schema the server enforces): one line edit of the target, a config
+    change, or nothing and a next step. The backend turns the edit into the Proposal's diff."""
 
     kind: Literal["edit", "config", "none"]
-    edits: list[LineEdit] = Field(default_factory=list)
+    edit: LineEdit | None = None
     config: list[ConfigEdit] = Field(default_factory=list)
     rationale: str = ""
 

@@ -116,19 +116,19 @@ def test_the_openai_backend_ends_in_a_valid_draft_or_a_recorded_refusal(tmp_path
     good_diff = (Path(o.directory) / "patch.diff").read_text()
     text = (r / "train.py").read_text()
     fixed = _applied(r, good_diff)
-    good = _edits(text, fixed)
+    good = _edit(text, fixed)
     # the model copies the prompt's numbered lines: the numbers are dropped, the same draft results
-    numbered = [{**e, "replacement": "\n".join(f"{e['start_line'] + i}: {ln}" for i, ln in
-                                               enumerate(e["replacement"].splitlines()))} for e in good]
-    shell = [{**e, "replacement": e["replacement"].replace(
-        "persistent_workers=True", "persistent_workers=__import__('os').system('id') or True")} for e in good]
-    outside = [{"start_line": 1, "end_line": 1, "replacement": "import os"}]     # what no server enforced
+    numbered = {**good, "replacement": "\n".join(f"{int(str(good['start_line'])) + i}: {ln}" for i, ln in
+                                                 enumerate(str(good["replacement"]).splitlines()))}
+    shell = {**good, "replacement": str(good["replacement"]).replace(
+        "persistent_workers=True", "persistent_workers=__import__('os').system('id') or True")}
+    outside = {"start_line": 1, "end_line": 1, "replacement": "import os"}     # what no server enforced
     Replay.replies = [
-        (200, json.dumps({"kind": "edit", "edits": numbered, "rationale": "workers and prefetch"}), 0.0),
+        (200, json.dumps({"kind": "edit", "edit": numbered, "rationale": "workers and prefetch"}), 0.0),
         (200, "Sure! Here is a fix: add more workers.", 0.0),                         # not the structured form
-        (200, json.dumps({"kind": "edit", "edits": shell}), 0.0),                       # a shell-out
-        (200, json.dumps({"kind": "edit", "edits": outside}), 0.0),                     # outside the target
-        (200, json.dumps({"kind": "edit", "edits": good}), 3.0),                        # too slow
+        (200, json.dumps({"kind": "edit", "edit": shell}), 0.0),                        # a shell-out
+        (200, json.dumps({"kind": "edit", "edit": outside}), 0.0),                      # outside the target
+        (200, json.dumps({"kind": "edit", "edit": good}), 3.0),                         # too slow
         (500, "", 0.0),                                                                 # HTTP error
     ]
     settings = ModelSettings(base_url=server, model="replay", api_key="k", timeout_seconds=1.0)
@@ -161,9 +161,9 @@ def test_the_openai_backend_ends_in_a_valid_draft_or_a_recorded_refusal(tmp_path
     assert len(Replay.formats) == 6 and all(f["type"] == "json_schema" and f["json_schema"]["strict"]
                                             for f in Replay.formats)
     first = int((results[0].target or "").split(":")[1].split()[0])        # "train.py:41 `...`"
-    edit = Replay.formats[0]["json_schema"]["schema"]["properties"]["edits"]
-    assert edit["items"]["properties"]["start_line"]["enum"][0] == first, (edit, results[0].target)
-    assert Replay.formats[0]["json_schema"]["schema"]["properties"]["config"]["maxItems"] == 0   # no setting
+    props = Replay.formats[0]["json_schema"]["schema"]["properties"]
+    assert props["edit"]["properties"]["start_line"]["enum"][0] == first, (props, results[0].target)
+    assert "config" not in props and props["kind"]["enum"] == ["edit", "none"]      # the finding names no setting
 
 
 def _applied(r: Path, diff: str) -> str:
@@ -175,17 +175,16 @@ def _applied(r: Path, diff: str) -> str:
         return (Path(tmp) / "r" / "train.py").read_text()
 
 
-def _edits(before: str, after: str) -> list[dict[str, object]]:
-    """The line edits (a model's reply) that turn `before` into `after`."""
+def _edit(before: str, after: str) -> dict[str, object]:
+    """The one line edit (a model's reply) that turns `before` into `after`: from the first line that
+    differs to the last."""
     a, b = before.splitlines(), after.splitlines()
-    out: list[dict[str, object]] = []
-    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
-        if op == "equal":
-            continue
-        if op == "insert":         # a line edit replaces lines: the line before the insertion, and the new ones
-            i1, j1 = i1 - 1, j1 - 1
-        out.append({"start_line": i1 + 1, "end_line": i2, "replacement": "\n".join(b[j1:j2])})
-    return out
+    ops = [op for op in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes() if op[0] != "equal"]
+    i1, j1 = ops[0][1], ops[0][3]
+    i2, j2 = ops[-1][2], ops[-1][4]
+    if i1 == i2:               # a pure insertion: the line before it is replaced by itself and the new ones
+        i1, j1 = i1 - 1, j1 - 1
+    return {"start_line": i1 + 1, "end_line": i2, "replacement": "\n".join(b[j1:j2])}
 
 
 def test_llama_cpp_pythons_server_gets_the_schema_in_its_own_form(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,8 +266,8 @@ def test_the_checkpoint_draft_writes_the_same_file_from_the_background(tmp_path:
 
 
 def test_a_models_line_edits_become_the_diff_the_gate_judges(tmp_path: Path) -> None:
-    """Edits by line number, bounded by the schema to the target's lines; a reply that no server held to
-    the schema (lines past the file's end, edits that overlap) is refused with the reason."""
+    """An edit by line numbers, bounded by the schema to the target's lines; a reply that no server held to
+    the schema (lines past the file's end, or backwards, or no edit) is refused with the reason."""
     from eroica.assistant.backends import Context, proposal_of, reply_schema
     from eroica.assistant.models import LineEdit, ModelReply, load_remediations
     from eroica.engine.rules.source import builtin_knowledge_dir
@@ -282,21 +281,22 @@ def test_a_models_line_edits_become_the_diff_the_gate_judges(tmp_path: Path) -> 
     assert ctx.target is not None and ctx.target.found is not None
     lo, hi = ctx.target.found.line, ctx.target.found.end_line
     props = reply_schema(ctx)["properties"]
-    assert props["edits"]["items"]["properties"]["end_line"]["enum"] == list(range(lo, hi + 1))
-    assert props["edits"]["maxItems"] == 1 and props["config"]["maxItems"] == 0
+    assert props["edit"]["properties"]["end_line"]["enum"] == list(range(lo, hi + 1)) and "config" not in props
+    assert reply_schema(ctx)["required"] == list(props)                 # strict schemas require every property
 
     text = (r / "train.py").read_text().splitlines()
-    delete = proposal_of(ModelReply(kind="edit", edits=[LineEdit(start_line=lo, end_line=lo, replacement="")]), ctx)
+    delete = proposal_of(ModelReply(kind="edit", edit=LineEdit(start_line=lo, end_line=lo, replacement="")), ctx)
     added = [ln for ln in delete.diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
     assert delete.kind == "diff" and f"-{text[lo - 1]}" in delete.diff and not added
-    same = proposal_of(ModelReply(kind="edit", edits=[LineEdit(start_line=lo, end_line=lo,
-                                                                   replacement=f"{lo}: {text[lo - 1]}")]), ctx)
+    same = proposal_of(ModelReply(kind="edit", edit=LineEdit(start_line=lo, end_line=lo,
+                                                             replacement=f"{lo}: {text[lo - 1]}")), ctx)
     assert same.kind == "diff" and same.diff == ""           # the gate refuses it: "the draft is an empty diff"
-    past = proposal_of(ModelReply(kind="edit", edits=[LineEdit(start_line=lo, end_line=10_000, replacement="")]),
-                       ctx)
+    past = proposal_of(ModelReply(kind="edit", edit=LineEdit(start_line=lo, end_line=10_000, replacement="")), ctx)
     assert past.kind == "none" and "not lines of train.py" in past.rationale
-    overlap = proposal_of(ModelReply(kind="edit", edits=[LineEdit(start_line=lo, end_line=hi, replacement="x"),
-                                                         LineEdit(start_line=hi, end_line=hi, replacement="y")]), ctx)
-    assert overlap.kind == "none" and "overlap" in overlap.rationale
+    backwards = proposal_of(ModelReply(kind="edit", edit=LineEdit(start_line=hi, end_line=lo - 1, replacement="")),
+                            ctx)
+    assert backwards.kind == "none" and f"lines {hi}-{lo - 1}" in backwards.rationale
+    nothing = proposal_of(ModelReply(kind="edit"), ctx)
+    assert nothing.kind == "none" and "no lines" in nothing.rationale
     step = proposal_of(ModelReply(kind="none", rationale="measure the loader's read time on rank 1"), ctx)
     assert step.kind == "none" and step.rationale.startswith("measure")

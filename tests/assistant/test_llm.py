@@ -169,7 +169,7 @@ def test_the_model_draft_yield_counts_every_reply_by_outcome(server: str, tmp_pa
     assert set(ev.counts()) <= {"accepted", "next_step", "refused", "no_target", "failed"}
     # the schema holds even a 135M model's reply: the only failure left is a reply longer than max_tokens
     assert all("cut at max_tokens" in c.detail for c in ev.cases if c.outcome == "failed"), table(ev)
-    # and the schema holds its edits to the target's lines: the gate judges what a draft changes (it compiles,
+    # and the schema holds its edit to the target's lines: the gate judges what a draft changes (it compiles,
     # it passes the validation), never where it points or whether it is a diff at all
     assert not [c for c in ev.cases if c.outcome == "refused" and any(
         w in c.detail for w in ("outside the located target", "not a unified diff", "touches files"))], table(ev)

@@ -173,13 +173,13 @@ def test_a_models_draft_goes_through_the_same_gate_and_re_run_as_a_templates(
     lines = (METRICS / "train.py").read_text().splitlines()
     at = next(i for i, ln in enumerate(lines, 1) if ln.strip() == "report_metrics(args, rank, step, loss.item())")
     edit = {"kind": "edit", "config": [], "rationale": "report the metrics every 10th step, not every step",
-            "edits": [{"start_line": at, "end_line": at, "replacement":
-                       "        if step % 10 == 0:\n            report_metrics(args, rank, step, loss.item())"}]}
+            "edit": {"start_line": at, "end_line": at, "replacement":
+                     "        if step % 10 == 0:\n            report_metrics(args, rank, step, loss.item())"}}
 
     def answer(prompt: str) -> str:   # the user_code finding's call gets the edit; anything else a next step
         if f"Change only lines {at}-{at} of train.py" in prompt and "report_metrics" in prompt:
             return json.dumps(edit)
-        return json.dumps({"kind": "none", "edits": [], "config": [], "rationale": "measure it again"})
+        return json.dumps({"kind": "none", "rationale": "measure it again"})
 
     with replay_server() as url:
         Replay.answer = answer
@@ -189,7 +189,7 @@ def test_a_models_draft_goes_through_the_same_gate_and_re_run_as_a_templates(
     sent = [f for p, f in zip(Replay.prompts, Replay.formats) if f"Change only lines {at}-{at}" in p]
     assert sent, Replay.prompts
     # the schema the model was held to: only the located call's line
-    assert sent[0]["json_schema"]["schema"]["properties"]["edits"]["items"]["properties"]["start_line"]["enum"] == [at]
+    assert sent[0]["json_schema"]["schema"]["properties"]["edit"]["properties"]["start_line"]["enum"] == [at]
     assert f"-{lines[at - 1]}" in diff and "+        if step % 10 == 0:" in diff, diff
     assert v["function"] == "report_metrics" and v["after_function_seconds"] < 0.3 * v["before_function_seconds"], why
     assert "if step % 10" not in (tmp_path / "repo" / "train.py").read_text()          # the user's code is untouched
