@@ -45,6 +45,9 @@ ANOMALY_KEY = "detect_anomaly"
 #: causes no template fixes in code: a model gets the code the evidence points at (and the recorded
 #: stacks) and proposes a change there or a concrete next step
 MODEL_CAUSES = ("unknown", "transient_stall")
+#: causes whose function is work the job wants done (the user's own call, its checkpoint): a draft may
+#: move it off the step or call it less often, never delete it (the gate refuses a draft that does)
+KEEP_CAUSES = ("user_code", "slow_storage")
 
 
 def action_of(f: Finding, rem: Remediation | None) -> str | None:
@@ -87,7 +90,9 @@ class Context:
         t = self.target
         if t is None or t.found is None:
             return Scope(keys=frozenset(keys))
-        return Scope(lines={t.found.file: [(t.found.line, t.found.end_line)]}, keys=frozenset(keys))
+        fn = self.finding.function or ""
+        keeps = frozenset({fn} if fn.isidentifier() and self.finding.root_cause in KEEP_CAUSES else ())
+        return Scope(lines={t.found.file: [(t.found.line, t.found.end_line)]}, keys=frozenset(keys), keeps=keeps)
 
 
 SATURATED = 0.8      # data.loader-saturated: workers busy this share of their time have no headroom left

@@ -40,6 +40,7 @@ class Scope:
 
     lines: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     keys: frozenset[str] = frozenset()       # config keys the evidence names (recorded or found in the repo)
+    keeps: frozenset[str] = frozenset()      # the work the finding names (a function): a draft may move it, not drop it
 
     def allows(self, rel: str, line: int) -> bool:
         return any(lo <= line <= hi for lo, hi in self.lines.get(rel, []))
@@ -201,6 +202,27 @@ def run_validation(cmd: str, repo: Path, cwd: Path, timeout: float, big: dict[st
     return sandbox.run(argv, repo, cwd, timeout, big, sandboxed)
 
 
+def _uses(text: str, name: str) -> int:
+    """How often the module names `name` (called, passed or looked up: `f(x)`, `submit(f, x)`, `obj.f`)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return 0
+    return sum(1 for n in ast.walk(tree) if (isinstance(n, ast.Name) and n.id == name)
+               or (isinstance(n, ast.Attribute) and n.attr == name))
+
+
+def dropped(before: str, after: str, keeps: frozenset[str]) -> str | None:
+    """The work the finding names that the draft deletes outright: no use of it is left in the file.
+    Deleting the slow call is no fix (the metrics, the checkpoint are then gone); moving it off the
+    step, or calling it less often, is."""
+    gone = sorted(k for k in keeps if _uses(before, k) and not _uses(after, k))
+    if not gone:
+        return None
+    return (f"the draft deletes every use of `{gone[0]}`, the work the finding names: a fix moves it off the step "
+            "(a background thread, every N steps), it does not drop it")
+
+
 def check_diff(diff: str, repo: Path, scope: Scope, validate: str | None = None,
                timeout: float = VALIDATE_TIMEOUT_SECONDS, sandboxed: bool = True) -> GateReport:
     r = GateReport()
@@ -244,11 +266,16 @@ def check_diff(diff: str, repo: Path, scope: Scope, validate: str | None = None,
             except py_compile.PyCompileError as exc:
                 return r.fail(f"{rel} does not compile after the draft: {str(exc.msg).strip()[-300:]}")
             before = (repo / rel).read_text() if (repo / rel).is_file() else ""
-            new = danger.added(before, (work / rel).read_text())
+            after = (work / rel).read_text()
+            new = danger.added(before, after)
             if new:
                 return r.fail(f"the draft adds {new[0].kind} that was not there: {new[0]} in {rel}")
+            gone = dropped(before, after, scope.keeps)
+            if gone is not None:
+                return r.fail(f"{gone} ({rel})")
         r.checks.append("every touched Python file byte-compiles and adds nothing on the deny-list (advice: process, "
-                        "network, dynamic code, deletion, writes outside the repository, secrets)")
+                        "network, dynamic code, deletion, writes outside the repository, secrets)"
+                        + (f"; still uses {', '.join(f'`{k}`' for k in sorted(scope.keeps))}" if scope.keeps else ""))
         cmd = validation_command(repo, validate)
         if cmd is None:
             r.checks.append("no validation command (--validate, or [tool.eroica] validate in pyproject.toml): "

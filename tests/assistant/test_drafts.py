@@ -300,3 +300,32 @@ def test_a_models_line_edits_become_the_diff_the_gate_judges(tmp_path: Path) -> 
     assert nothing.kind == "none" and "no lines" in nothing.rationale
     step = proposal_of(ModelReply(kind="none", rationale="measure the loader's read time on rank 1"), ctx)
     assert step.kind == "none" and step.rationale.startswith("measure")
+
+
+def test_a_draft_that_deletes_the_work_the_finding_names_is_refused(tmp_path: Path) -> None:
+    """What SmolLM2-135M drafted for the blocking metrics call: the call deleted. It compiles and the
+    repository's tests pass, but the metrics are gone; calling it every 10th step keeps them."""
+    from eroica.assistant.backends import Context, proposal_of
+    from eroica.assistant.draft_yield import find_repos
+    from eroica.assistant.gate import check
+    from eroica.assistant.models import LineEdit, ModelReply, load_remediations
+    from eroica.engine.rules.source import builtin_knowledge_dir
+
+    shutil.copytree(ROOT / "incidents" / "repos" / "plain_loop", tmp_path / "plain_loop")
+    (r,) = find_repos(tmp_path)
+    d = diagnose(ROOT / "incidents" / "INC-0013" / "patterns", OPTS)
+    f = next(f for w in d.windows for f in w.findings if f.root_cause == "user_code")
+    rem = next(x for x in load_remediations(builtin_knowledge_dir() / "remediations").values()
+               if "user_code" in x.root_causes)
+    ctx = Context(finding=f.model_copy(update={"sites": r.sites}), remediation=rem, repo=r.path)
+    assert ctx.target is not None and ctx.target.found is not None and f.function == "log_metrics"
+    lo, hi = ctx.target.found.line, ctx.target.found.end_line
+    lines = (r.path / ctx.target.found.file).read_text().splitlines()
+    indent = lines[lo - 1][:len(lines[lo - 1]) - len(lines[lo - 1].lstrip())]
+    deleted = proposal_of(ModelReply(kind="edit", edit=LineEdit(start_line=lo, end_line=hi, replacement="")), ctx)
+    refusal = check(deleted, r.path, ctx.scope(), "true", sandboxed=False).refusal
+    assert refusal is not None and "deletes every use of `log_metrics`" in refusal, refusal
+    kept = proposal_of(ModelReply(kind="edit", edit=LineEdit(start_line=lo, end_line=hi, replacement="\n".join(
+        [f"{indent}if step % 10 == 0:", *("    " + ln for ln in lines[lo - 1:hi])]))), ctx)
+    report = check(kept, r.path, ctx.scope(), "true", sandboxed=False)
+    assert report.refusal is None and "still uses `log_metrics`" in " ".join(report.checks), report
