@@ -205,11 +205,13 @@ def reply_schema(ctx: Context | None = None) -> dict[str, Any]:
     numeric bounds): every property required, enums, no extra properties."""
     props: dict[str, Any] = {"rationale": {"type": "string"}}
     kinds = ["none"]
-    t = ctx.target if ctx is not None else None
-    if ctx is None or (t is not None and t.found is not None):
+    scope = ctx.scope() if ctx is not None else None          # what the gate will allow, and so the model
+    lines = None if scope is None else [n for spans in scope.lines.values() for lo, hi in spans
+                                        for n in range(lo, hi + 1)]
+    if lines is None or lines:
         kinds.insert(0, "edit")
-        props["edit"] = _edit(None if t is None or t.found is None else list(range(t.found.line, t.found.end_line + 1)))
-    keys = sorted({s.key for s in ctx.finding.settings}) if ctx is not None else None
+        props["edit"] = _edit(lines)
+    keys = None if scope is None else sorted(scope.keys)
     if keys is None or keys:
         kinds.insert(-1, "config")
         props["config"] = _config(keys)

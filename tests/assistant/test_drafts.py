@@ -265,19 +265,28 @@ def test_the_checkpoint_draft_writes_the_same_file_from_the_background(tmp_path:
         assert state["meta"] == [step, {"lr": 0.1}] and torch.equal(state["w"], torch.full((256, 256), float(step)))
 
 
+def _context(incident: str, cause: str, repo: Path, sites: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    """What a backend gets for the incident's first finding of `cause` against `repo` (the finding's
+    sites replaced by `sites`, as the collector would record them there)."""
+    from eroica.assistant.backends import Context
+    from eroica.assistant.models import load_remediations
+    from eroica.engine.rules.source import builtin_knowledge_dir
+
+    d = diagnose(ROOT / "incidents" / incident / "patterns", OPTS)
+    f = next(f for w in d.windows for f in w.findings if f.root_cause == cause)
+    rem = next(x for x in load_remediations(builtin_knowledge_dir() / "remediations").values()
+               if cause in x.root_causes)
+    return Context(finding=f if sites is None else f.model_copy(update={"sites": sites}), remediation=rem, repo=repo)
+
+
 def test_a_models_line_edits_become_the_diff_the_gate_judges(tmp_path: Path) -> None:
     """An edit by line numbers, bounded by the schema to the target's lines; a reply that no server held to
     the schema (lines past the file's end, or backwards, or no edit) is refused with the reason."""
-    from eroica.assistant.backends import Context, proposal_of, reply_schema
-    from eroica.assistant.models import LineEdit, ModelReply, load_remediations
-    from eroica.engine.rules.source import builtin_knowledge_dir
+    from eroica.assistant.backends import proposal_of, reply_schema
+    from eroica.assistant.models import LineEdit, ModelReply
 
     r = repo(tmp_path)
-    d = diagnose(ROOT / "incidents" / "INC-0001" / "patterns", OPTS)
-    f = next(f for w in d.windows for f in w.findings if f.root_cause == "dataloader_stall")
-    rem = next(x for x in load_remediations(builtin_knowledge_dir() / "remediations").values()
-               if "dataloader_stall" in x.root_causes)
-    ctx = Context(finding=f, remediation=rem, repo=r)
+    ctx = _context("INC-0001", "dataloader_stall", r)
     assert ctx.target is not None and ctx.target.found is not None
     lo, hi = ctx.target.found.line, ctx.target.found.end_line
     props = reply_schema(ctx)["properties"]
@@ -305,20 +314,15 @@ def test_a_models_line_edits_become_the_diff_the_gate_judges(tmp_path: Path) -> 
 def test_a_draft_that_deletes_the_work_the_finding_names_is_refused(tmp_path: Path) -> None:
     """What SmolLM2-135M drafted for the blocking metrics call: the call deleted. It compiles and the
     repository's tests pass, but the metrics are gone; calling it every 10th step keeps them."""
-    from eroica.assistant.backends import Context, proposal_of
+    from eroica.assistant.backends import proposal_of
     from eroica.assistant.draft_yield import find_repos
     from eroica.assistant.gate import check
-    from eroica.assistant.models import LineEdit, ModelReply, load_remediations
-    from eroica.engine.rules.source import builtin_knowledge_dir
+    from eroica.assistant.models import LineEdit, ModelReply
 
     shutil.copytree(ROOT / "incidents" / "repos" / "plain_loop", tmp_path / "plain_loop")
     (r,) = find_repos(tmp_path)
-    d = diagnose(ROOT / "incidents" / "INC-0013" / "patterns", OPTS)
-    f = next(f for w in d.windows for f in w.findings if f.root_cause == "user_code")
-    rem = next(x for x in load_remediations(builtin_knowledge_dir() / "remediations").values()
-               if "user_code" in x.root_causes)
-    ctx = Context(finding=f.model_copy(update={"sites": r.sites}), remediation=rem, repo=r.path)
-    assert ctx.target is not None and ctx.target.found is not None and f.function == "log_metrics"
+    ctx = _context("INC-0013", "user_code", r.path, r.sites)
+    assert ctx.target is not None and ctx.target.found is not None and ctx.finding.function == "log_metrics"
     lo, hi = ctx.target.found.line, ctx.target.found.end_line
     lines = (r.path / ctx.target.found.file).read_text().splitlines()
     indent = lines[lo - 1][:len(lines[lo - 1]) - len(lines[lo - 1].lstrip())]
