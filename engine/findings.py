@@ -3,6 +3,8 @@ as the taxonomy declares, and explain every confidence as a product of printed f
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from eroica.engine.facts import (
@@ -31,27 +33,28 @@ def _peer_factor(valid: bool, n: int) -> float:
     return 1.0 if n >= 4 else 0.85
 
 
-def _merge(conclusions: list[Conclusion]) -> tuple[dict[tuple[str, int], Conclusion],
+def _merge(conclusions: list[Conclusion]) -> tuple[dict[tuple[str, int], list[Conclusion]],
                                                     dict[tuple[str, int], list[str]], dict[tuple[str, int], set[str]]]:
-    """Per (cause, rank): the surest conclusion, every rule that reached it, every function it matched."""
-    best: dict[tuple[str, int], Conclusion] = {}
+    """Per (cause, rank): every conclusion that reached it (the surest rule first), every rule, every
+    function it matched."""
+    reached: dict[tuple[str, int], list[Conclusion]] = {}
     rules: dict[tuple[str, int], list[str]] = {}
     also: dict[tuple[str, int], set[str]] = {}
     for c in sorted(conclusions, key=lambda c: (-c.rule_confidence, str(c.function))):
         key = (c.root_cause, c.rank)
         also.setdefault(key, set()).add(str(c.function))
         rules[key] = sorted(set(rules.get(key, [])) | {c.rule_id})
-        if key not in best or c.rule_confidence > best[key].rule_confidence:
-            best[key] = c
-    return best, rules, also
+        reached.setdefault(key, []).append(c)
+    return reached, rules, also
 
 
-def _superseded(best: dict[tuple[str, int], Conclusion], taxonomy: dict[str, TaxonomyEntry]) -> set[tuple[str, int]]:
+def _superseded(reached: dict[tuple[str, int], list[Conclusion]],
+                taxonomy: dict[str, TaxonomyEntry]) -> set[tuple[str, int]]:
     """Conclusions a cause on the same rank replaces (taxonomy `superseded_by`; "*": any other cause)."""
     out = set()
-    for cause, r in best:
+    for cause, r in reached:
         by = set(taxonomy[cause].superseded_by) if cause in taxonomy else set()
-        if any(k[1] == r and k[0] != cause and ("*" in by or k[0] in by) for k in best):
+        if any(k[1] == r and k[0] != cause and ("*" in by or k[0] in by) for k in reached):
             out.add((cause, r))
     return out
 
@@ -64,20 +67,36 @@ def _top_excess(analysis: PeerAnalysis, rank: int) -> tuple[str, Fact] | None:
     return (top.function if isinstance(top, FunctionOutlier) else top.top_function), top
 
 
+def _located(fact: Fact, facts: list[Fact] | None) -> float:
+    """What a fact says the finding costs the job, as a share of a step. A straggler's excess is the
+    whole rank's; for a cause whose taxonomy entry says its cost is located (`located_cost`), the
+    category or function excess its rule rests on (`facts`) is the part of it the cause costs."""
+    ratio = float(getattr(fact, "excess_step_ratio"))
+    if facts is None or not isinstance(fact, RankSlowness) or fact.excess_seconds_per_step <= 0:
+        return ratio
+    parts = [f.excess_seconds_per_step for f in facts
+             if isinstance(f, (CategoryExcess, FunctionOutlier)) and f.rank == fact.rank]
+    if not parts:
+        return ratio
+    share = max(0.0, max(parts)) / fact.excess_seconds_per_step
+    return ratio * min(share, 1.0)
+
+
 def _factors(c: Conclusion, facts: list[Fact], slow: RankSlowness | None, analysis: PeerAnalysis,
-             coverage_ratio: float) -> ConfidenceFactors:
+             coverage_ratio: float, located: bool = False) -> ConfidenceFactors:
     g = next((g for g in analysis.groups if g.name == slow.group), None) if slow else \
         next((g for g in analysis.groups if c.rank in g.ranks), None)
     valid = bool(g and g.valid)
     n = len(g.ranks) if g else 1
     # the cost and consistency of the facts the rule used; a capped link slows everyone alike, so its
     # fact carries its own cost (the group's communication share); an expected-range rule's cost is the
-    # share of the step its category holds
-    own = [float(x) for f in facts if (x := getattr(f, "excess_step_ratio", None)) is not None]
+    # share of the step its category holds; a located cause, the part of the rank's excess it holds
+    parts = list(c.facts) if located else None
+    own = [_located(f, parts) for f in facts if getattr(f, "excess_step_ratio", None) is not None]
     shares = [f.share_ratio for f in facts if isinstance(f, StepShare)]
     excess = max(own or shares, default=slow.excess_step_ratio if slow else 0.0)
     if own and slow is not None:     # a job-wide cost beside the rank's own: the larger is what it costs
-        excess = max(excess, slow.excess_step_ratio)
+        excess = max(excess, _located(slow, parts))
     consistency = next((float(x) for f in facts if (x := getattr(f, "consistency_ratio", None)) is not None), 1.0)
     absolute = c.basis in ("expected_range", "absolute")
     return ConfidenceFactors(
@@ -105,7 +124,7 @@ def _evidence(c: Conclusion, facts: list[Fact], also: set[str],
                   + f" (rules {', '.join([*c.via, c.rule_id])})")
     others = sorted(also - {str(c.function), "None"})
     if others:
-        ev.append(f"the same rule also matched: {', '.join(others)}")
+        ev.append(f"the same cause was also found in: {', '.join(others)}")
     hw = [f for f in analysis.facts if isinstance(f, HardwareSignal) and f.rank == c.rank
           and not 0.6 <= f.ratio_to_median <= 1.6 and abs(f.delta) > 1e-3]
     hw.sort(key=lambda f: -abs(np.log(max(f.ratio_to_median, 1e-3))))
@@ -115,33 +134,62 @@ def _evidence(c: Conclusion, facts: list[Fact], also: set[str],
     return ev
 
 
+class Argument(NamedTuple):
+    """One rule's case for a cause on a rank, scored with its own factors."""
+
+    conclusion: Conclusion
+    function: str | None
+    facts: list[Fact]
+    factors: ConfidenceFactors
+    confidence: float
+
+
+def _argue(c: Conclusion, tax: TaxonomyEntry, analysis: PeerAnalysis, slow: RankSlowness | None,
+           coverage_ratio: float) -> Argument | None:
+    """One conclusion's case, or None where a missing source its rule needs stands it down."""
+    facts = list(c.facts)
+    function = c.function
+    if function is None and tax.names_top_function and (top := _top_excess(analysis, c.rank)) is not None:
+        function, fact = top
+        facts.append(fact)
+    factors = _factors(c, facts, slow, analysis, coverage_ratio, located=tax.located_cost)
+    # the rule's `needs`: evidence this rank could not collect lowers it (a factor of 0 stands it down)
+    gaps = [f for f in analysis.facts if isinstance(f, EvidenceGap) and f.rank == c.rank and f.source in c.needs]
+    if gaps:
+        if c.missing_evidence_factor == 0:
+            return None
+        factors = factors.model_copy(update={"evidence_gap_ratio": c.missing_evidence_factor,
+                                             "evidence_missing": sorted({g.source for g in gaps})})
+        facts += [g for g in gaps if g not in facts]
+    conf = (factors.rule_ratio * factors.deviation_strength_ratio * factors.step_consistency_ratio
+            * factors.peer_group_ratio * factors.coverage_ratio * factors.evidence_gap_ratio)
+    return Argument(c, function, facts, factors, conf)
+
+
 def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conclusion],
                    taxonomy: dict[str, TaxonomyEntry], resolution: Resolution, coverage_ratio: float,
                    rule_status: dict[str, str] | None = None) -> list[Finding]:
     slow = {f.rank: f for f in analysis.facts if isinstance(f, RankSlowness)}
-    best, rules, also = _merge(conclusions)
-    dropped = _superseded(best, taxonomy)
+    reached, rules, also = _merge(conclusions)
+    dropped = _superseded(reached, taxonomy)
     findings = []
-    for (cause, r), c in best.items():
+    for (cause, r), cs in reached.items():
         if (cause, r) in dropped:
             continue
         tax = taxonomy[cause]
-        facts = list(c.facts)
-        function = c.function
-        if function is None and tax.names_top_function and (top := _top_excess(analysis, r)) is not None:
-            function, fact = top
-            facts.append(fact)
-        factors = _factors(c, facts, slow.get(r), analysis, coverage_ratio)
-        # the rule's `needs`: evidence this rank could not collect lowers it (a factor of 0 stands it down)
-        gaps = [f for f in analysis.facts if isinstance(f, EvidenceGap) and f.rank == r and f.source in c.needs]
-        if gaps:
-            if c.missing_evidence_factor == 0:
-                continue
-            factors = factors.model_copy(update={"evidence_gap_ratio": c.missing_evidence_factor,
-                                                 "evidence_missing": sorted({g.source for g in gaps})})
-            facts += [g for g in gaps if g not in facts]
-        conf = (factors.rule_ratio * factors.deviation_strength_ratio * factors.step_consistency_ratio
-                * factors.peer_group_ratio * factors.coverage_ratio * factors.evidence_gap_ratio)
+        # each rule that reached the cause is a whole argument for it: the finding stands on the
+        # strongest, after its own factors (an absolute measurement is not weakened by peers that
+        # are no peers, while a rule that compares the rank with them is)
+        argued = [a for c in cs if (a := _argue(c, tax, analysis, slow.get(r), coverage_ratio)) is not None]
+        if not argued:
+            continue
+        best = max(argued, key=lambda a: a.confidence)
+        argued = [best, *(a for a in argued if a is not best)]
+        c, function, facts, factors, conf = best
+        evidence = _evidence(c, facts, also[(cause, r)], analysis, factors)
+        # the other arguments' measurements are evidence too, after the one the confidence rests on
+        evidence += list(dict.fromkeys(line for a in argued[1:] for f in a.facts
+                                       if (line := f.evidence()) is not None and line not in evidence))
         s = slow.get(r)
         row = w.columns.row.get(r)
         findings.append(Finding(
@@ -149,14 +197,15 @@ def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conc
             ranks=[r], hosts=[w.columns.hostname[row]] if row is not None else [], function=function,
             devices=[_device(w, row)] if row is not None else [],
             confidence=round(float(conf), 4), confidence_factors=factors, summary=" ".join(c.summary.split()),
-            evidence=_evidence(c, facts, also[(cause, r)], analysis, factors),
+            evidence=evidence,
             rule_ids=rules[(cause, r)], derived_via=list(c.via),
             rule_status={k: (rule_status or {}).get(k, "?") for k in [*rules[(cause, r)], *c.via]},
             fix_template=c.fix_template, runbook=tax.runbook,
             insufficient_peer_evidence=not factors.peer_group_valid,
             excess_seconds_per_step=round(s.excess_seconds_per_step, 6) if s else 0.0,
-            settings=[SettingDeviation(key=f.key, value=f.value, peer_value=f.peer_value)
-                      for f in facts if isinstance(f, ConfigDeviation)],
+            # the settings any argument rests on (a draft changes them, whichever argument is strongest)
+            settings=list(dict.fromkeys(SettingDeviation(key=f.key, value=f.value, peer_value=f.peer_value)
+                                        for a in argued for f in a.facts if isinstance(f, ConfigDeviation))),
             sites={k[5:]: v for k, v in (w.columns.config[row] if row is not None else ()) if k.startswith("site.")},
         ))
     findings = explain_away(findings, taxonomy, resolution)

@@ -68,6 +68,7 @@ class TaxonomyEntry:
     superseded_by: tuple[str, ...] = ()  # causes that replace it on the same rank ("*": any other)
     unhealthy_at: float | None = None    # confidence that makes a window unhealthy (default: resolution's)
     names_top_function: bool = False     # with no function from its rule, name the rank's top excess function
+    located_cost: bool = False           # it costs the part of the rank's excess its rule located, not all of it
     decided_by: tuple[Decider, ...] = ()  # what tells it apart from another cause at close confidence
 
     @classmethod

@@ -45,7 +45,11 @@ def test_a_job_of_unequal_ranks_lowers_the_confidence_and_says_why(tmp_path: Pat
     # ranks 2 and 3 process 3x the samples of ranks 0 and 1, from the first step: different work by design
     w_un, uneven = finding(tmp_path / "unequal", ["--uneven-by-design", "3"])
     assert uneven.insufficient_peer_evidence and uneven.confidence < same.confidence
-    assert uneven.confidence_factors.peer_group_ratio < 1.0 and not uneven.confidence_factors.peer_group_valid
+    # the peer-based rule is lowered; a finding that stands on a rule needing no peers (the loader's share
+    # of the rank's own step against the expected range) is bounded by that rule's lower prior instead
+    f = uneven.confidence_factors
+    assert not f.peer_group_valid and (f.peer_group_ratio < 1.0 or (
+        "judged against the expected range" in f.peer_group and uneven.confidence <= f.rule_ratio <= 0.6)), f
     why = uneven.evidence[0]
     assert why.startswith("insufficient peer evidence") and "different work by design" in why, why
     assert ranks_doing_more(why) == ({0, 1}, {2, 3}), why

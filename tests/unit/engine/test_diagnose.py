@@ -137,3 +137,40 @@ def test_a_cause_that_recurs_across_windows_keeps_its_confidence_and_a_one_off_l
     (gc,) = [f for w in d.windows for f in w.findings if f.root_cause == "gc_pause"]
     assert (gc.confidence_factors.windows_seen_total, gc.confidence_factors.windows_total) == (1, 3)
     assert gc.confidence_factors.window_consistency_ratio == round(0.8 + 0.2 / 3, 4)
+
+
+def test_a_loader_wait_is_judged_by_its_own_share_of_the_step_not_by_the_whole_ranks(tmp_path: Path) -> None:
+    # rank 2 is 9% of a step late: 4 ms more compute and 5 ms more loader wait than its peers. The loader
+    # holds more than half of the excess, so the rules call it a stall; its deviation is its own 5% of
+    # a step (the noise floor of a straggler), not the rank's 9%, so it stays below a confident finding
+    peer = {"compute:forward": 0.02, "compute:backward": 0.03, "data:DataLoader.__next__": 0.001}
+    docs = [make_doc(r, step=0.1, busy=peer) for r in range(4)]
+    docs[2] = make_doc(2, step=0.1, busy={**peer, "compute:forward": 0.024, "data:DataLoader.__next__": 0.006})
+    [w] = diagnose(write_run(tmp_path, docs), DiagnoseOptions(in_process=True)).windows
+    [stall] = [f for f in w.findings if f.root_cause == "dataloader_stall"]
+    assert stall.ranks == [2] and stall.confidence_factors.deviation_strength_ratio == 0.5
+    assert stall.confidence < 0.5, stall
+    # a loader wait that holds the whole excess (15% of a step): the stall's deviation is the rank's
+    docs[2] = make_doc(2, step=0.1, busy={**peer, "data:DataLoader.__next__": 0.016})
+    [w] = diagnose(write_run(tmp_path / "whole", docs), DiagnoseOptions(in_process=True)).windows
+    top = w.findings[0]
+    assert top.root_cause == "dataloader_stall" and top.confidence_factors.deviation_strength_ratio == 0.75
+
+
+def test_a_finding_stands_on_its_strongest_argument_not_on_the_surest_rule() -> None:
+    # INC-0052: six busy processes in rank 2's container and four ranks on two cores spread the healthy
+    # peers' measured compute work (1.0x, 1.45x, 1.69x), so the group is no group of equals. The
+    # peer-based contention rule (prior 0.99) is halved by that; the container rule needs no peers
+    # (foreign processes' cores in the rank's container, the job against its own baseline)
+    run = Path(__file__).resolve().parents[3] / "incidents" / "INC-0052" / "patterns"
+    [w] = diagnose(run, DiagnoseOptions(in_process=True)).windows
+    [top] = w.findings
+    f = top.confidence_factors
+    assert (top.root_cause, top.ranks) == ("cpu_contention", [2])
+    assert {"cpu.contention", "cpu.contention-container"} <= set(top.rule_ids)
+    assert f.prior_rule_id == "cpu.contention-container" and f.peer_group_ratio == 1.0
+    assert not f.peer_group_valid and top.insufficient_peer_evidence
+    assert top.confidence >= 0.9
+    # the halved rule's own measurements still follow the one the confidence rests on
+    busy = next(i for i, e in enumerate(top.evidence) if e.startswith("rank 2 is busy"))
+    assert busy > top.evidence.index("cgroup_others_cpu_cores = 1.29 (peer median 0)")
