@@ -49,6 +49,8 @@ FAULTS = ("none", "dataloader_stall", "cpu_throttled", "cpu_contention", "worklo
           "user_code", "framework_config", "nic_degraded", "slow_storage", "host_memory_pressure",
           "untracked_work", "hang_loader", "hang_lock", "hang_desync", "hang_kill", "hang_nic", "hang_shape",
           "hang_gil")
+#: the CPUs the job's processes may run on, read before a rank pins itself (`--pin-rank`)
+HOST_CPUS = sorted(os.sched_getaffinity(0))
 HANGS = FAULTS[-7:]          # one rank stops for good (eroica.collector.hang, tests/e2e/test_hang_e2e.py)
 
 
@@ -166,9 +168,11 @@ def start_fault(fault: str, rank: int, step: int, args: argparse.Namespace, hogs
     if fault == "cpu_throttled":
         join_cgroup("EROICA_THROTTLE_CGROUP")
     elif fault == "cpu_contention":
-        # a host service started by this rank's container: it shares the rank's CPU cgroup
+        # a host service started by this rank's container: it shares the rank's CPU cgroup, not the
+        # training process's CPU affinity (a rank pinned to one CPU does not pin the container's services)
+        spin = f"import os; os.sched_setaffinity(0, {HOST_CPUS!r})\nwhile True: pass"
         for _ in range(args.hogs):
-            hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+            hogs.append(subprocess.Popen([sys.executable, "-c", spin]))
     elif fault == "framework_config" and args.config_fault == "anomaly":
         import torch
 

@@ -59,8 +59,11 @@ def test_a_difference_present_while_healthy_is_not_blamed_for_a_later_contention
     first, second = d.windows
     assert first.start_step == 15 and first.healthy
     got = [(f.root_cause, f.ranks, round(f.confidence, 2)) for f in second.findings]
-    # what the engine saw, said when it is wrong (a CI run once named only `unknown` on rank 3 at 0.31,
-    # while this machine names cpu_contention at 0.85-0.89): the top finding's evidence, the collectors' gaps
+    # what the engine saw, said when it is wrong: the top finding's evidence, the collectors' gaps. (A CI
+    # run and a fresh clone here once named only `unknown` on rank 3 at 0.31: the busy processes inherited
+    # the pinned rank's single CPU and took 0.68 of it, under the container rule's 0.7. A container's
+    # service does not share a training process's affinity; spread over the host's CPUs they take about
+    # 1.0 core, and the finding is cpu_contention at 0.86-0.89.)
     seen = (got, second.findings[0].evidence if second.findings else [], second.coverage.collector_gaps)
     assert (second.findings[0].root_cause, second.findings[0].ranks) == ("cpu_contention", [3]), seen
     assert not any(f.root_cause == "framework_config" and f.confidence >= 0.5 for f in second.findings), got

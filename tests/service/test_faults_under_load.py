@@ -163,7 +163,7 @@ def test_the_sqlite_disk_full_under_load(tmp_path: Path) -> None:
             filler = disk / "filler"
 
             def fill(_: Load) -> Callable[[], None]:
-                with filler.open("wb") as f, contextlib.suppress(OSError):
+                with contextlib.suppress(OSError), filler.open("wb") as f:   # its close flushes into the full disk too
                     while True:                                     # until ENOSPC: the disk is full
                         f.write(b"\0" * (1 << 20))
                         f.flush()
