@@ -1,7 +1,8 @@
 """Verified by re-running (`eroica draft --verify CMD`): each code draft that passed the gate is applied
 to a scratch copy of the repository and the job's reproduction command runs again there, attached by
 eroica with a window forced after warm-up (`runs` times: the median run's step, as re-runs of one job on a
-shared host differ by 10-15%), beside one run of the same command on the unchanged code.
+shared host differ by 10-15%), beside as many runs of the same command on the unchanged code, in
+rounds (the unchanged code, then each draft), so that both sides are measured alike.
 The change request then says what the re-runs measured, e.g. "step 160 ms -> 63 ms; healthy 61 ms;
 DataLoader.__next__ 121 ms -> 1 ms per step on rank 1", and a draft whose re-run does not bring the
 job's step within 10% of its healthy step is "not verified", with the numbers.
@@ -18,6 +19,18 @@ when the re-run on the unchanged code reproduced the slowdown against its own he
 slow from its first step has no healthy stretch, and its slow steps must never become "healthy"); and
 since a draft could slow every step alike, before the onset too, its re-runs' healthy steps must not
 be slower than the unchanged code's by more than HARM (twice the tolerance: the spread between runs).
+Both tolerances assume one re-run's spread of about 5% (this project's 2-core machine: a healthy job's
+steps after step 34 over its steps 10-25 read 0.91-1.08 in ten runs, docs/benchmarks.md); a host that
+spreads its runs more is measured, not assumed: each side's re-runs' healthy steps (the same code before
+the onset) give one run's spread (their range over the mean range of that many normal samples), and the
+tolerances widen to 2 and 3 such spreads (about three standard errors of a median of three runs' ratio,
+and of the difference of two sides' medians) when those are larger. And the draft's step must be told
+apart from the unchanged code's (paired): their medians, each over its own healthy steps, must differ
+by 3 spreads (of 5% at least), about three standard errors of that difference, else the re-runs cannot
+tell a fixed step from a slow one and the draft is not verified (a 14% slowdown judged at 10% once
+verified a draft whose step was the unchanged code's; a rule that asked the tolerance to stay under
+half the slowdown refused, on a busy CI host spreading runs by 17%, a draft whose step went from 1.65 to
+1.01 of healthy).
 The step those are judged on is every rank's steps from the step the diagnosed run's detector fired at
 up to the re-run's forced window, less any step a window profiled: a window's steps carry the
 profiler's cost (per op, so most on a model of many small ops and a slow host: docs/benchmarks.md) and
@@ -49,9 +62,15 @@ from eroica.schema.diagnosis import Diagnosis, Finding, WindowDiagnosis
 from eroica.schema.files import RANK_FILE
 from eroica.schema.patterns import PatternsDoc
 
-TOLERANCE = 0.10            # within 10% of the healthy step: the slowdown is gone
+TOLERANCE = 0.10            # within 10% of the healthy step: the slowdown is gone (at least; see spread)
 MIN_REFERENCE_STEPS = 8     # the fewest steps a healthy reference is taken from (the detector's own minimum)
 HARM = 2 * TOLERANCE        # a draft's healthy steps this much slower than the unchanged code's: it slows the job
+#: the mean range of n normal samples in standard deviations (d2 of quality control): a side's n re-runs'
+#: healthy steps, range over median, divided by it, estimate one run's spread
+RANGE_TO_SIGMA = {2: 1.128, 3: 1.693, 4: 2.059, 5: 2.326, 6: 2.534, 7: 2.704, 8: 2.847, 9: 2.970, 10: 3.078}
+SPREADS_IN_TOLERANCE = 2.0  # the median of 3 runs' ratios varies by ~0.67 of one run's spread: 2 spreads ~ 3 of its
+SPREADS_IN_HARM = 3.0       # two sides' medians differ by ~0.95 of one run's spread: 3 spreads ~ 3 of theirs
+ASSUMED_SPREAD = TOLERANCE / 2  # one re-run's spread the fixed tolerances assume (a quiet 2-core host's)
 #: runs `command` in `cwd`, attached, its windows written under `out`, for at most `timeout` seconds;
 #: returns why it failed (None when it exited 0)
 Runner = Callable[[str, Path, Path, float], "str | None"]
@@ -66,6 +85,8 @@ class Measured:
     reference_ratio: float | None = None      # step_seconds / reference_seconds, of one run
     step_from: str = "the window"             # which steps step_seconds is the median of
     why: str | None = None
+    run_reference_seconds: tuple[float, ...] = ()  # each run's reference_seconds (one, or median_run's runs)
+    run_ratios: tuple[float, ...] = ()             # each run's reference_ratio
 
 
 @dataclass(frozen=True)
@@ -131,6 +152,7 @@ def measure(run_dir: Path, ranks: list[int], function: str | None, reference: ra
     step = unprofiled if unprofiled is not None else statistics.median(steps)
     return Measured(step_seconds=step, baseline_seconds=statistics.median(baselines) if baselines else None,
                     function_seconds=fn, reference_seconds=ref, reference_ratio=step / ref if ref else None,
+                    run_reference_seconds=(ref,) if ref else (), run_ratios=(step / ref,) if ref else (),
                     step_from=f"steps {slow.start}-{slow.stop - 1} outside windows" if unprofiled is not None and slow
                     else "the window")
 
@@ -164,7 +186,19 @@ def median_run(runs: list[Measured]) -> Measured:
                     function_seconds=mid([m.function_seconds for m in runs]),
                     reference_seconds=mid([m.reference_seconds for m in runs]),
                     reference_ratio=mid([m.reference_ratio for m in runs]),
-                    step_from=" / ".join(dict.fromkeys(m.step_from for m in runs)))
+                    step_from=" / ".join(dict.fromkeys(m.step_from for m in runs)),
+                    run_reference_seconds=tuple(x for m in runs for x in m.run_reference_seconds),
+                    run_ratios=tuple(x for m in runs for x in m.run_ratios))
+
+
+def run_spread(*sides: tuple[float, ...]) -> float | None:
+    """One re-run's spread (a relative standard deviation) measured from the re-runs themselves: each side's
+    runs' healthy steps (the same code before the onset, run alike) ranged, over their median, divided by
+    the mean range of that many normal samples, averaged over the sides that have two runs or more; None
+    when none has."""
+    est = [(max(xs) - min(xs)) / statistics.median(xs) / RANGE_TO_SIGMA[min(len(xs), 10)]
+           for xs in sides if len(xs) >= 2]
+    return statistics.fmean(est) if est else None
 
 
 def _rank_files(wdir: Path) -> list[Path]:
@@ -181,6 +215,8 @@ class Healthy:
     source: str                               # where it was measured, said in the change request
     paired: bool = False                      # each re-run judged against its own healthy steps
     unchanged_seconds: float | None = None    # paired: the unchanged code's healthy steps (the HARM check)
+    spread_ratio: float | None = None         # paired: one re-run's spread, measured (run_spread)
+    slowdown_ratio: float | None = None       # paired: the unchanged code's step over its own healthy steps
 
 
 def healthy_reference(diagnosis: Diagnosis, before: Measured, after: Measured, reference: range | None) -> Healthy:
@@ -192,7 +228,9 @@ def healthy_reference(diagnosis: Diagnosis, before: Measured, after: Measured, r
         return Healthy(after.reference_seconds,
                        f"each re-run's own steps {reference.start}-{reference.stop - 1}, before the slowdown's onset "
                        f"({_ms(before.reference_seconds)} on the unchanged code; {_ms(then)} in the diagnosed run)",
-                       paired=True, unchanged_seconds=before.reference_seconds)
+                       paired=True, unchanged_seconds=before.reference_seconds,
+                       spread_ratio=run_spread(before.run_reference_seconds, after.run_reference_seconds),
+                       slowdown_ratio=before.reference_ratio)
     if then is not None:
         return Healthy(then, "the diagnosed run's steps before its slowdown")
     return Healthy(before.baseline_seconds, "the baseline of the re-run on the unchanged code")
@@ -201,7 +239,8 @@ def healthy_reference(diagnosis: Diagnosis, before: Measured, after: Measured, r
 def judge(command: str, before: Measured, after: Measured, healthy: float | Healthy | None, function: str | None,
           ranks: list[int]) -> Verification:
     """The verdict: verified when the re-run on the unchanged code was slow and the re-runs with the draft
-    hold the step within TOLERANCE of healthy (paired: of each run's own healthy steps)."""
+    hold the step within TOLERANCE of healthy (paired: of each run's own healthy steps, within twice the
+    re-runs' measured spread where that is larger, and 3 spreads apart from the unchanged code's step)."""
     ref = healthy if isinstance(healthy, Healthy) else Healthy(healthy, "given")
     summary = f"step {_ms(before.step_seconds)} -> {_ms(after.step_seconds)}; healthy {_ms(ref.seconds)}"
     if function and (before.function_seconds or after.function_seconds):   # a setting's key is no function
@@ -210,6 +249,11 @@ def judge(command: str, before: Measured, after: Measured, healthy: float | Heal
     why = after.why or before.why
     ratio = after.reference_ratio if ref.paired else \
         after.step_seconds / ref.seconds if after.step_seconds is not None and ref.seconds else None
+    # paired, the re-runs' own spread widens the tolerances when it is larger than they assume
+    spread = ref.spread_ratio if ref.paired else None
+    tol = max(TOLERANCE, SPREADS_IN_TOLERANCE * spread) if spread else TOLERANCE
+    harm = max(HARM, SPREADS_IN_HARM * spread) if spread else HARM
+    widened = f" ({SPREADS_IN_TOLERANCE:g}x the re-runs' spread, {spread:.1%})" if spread and tol > TOLERANCE else ""
     if why is None and ref.seconds is None:
         why = "no healthy step to compare with (the diagnosis' window has no history, the re-run no baseline)"
     if why is None and not ref.paired and before.step_seconds is not None and ref.seconds is not None \
@@ -218,24 +262,36 @@ def judge(command: str, before: Measured, after: Measured, healthy: float | Heal
                f"{_ms(ref.seconds)}, {ref.source}): the command did not reproduce the slowdown, or the healthy step "
                "is a slow one (a window whose history already held the slowdown: draft from the earliest), so the "
                "re-run with the draft shows nothing")
-    if why is None and ratio is not None and ratio > 1 + TOLERANCE and ref.paired:
+    if why is None and ratio is not None and ratio > 1 + tol and ref.paired:
         why = (f"the re-runs with the draft ran {ratio - 1:.0%} above their own healthy steps (the median "
-               f"run; {_ms(after.step_seconds)} against {_ms(ref.seconds)} over all of them; at most {TOLERANCE:.0%})")
-    elif why is None and ratio is not None and ratio > 1 + TOLERANCE:
+               f"run; {_ms(after.step_seconds)} against {_ms(ref.seconds)} over all of them; "
+               f"at most {tol:.0%}{widened})")
+    elif why is None and ratio is not None and ratio > 1 + tol:
         why = (f"the step with the draft, {_ms(after.step_seconds)}, is {ratio - 1:.0%} above the healthy "
-               f"{_ms(ref.seconds)} (at most {TOLERANCE:.0%})")
+               f"{_ms(ref.seconds)} (at most {tol:.0%})")
+    # paired, the draft's step must be told apart from the unchanged code's, each over its own healthy steps
+    apart = SPREADS_IN_HARM * max(spread or 0.0, ASSUMED_SPREAD)
+    if why is None and ratio is not None and ref.slowdown_ratio is not None and ref.slowdown_ratio - ratio < apart:
+        why = (f"the re-runs cannot tell a fixed step from a slow one: the unchanged code ran "
+               f"{ref.slowdown_ratio - 1:.0%} above its own healthy steps and the draft {ratio - 1:.0%}, less than "
+               f"{apart:.0%} apart ({SPREADS_IN_HARM:g}x the re-runs' spread of "
+               f"{max(spread or 0.0, ASSUMED_SPREAD):.1%}); re-run with more --verify-runs on a quieter host, or "
+               "reproduce a stronger slowdown")
     if why is None and ref.paired and ref.seconds is not None and ref.unchanged_seconds \
-            and ref.seconds > ref.unchanged_seconds * (1 + HARM):
+            and ref.seconds > ref.unchanged_seconds * (1 + harm):
         why = (f"with the draft the steps before the slowdown's onset ran {ref.seconds / ref.unchanged_seconds - 1:.0%}"
                f" slower than on the unchanged code ({_ms(ref.seconds)} against {_ms(ref.unchanged_seconds)}; at most "
-               f"{HARM:.0%}, the spread between runs): the draft slows the healthy job")
+               f"{harm:.0%}, the spread between runs): the draft slows the healthy job")
     return Verification(
         verified=why is None, command=command, summary=summary, why=why,
         before_step_seconds=before.step_seconds, after_step_seconds=after.step_seconds,
         healthy_step_seconds=ref.seconds, healthy_from=ref.source, step_from=after.step_from,
         step_to_healthy_ratio=None if ratio is None else round(ratio, 4),
         function=function, before_function_seconds=before.function_seconds,
-        after_function_seconds=after.function_seconds, tolerance_ratio=TOLERANCE)
+        after_function_seconds=after.function_seconds, tolerance_ratio=round(tol, 4), harm_ratio=round(harm, 4),
+        spread_ratio=None if spread is None else round(spread, 4),
+        unchanged_ratio=None if ref.slowdown_ratio is None else round(ref.slowdown_ratio, 4),
+        run_ratios=tuple(round(r, 4) for r in after.run_ratios) if ref.paired else ())
 
 
 def _finding(diagnosis: Diagnosis, o: DraftOutcome) -> Finding | None:
@@ -264,38 +320,44 @@ def healthy_step(diagnosis: Diagnosis) -> float | None:
 def verify_all(diagnosis: Diagnosis, outcomes: list[DraftOutcome], repo: Path, command: str, runner: Runner,
                timeout: float, progress: Callable[[str], None] = lambda _s: None, runs: int = 3,
                detector: DetectorSteps | None = None) -> list[DraftOutcome]:
-    """Re-run `command` on the unchanged repository once and `runs` times with each distinct code draft applied;
-    each code outcome gets its Verification (also `verification.json` and a section of its change
-    request)."""
+    """Re-run `command` `runs` times on the unchanged repository and as many with each distinct code draft
+    applied, in rounds; each code outcome gets its Verification (also `verification.json` and a section of
+    its change request)."""
     code = [o for o in outcomes if o.kind == "code" and (Path(o.directory) / "patch.diff").exists()]
     if not code:
         return outcomes
     out: dict[int, DraftOutcome] = {}
     reference = reference_steps(diagnosis, detector) if detector is not None else None
     slow = slow_from(diagnosis, detector) if detector is not None else None
+    diff_of = {id(o): (Path(o.directory) / "patch.diff").read_text() for o in code}
+    first: dict[str, DraftOutcome] = {}           # each distinct diff, by the first outcome that drafted it
+    for o in code:
+        first.setdefault(diff_of[id(o)], o)
     with tempfile.TemporaryDirectory(prefix="eroica-verify-") as tmp:
         base = Path(tmp)
-        progress(f"re-running `{command}` on the unchanged code")
-        failed = _run(runner, command, repo, base / "before", base / "before-run", timeout)
-        after_runs: dict[str, list[tuple[Path, str | None]]] = {}   # a diff's re-runs, once per distinct diff
+        # both sides measured alike, in rounds: the unchanged code, then each distinct draft, `runs` times,
+        # so a change in the host's load between rounds falls on both (one unchanged run against the
+        # median of the draft's let a single run's fast schedule read as the draft's harm)
+        before_runs: list[tuple[Path, str | None]] = []
+        after_runs: dict[str, list[tuple[Path, str | None]]] = {d: [] for d in first}
+        for i in range(runs):
+            progress(f"re-running `{command}` on the unchanged code ({i + 1} of {runs})")
+            run_dir = base / f"before-run-{i}"
+            before_runs.append((run_dir, _run(runner, command, repo, base / f"before-{i}", run_dir, timeout)))
+            for k, (diff, o) in enumerate(first.items()):
+                progress(f"re-running `{command}` with the draft for {o.finding} applied ({i + 1} of {runs})")
+                run_dir = base / f"after-run-{k}-{i}"
+                after_runs[diff].append((run_dir, _run(runner, command, repo, base / f"after-{k}-{i}", run_dir,
+                                                       timeout, Path(o.directory) / "patch.diff")))
         for o in code:
             f = _finding(diagnosis, o)
             function = f.function if f is not None else None
-            before = Measured(why=f"the run on the unchanged code failed: {failed}") if failed else \
-                measure(base / "before-run", o.ranks, function, reference, slow)
-            patch = Path(o.directory) / "patch.diff"
-            diff = patch.read_text()
-            if diff not in after_runs:
-                k = len(after_runs)
-                after_runs[diff] = []
-                for i in range(runs):
-                    progress(f"re-running `{command}` with the draft for {o.finding} applied ({i + 1} of {runs})")
-                    run_dir = base / f"after-run-{k}-{i}"
-                    after_runs[diff].append((run_dir, _run(runner, command, repo, base / f"after-{k}-{i}", run_dir,
-                                                           timeout, patch)))
+            before = median_run([Measured(why=f"the run on the unchanged code failed: {failed}") if failed
+                                 else measure(run_dir, o.ranks, function, reference, slow)
+                                 for run_dir, failed in before_runs])
             after = median_run([Measured(why=f"the run with the draft failed: {failed_after}") if failed_after
                                 else measure(run_dir, o.ranks, function, reference, slow)
-                                for run_dir, failed_after in after_runs[diff]])
+                                for run_dir, failed_after in after_runs[diff_of[id(o)]]])
             v = judge(command, before, after, healthy_reference(diagnosis, before, after, reference), function,
                       o.ranks)
             (Path(o.directory) / "verification.json").write_text(v.model_dump_json(indent=2) + "\n")
@@ -326,7 +388,13 @@ def _append(change_request: Path, v: Verification) -> None:
     if v.why:
         lines.append(f"- Why not verified: {v.why}.")
     else:
-        lines.append(f"- The step with the change is within {v.tolerance_ratio:.0%} of the healthy step.")
+        lines.append(f"- The step with the change is within {v.tolerance_ratio:.0%} of the healthy step"
+                     + (f" (twice the re-runs' measured spread, {v.spread_ratio:.1%})." if v.spread_ratio
+                        and v.tolerance_ratio > TOLERANCE else "."))
+    if v.run_ratios:
+        lines.append("- Each re-run with the change, its step over its own healthy steps: "
+                     + ", ".join(f"{r:.2f}" for r in v.run_ratios)
+                     + (f" (the unchanged code's median run: {v.unchanged_ratio:.2f})." if v.unchanged_ratio else "."))
     lines.append(f"- Healthy: {v.healthy_from}.")
     if v.step_from:
         lines.append(f"- Step: the re-runs' {v.step_from} (a profiling window's steps carry the profiler's cost).")

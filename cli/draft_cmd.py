@@ -39,8 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the step the re-runs measure from: a window of the policy's length is forced there "
                         "(default 40; after the command's warm-up and the slowdown's onset)")
     p.add_argument("--verify-runs", type=int, default=3,
-                   help="how many times the command runs with each draft; the median run is compared with the "
-                        "healthy step (default 3: re-runs of one job on a shared host differ by 10-15%%)")
+                   help="how many times the command runs unchanged and with each draft, in rounds; each side's "
+                        "median run is judged (default 3: re-runs of one job on a shared host differ by 10-15%%)")
     p.add_argument("--link", metavar="SERVICE_URL",
                    help="with --verify: link each verified change request to its finding's issue in this eroica "
                         "serve (token from EROICA_SINK_TOKEN)")
