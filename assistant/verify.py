@@ -270,13 +270,13 @@ def judge(command: str, before: Measured, after: Measured, healthy: float | Heal
         why = (f"the step with the draft, {_ms(after.step_seconds)}, is {ratio - 1:.0%} above the healthy "
                f"{_ms(ref.seconds)} (at most {tol:.0%})")
     # paired, the draft's step must be told apart from the unchanged code's, each over its own healthy steps
-    apart = SPREADS_IN_HARM * max(spread or 0.0, ASSUMED_SPREAD)
-    if why is None and ratio is not None and ref.slowdown_ratio is not None and ref.slowdown_ratio - ratio < apart:
+    at_least = max(spread or 0.0, ASSUMED_SPREAD)
+    if why is None and ratio is not None and ref.slowdown_ratio is not None \
+            and ref.slowdown_ratio - ratio < SPREADS_IN_HARM * at_least:
         why = (f"the re-runs cannot tell a fixed step from a slow one: the unchanged code ran "
                f"{ref.slowdown_ratio - 1:.0%} above its own healthy steps and the draft {ratio - 1:.0%}, less than "
-               f"{apart:.0%} apart ({SPREADS_IN_HARM:g}x the re-runs' spread of "
-               f"{max(spread or 0.0, ASSUMED_SPREAD):.1%}); re-run with more --verify-runs on a quieter host, or "
-               "reproduce a stronger slowdown")
+               f"{SPREADS_IN_HARM * at_least:.0%} apart ({SPREADS_IN_HARM:g}x the re-runs' spread of {at_least:.1%}); "
+               "re-run with more --verify-runs on a quieter host, or reproduce a stronger slowdown")
     if why is None and ref.paired and ref.seconds is not None and ref.unchanged_seconds \
             and ref.seconds > ref.unchanged_seconds * (1 + harm):
         why = (f"with the draft the steps before the slowdown's onset ran {ref.seconds / ref.unchanged_seconds - 1:.0%}"
