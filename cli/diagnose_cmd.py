@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from eroica.cli import knowledge_args
 from eroica.cli.fastpath import resume_collection, warm_engine
 from eroica.engine import FORMATS
 
@@ -31,27 +32,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", default=None, help="only this window id (default: all)")
     p.add_argument("--format", choices=FORMATS, default="text")
     p.add_argument("-o", "--output", type=Path, default=None, help="write here instead of stdout")
-    p.add_argument("--rules", type=Path, action="append", default=None,
-                   help="extra rule file or directory (a site's own rules); repeatable")
-    p.add_argument("--overrides", type=Path, action="append", default=None,
-                   help="site override file (knowledge/overrides/<site>.yaml); repeatable")
-    p.add_argument("--knowledge", type=Path, action="append", default=None,
-                   help="a site knowledge directory: its rules/ are added, its overrides/*.yaml applied and the root "
-                        "causes of its taxonomy.yaml added; repeatable")
+    p.add_argument("--rules", type=Path, action="append", default=None, metavar="PATH",
+                   help="more rule files or directories, loaded after the --knowledge directories; repeatable")
+    p.add_argument("--overrides", type=Path, action="append", default=None, metavar="FILE",
+                   help="more override files (as a site's overrides/*.yaml), applied last; repeatable")
+    knowledge_args.add(p)
     p.add_argument("--facts", action="store_true",
                    help="print the typed facts the rules see (one JSON object per line), for rule authors")
     p.set_defaults(func=run)
 
 
 def print_facts(run_dir: Path, window: str | None) -> int:
+    """The facts the rules see (with the job's history and the suspects' evidence gaps), every window of
+    the run analyzed so that a later one sees the earlier ones."""
     import json
 
+    from eroica.engine.diagnose import analyze_windows
     from eroica.engine.load import load_run
-    from eroica.engine.peer import analyze
 
-    for w in load_run(run_dir, window):
-        for f in analyze(w).facts:
-            print(json.dumps({"window": w.window_id, **f.model_dump(mode="json")}))
+    windows = load_run(run_dir)
+    if window is not None and window not in {w.window_id for w in windows}:
+        from eroica.engine.errors import RunDirError
+
+        raise RunDirError(f"no window named {window!r}", path=str(run_dir))
+    analyses = analyze_windows(windows)
+    for w in windows:
+        if window is None or w.window_id == window:
+            for f in analyses[w.window_id].facts:
+                print(json.dumps({"window": w.window_id, **f.model_dump(mode="json")}))
     return 0
 
 
@@ -109,20 +117,15 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
         except EngineError as exc:
             print(f"eroica diagnose: {exc}", file=sys.stderr)
             return 2
-    rules, overrides = list(args.rules or []), list(args.overrides or [])
-    for k in args.knowledge or []:
-        if not k.is_dir():
-            print(f"eroica diagnose: --knowledge {k}: not a directory (expected rules/, overrides/ and/or "
-                  "taxonomy.yaml)", file=sys.stderr)
-            return 2
+    spec = knowledge_args.spec(args, rule_paths=tuple(args.rules or ()), override_files=tuple(args.overrides or ()))
     try:
         # the report puts a hang first (the job may still wait, and someone can act); one diagnosis per
         # process: the rules run in it (no worker process to start)
-        d = diagnose(run_dir, DiagnoseOptions(extra_rule_dirs=rules, override_files=overrides,
-                                                   window=args.window, knowledge_dirs=list(args.knowledge or []),
-                                                   in_process=True, workers=os.cpu_count() or 1))
+        d = diagnose(run_dir, DiagnoseOptions(knowledge=spec, window=args.window, in_process=True,
+                                              workers=os.cpu_count() or 1))
     except RuleError as exc:
-        print("eroica diagnose: the rule base has problems:\n" + "\n".join(exc.problems), file=sys.stderr)
+        print("eroica diagnose: the knowledge has problems (`eroica rules lint` lists the same):\n"
+              + "\n".join(exc.problems), file=sys.stderr)
         return 2
     except EngineError as exc:
         print(f"eroica diagnose: {exc}", file=sys.stderr)

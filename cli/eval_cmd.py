@@ -8,8 +8,9 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import median
 
+from eroica.cli import knowledge_args
 from eroica.engine.diagnose import DiagnoseOptions
-from eroica.engine.errors import EngineError
+from eroica.engine.errors import EngineError, RuleError
 from eroica.engine.evaluate import (
     HELDOUT,
     IncidentResult,
@@ -21,6 +22,7 @@ from eroica.engine.evaluate import (
     naming_rules,
 )
 from eroica.engine.priors import MIN_FINDINGS, write_priors
+from eroica.engine.rules.layers import KnowledgeSpec, load
 from eroica.engine.rules.loader import load_rules
 from eroica.engine.rules.source import builtin_knowledge_dir
 
@@ -42,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                       "causes templates do not fix (unknown, transient_stall) and user_code, and "
                                       "count what the gate accepts (EROICA_LLM_* settings apply)")
     p.add_argument("--model", help="--drafts --base-url: the model's name at the endpoint")
+    knowledge_args.add(p)
     p.set_defaults(func=run)
 
 
@@ -130,10 +133,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"eroica eval: no incidents (folders with expected.yaml) under {args.dir}", file=sys.stderr)
         return 2
     if args.fit_priors:
+        if args.knowledge:
+            print("eroica eval --fit-priors: priors are fitted for the shipped rules alone; drop --knowledge",
+                  file=sys.stderr)
+            return 2
         return fit(args, incs, held)
+    try:
+        k = load(knowledge_args.spec(args))
+    except RuleError as exc:
+        print("eroica eval: the knowledge has problems (`eroica rules lint` lists the same):\n"
+              + "\n".join(exc.problems), file=sys.stderr)
+        return 2
+    opts = DiagnoseOptions(in_process=True, knowledge=k.spec)
+    named_by = naming_rules(k.rules)
     # a held-out folder named directly is judged as held-out, not as a library
     named = "held-out" if args.dir.resolve().name == HELDOUT else "library"
-    results = _replay(incs, args.verbose, named)
+    results = _replay(incs, args.verbose, named, opts, named_by)
     if incs:
         print(f"held-out ({args.dir}: another job, never tuned on)" if named == "held-out" else
               f"library ({args.dir}: the incidents the rules are written and tested against)")
@@ -141,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         if args.calibration:
             print(calibration_table(results))
     if held:
-        held_results = _replay(held, args.verbose, "held-out")
+        held_results = _replay(held, args.verbose, "held-out", opts, named_by)
         print()
         print(f"held-out ({args.dir / HELDOUT}: another job, never tuned on; reported, not gating)")
         print(table(held_results, "held-out yield (not gating)"))
@@ -164,7 +179,7 @@ def fit(args: argparse.Namespace, incs: list[Path], held: list[Path]) -> int:
     if not incs:
         print(f"eroica eval --fit-priors: no library incidents under {args.dir}", file=sys.stderr)
         return 2
-    hand = DiagnoseOptions(in_process=True, fitted_priors=False)
+    hand = DiagnoseOptions(in_process=True, knowledge=KnowledgeSpec(fitted_priors=False))
     before = _replay(incs, args.verbose, "library, hand-set priors", hand)
     fits, samples = library_fits(before)
     path = builtin_knowledge_dir() / "priors.yaml"
@@ -185,8 +200,9 @@ def fit(args: argparse.Namespace, incs: list[Path], held: list[Path]) -> int:
     return 0 if all(r.correct for r in after) else 1
 
 
-def _replay(incs: list[Path], verbose: bool, label: str, opts: DiagnoseOptions | None = None) -> list[IncidentResult]:
-    named = naming_rules(load_rules())
+def _replay(incs: list[Path], verbose: bool, label: str, opts: DiagnoseOptions | None = None,
+            named: dict[str, list[tuple[str, str]]] | None = None) -> list[IncidentResult]:
+    named = named if named is not None else naming_rules(load_rules())
     results = []
     for i, inc in enumerate(incs, 1):
         r = evaluate_incident(inc, opts or DiagnoseOptions(in_process=True), named.get(inc.name))

@@ -1,180 +1,222 @@
-"""`eroica rules test|lint`: the rule base's own test runner and linter (like `promtool test rules`)."""
+"""`eroica rules ...`: the rule base's own tools, as promtool's are for Prometheus rules: test, lint,
+list, show, vocabulary, new (a rule scaffolded from a window), coverage (where each rule fires on
+recorded incidents) and promote. Every one builds the knowledge through the one compile path
+(eroica.engine.rules.layers): the shipped knowledge, then each --knowledge directory."""
 
 from __future__ import annotations
 
 import argparse
-import operator
+import re
+import sys
 from pathlib import Path
 
+from eroica.cli import knowledge_args
 from eroica.engine.errors import RuleError
-from eroica.engine.rules.compiler import compile_each, compile_rule, fact_fields, trace_field, with_derivations
-from eroica.engine.rules.ir import THRESHOLD_OPS
-from eroica.engine.rules.lint_refs import boundary_problems, given_problems, reference_problems, summary_problems
-from eroica.engine.rules.loader import load_overrides, load_rules, parse_rule_file, rule_files
-from eroica.engine.rules.runner import RuleTestCase, run_tests
-from eroica.engine.rules.source import LoadedRule, builtin_rules_dir, line_of
-from eroica.engine.taxonomy import load_taxonomy
+from eroica.engine.rules.layers import Knowledge, KnowledgeSpec, load
 
-_CMP = {"gt": operator.gt, "gte": operator.ge, "lt": operator.lt, "lte": operator.le}
+FORMATS = ("text", "json")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    rs = p.add_subparsers(dest="rules_cmd", required=True)
-    t = rs.add_parser("test", help="run every rule's inline tests")
-    t.add_argument("paths", nargs="*", type=Path, help="rule files or directories (default: shipped rules)")
-    li = rs.add_parser("lint", help="check rules: schema, fact fields, given facts, taxonomy, ids, references, "
-                                    "a quiet test at every threshold's boundary")
-    li.add_argument("paths", nargs="*", type=Path)
+    p.description = ("The rule base: every subcommand loads the shipped knowledge, then each --knowledge "
+                     "directory (and $EROICA_KNOWLEDGE's), as diagnose, eval and serve do.")
+    rs = p.add_subparsers(dest="rules_cmd", required=True, metavar="{test,lint,list,show,vocabulary,new,coverage,"
+                                                                  "promote}")
+    t = rs.add_parser("test", help="run the rules' inline tests (each with the rules deriving what it consumes)")
+    t.add_argument("paths", nargs="*", type=Path, metavar="PATH",
+                   help="rule files or directories to test (default: every loaded rule)")
+    li = rs.add_parser("lint", help="refuse rules that cannot fire (unknown values, impossible thresholds, facts "
+                                    "nothing states) and check tests, references and lifecycle; file:line each")
+    li.add_argument("paths", nargs="*", type=Path, metavar="PATH",
+                    help="rule files or directories to lint (default: every loaded rule)")
+    ls = rs.add_parser("list", help="every rule: id, status, root cause, origin, enabled, what changed it")
+    sh = rs.add_parser("show", help="one rule: its file, prior and the factors its confidence goes through, "
+                                    "its tests, the incidents that name it")
+    sh.add_argument("rule_id", metavar="ID")
+    sh.add_argument("--incidents", type=Path, action="append", default=[], metavar="DIR",
+                    help="incident libraries to look the rule up in (default: ./incidents when present)")
+    vo = rs.add_parser("vocabulary", help="the facts and their fields (type, unit, range, values), hardware "
+                                          "signals, gap sources and root causes rules are written in")
+    vo.add_argument("--section", choices=("facts", "signals", "values", "gaps", "causes"), action="append",
+                    help="print only these sections (repeatable; default: all)")
+    nw = rs.add_parser("new", help="scaffold a site rule from a window's real facts: its firing test is the "
+                                   "window, its quiet tests sit at each threshold")
+    nw.add_argument("--from", dest="source", type=Path, required=True, metavar="RUN/WINDOW",
+                    help="a window directory (RUN/w0-s40) or a run directory (its last window)")
+    nw.add_argument("--rank", type=int, required=True, help="the rank the rule is about")
+    nw.add_argument("--cause", required=True, help="the root cause it names (a taxonomy id, the site's too)")
+    nw.add_argument("--id", dest="rule_id", help="the new rule's id (default: site.<cause>-rank<K>)")
+    nw.add_argument("--owner", default="site-sre", help="its owner (default: site-sre)")
+    nw.add_argument("--force", action="store_true", help="overwrite an existing file")
+    cv = rs.add_parser("coverage", help="replay incidents: where each rule fires, where it decides the finding, "
+                                        "which rules never fire")
+    cv.add_argument("incidents", nargs="*", type=Path, metavar="DIR",
+                    help="incident libraries or incidents (default: ./incidents and its heldout/)")
     pr = rs.add_parser("promote", help="experimental rules that diagnose enough incidents and never fired on a "
                                        "healthy run become stable (--dry-run lists them)")
-    pr.add_argument("--incidents", type=Path, default=Path("incidents"), help="the incident library")
-    pr.add_argument("--min-incidents", type=int, default=3)
+    pr.add_argument("--incidents", type=Path, default=Path("incidents"), help="the incident library (default: "
+                                                                              "./incidents)")
+    pr.add_argument("--min-incidents", type=int, default=3, help="incidents a rule must diagnose (default: 3)")
     pr.add_argument("--dry-run", action="store_true", help="list the candidates, change nothing")
-    pr.set_defaults(func=cmd_promote)
-    for sp, func in ((t, cmd_test), (li, cmd_lint)):
-        sp.add_argument("--knowledge", type=Path, action="append", default=[],
-                        help="a site knowledge directory, as eroica diagnose takes it: its rules/ are added, its "
-                             "overrides/*.yaml applied and its taxonomy.yaml's root causes known; repeatable")
+    for sp, func in ((t, cmd_test), (li, cmd_lint), (ls, cmd_list), (sh, cmd_show), (vo, cmd_vocabulary),
+                     (nw, cmd_new), (cv, cmd_coverage), (pr, cmd_promote)):
+        knowledge_args.add(sp)
+        if sp in (ls, sh, vo, cv):
+            sp.add_argument("--format", choices=FORMATS if sp is not vo else (*FORMATS, "md"), default="text",
+                            help="text (default) or json" + (", or md (the docs' tables)" if sp is vo else ""))
         sp.set_defaults(func=func)
 
 
-def _site(args: argparse.Namespace) -> tuple[list[Path], dict[str, dict[str, object]]]:
-    """The rule paths and overrides that the arguments and the site knowledge directories name."""
-    paths = list(args.paths or [builtin_rules_dir()])
-    files: list[Path] = []
-    for k in args.knowledge:
-        if not k.is_dir():
-            raise RuleError([f"--knowledge {k}: not a directory (expected rules/, overrides/ and/or taxonomy.yaml)"])
-        if (k / "rules").is_dir():
-            paths.append(k / "rules")
-        files.extend(sorted((k / "overrides").glob("*.yaml")))
-    return paths, load_overrides(files)
+def knowledge(args: argparse.Namespace, **kw: object) -> Knowledge:
+    """The knowledge the arguments name, problems kept (the caller prints them)."""
+    return load(knowledge_args.spec(args, **kw), raise_problems=False)
 
 
-def build_cases(rules: list[LoadedRule], site_dirs: list[Path] | None = None) -> tuple[list[RuleTestCase], list[str]]:
-    """One case per inline test; a rule that consumes hypotheses runs with the rules that derive them, so
-    its tests may give measured facts (the chain runs) or the hypotheses themselves."""
-    compiled, problems = compile_each(rules, site_dirs)
-    irs = [ir for _, ir in compiled]
-    cases: list[RuleTestCase] = []
-    for lr, ir in compiled:
-        chain = with_derivations(ir, irs)
-        for t in lr.rule.tests:
-            cases.append(RuleTestCase(lr.rule.id, t.name, chain, tuple(t.given), tuple(t.expect), lr.path))
-    return cases, problems
+def _print_problems(problems: list[str], err: bool = False) -> None:
+    for p in problems:
+        print(p, file=sys.stderr if err else sys.stdout)
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    try:
-        paths, overrides = _site(args)
-        rules = load_rules(paths, overrides)
-    except RuleError as exc:
-        print("\n".join(exc.problems))
-        return 1
-    cases, problems = build_cases(rules, args.knowledge)
-    if problems:
-        print("\n".join(problems))
-        return 1
-    outcomes = run_tests(cases)
+    from eroica.engine.rules.authoring import cases
+    from eroica.engine.rules.runner import run_tests
+
+    k = knowledge(args, targets=tuple(args.paths))
+    _print_problems(k.problems)
+    targets = k.targets()
+    outcomes = run_tests(cases(k, targets))
     failed = 0
     for o in outcomes:
-        mark = "PASS" if o.passed else "FAIL"
-        print(f"{mark}  {o.rule_id}: {o.name}")
+        print(f"{'PASS' if o.passed else 'FAIL'}  {o.rule_id}: {o.name}")
         if not o.passed:
             failed += 1
             print(f"      {o.path}: {o.detail}")
-    untested = [lr.rule.id for lr in rules if not lr.rule.tests]
+    untested = [lr.rule.id for lr in targets if not lr.rule.tests]
     for rid in untested:
         print(f"FAIL  {rid}: has no tests")
-    print(f"{len(outcomes) - failed} passed, {failed + len(untested)} failed")
-    return 1 if failed or untested else 0
-
-
-def lint(paths: list[Path], site_dirs: list[Path] | None = None) -> list[str]:
-    problems: list[str] = []
-    loaded: list[LoadedRule] = []
-    seen: dict[str, str] = {}
-    for f in rule_files(paths):
-        lr, probs = parse_rule_file(f)
-        problems.extend(probs)
-        if lr is None:
-            continue
-        if lr.rule.id in seen:
-            problems.append(
-                f"{f}:{line_of(lr.lines, ('id',))}: duplicate rule id {lr.rule.id!r} (also in {seen[lr.rule.id]})"
-            )
-            continue
-        seen[lr.rule.id] = str(f)
-        loaded.append(lr)
-    taxonomy = load_taxonomy(site_dirs=site_dirs)
-    vocab = fact_fields(site_dirs)
-    irs = [ir for _, ir in compile_each(loaded, site_dirs)[0]]
-
-    def sources(kind: str, field: str) -> list[tuple[str, str]]:
-        return trace_field(kind, field, irs)
-
-    for lr in loaded:
-        r = lr.rule
-        _, probs = compile_rule(lr, vocab)
-        problems.extend(probs)
-        problems.extend(given_problems(lr, vocab, site_dirs) + summary_problems(lr, vocab) + reference_problems(lr))
-        problems.extend(boundary_problems(lr, THRESHOLD_OPS, _CMP, sources))
-        if r.taxonomy is not None and r.taxonomy not in taxonomy:
-            problems.append(f"{lr.path}:{line_of(lr.lines, ('taxonomy',))}: rule {r.id!r}: unknown taxonomy id "
-                            f"{r.taxonomy!r}; add it to knowledge/taxonomy.yaml or use one of "
-                            f"{', '.join(sorted(taxonomy))}")
-        if r.status.value == "stable" and not r.incidents:
-            problems.append(f"{lr.path}:{line_of(lr.lines, ('status',))}: rule {r.id!r} is stable but names no "
-                            "incident; add `incidents: [ID]` or set status: test")
-        if not any(t.expect for t in r.tests) or not any(not t.expect for t in r.tests):
-            problems.append(f"{lr.path}:{line_of(lr.lines, ('tests',))}: rule {r.id!r} needs at least one firing "
-                            "test and one quiet test")
-        for i, cond in enumerate(r.when):
-            for field, spec in cond.where.items():
-                if not isinstance(spec, dict):
-                    continue
-                for op, val in spec.items():
-                    if op not in THRESHOLD_OPS or not isinstance(val, (int, float)):
-                        continue
-                    srcs = sources(cond.fact, field)
-                    vals = [g[f] for t in r.tests for g in t.given for k, f in srcs
-                            if g.get("kind") == k and isinstance(g.get(f), (int, float))]
-                    hit = any(_CMP[op](v, val) for v in vals)
-                    miss = any(not _CMP[op](v, val) for v in vals)
-                    if not (hit and miss):
-                        side = "passing" if not hit else "failing"
-                        problems.append(
-                            f"{lr.path}:{line_of(lr.lines, ('when', i, 'where', field))}: rule {r.id!r}: threshold "
-                            f"{cond.fact}.{field} {op} {val} has no test on its {side} side; add a test whose "
-                            f"given {cond.fact} has {field} on that side")
-    return problems
+    tail = f"; {len(k.problems)} problem(s) the engine would refuse (above)" if k.problems else ""
+    print(f"{len(outcomes) - failed} passed, {failed + len(untested)} failed{tail}")
+    return 1 if failed or untested or k.problems else 0
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    try:
-        paths, overrides = _site(args)
-        if overrides:
-            load_rules(paths, overrides)  # overrides are validated against the rules they name
-        problems = lint(paths, args.knowledge)
-    except RuleError as exc:
-        problems = exc.problems
-    for p in problems:
-        print(p)
-    print(f"{len(problems)} problem(s)" + ("; the rule format and the knowledge layout: knowledge/README.md, "
-                                          "docs/rule-authoring.md" if problems else ""))
+    from eroica.engine.rules.authoring import lint
+
+    problems = lint(knowledge(args, targets=tuple(args.paths)))
+    _print_problems(problems)
+    print(f"{len(problems)} problem(s)" + ("; the rule format and the vocabulary: docs/rule-authoring.md, "
+                                          "`eroica rules vocabulary`" if problems else ""))
     return 1 if problems else 0
 
 
-def cmd_promote(args: argparse.Namespace) -> int:
-    import re
+def _loaded(args: argparse.Namespace) -> Knowledge | None:
+    """The knowledge for the read-only commands; its problems go to stderr (they still list what loaded)."""
+    k = knowledge(args)
+    if k.problems:
+        print(f"eroica rules {args.rules_cmd}: the knowledge has {len(k.problems)} problem(s) (`eroica rules lint` "
+              "lists them); showing what loaded", file=sys.stderr)
+    return k
 
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from eroica.cli.rules_info import list_rules
+
+    k = _loaded(args)
+    assert k is not None
+    sys.stdout.write(list_rules(k, args.format))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from eroica.cli.rules_info import show_rule
+
+    k = _loaded(args)
+    assert k is not None
+    libs = args.incidents or ([Path("incidents")] if Path("incidents").is_dir() else [])
+    text = show_rule(k, args.rule_id, libs, args.format)
+    if text is None:
+        import difflib
+
+        near = difflib.get_close_matches(args.rule_id, [e.id for e in k.entries], n=3, cutoff=0.5)
+        print(f"eroica rules show: no rule {args.rule_id!r}" + (f"; closest: {', '.join(near)}" if near else "")
+              + "; every id: `eroica rules list`", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
+    return 0
+
+
+def cmd_vocabulary(args: argparse.Namespace) -> int:
+    from eroica.cli.rules_info import vocabulary
+
+    k = _loaded(args)
+    assert k is not None
+    sys.stdout.write(vocabulary(k.vocabulary, args.format, args.section))
+    return 0
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    from eroica.engine.rules.scaffold import ScaffoldError, scaffold
+
+    if not args.knowledge:
+        print("eroica rules new: --knowledge DIR is required: the site directory the rule is written to "
+              "(DIR/rules/)", file=sys.stderr)
+        return 2
+    site = args.knowledge[-1]
+    try:
+        path, text = scaffold(args.source, args.rank, args.cause, knowledge_args.spec(args), site,
+                              rule_id=args.rule_id, owner=args.owner)
+    except (ScaffoldError, RuleError) as exc:
+        print(f"eroica rules new: {exc}", file=sys.stderr)
+        return 2
+    if path.exists() and not args.force:
+        print(f"eroica rules new: {path} exists; pass --force to overwrite it, or --id for another name",
+              file=sys.stderr)
+        return 2
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote {path}\nnext: eroica rules test {path} --knowledge {site}\n"
+          f"      eroica rules lint {path} --knowledge {site}")
+    return 0
+
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    from eroica.cli.rules_info import coverage_text
+    from eroica.engine.coverage import coverage
+
+    k = knowledge(args)
+    if k.problems:
+        _print_problems(k.problems, err=True)
+        print(f"eroica rules coverage: the knowledge has {len(k.problems)} problem(s); fix them first",
+              file=sys.stderr)
+        return 2
+    dirs = list(args.incidents) or [Path("incidents")]
+    missing = [d for d in dirs if not d.is_dir()]
+    if missing:
+        print(f"eroica rules coverage: {', '.join(map(str, missing))}: no such incident directory", file=sys.stderr)
+        return 2
+    try:
+        cov = coverage(k, dirs, progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    except RuleError as exc:
+        _print_problems(exc.problems, err=True)
+        return 2
+    sys.stdout.write(coverage_text(cov, args.format))
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
     from eroica.engine.diagnose import DiagnoseOptions
     from eroica.engine.evaluate import promotion_candidates
 
     if not args.incidents.is_dir():
-        print(f"eroica rules promote: {args.incidents}: no incident library there")
+        print(f"eroica rules promote: {args.incidents}: no incident library there", file=sys.stderr)
         return 2
-    cands = promotion_candidates(args.incidents, load_rules(), args.min_incidents, DiagnoseOptions(in_process=True))
+    k = knowledge(args)
+    if k.problems:
+        _print_problems(k.problems, err=True)
+        return 2
+    spec: KnowledgeSpec = k.spec
+    cands = promotion_candidates(args.incidents, k.rules, args.min_incidents,
+                                 DiagnoseOptions(in_process=True, knowledge=spec))
     for c in cands:
         print(f"{'would promote' if args.dry_run else 'promoted'} {c.rule_id} to stable: diagnoses "
               f"{', '.join(c.incidents)}, no confident finding on a healthy run ({c.path})")

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eroica.cli import knowledge_args
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
@@ -40,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace-seconds", type=float, default=30.0,
                    help="diagnose a window with missing ranks this long after its last document (default 30)")
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
-    p.add_argument("--knowledge", action="append", default=[], help="a site knowledge directory, as for diagnose")
+    knowledge_args.add(p)
     p.add_argument("--workers", type=int, default=1, help="diagnosis worker processes (default 1)")
     p.add_argument("--parse-processes", type=int, default=0,
                    help="processes that parse a wide window's documents for its diagnosis (default 0: the "
@@ -152,13 +154,25 @@ def _run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"eroica serve: {exc}", file=sys.stderr)
             return 2
+    # the knowledge every window and hang is diagnosed with: refused now, with file and line, rather than
+    # at the first window (the same compile path as `eroica rules lint`)
+    from eroica.engine.errors import RuleError
+    from eroica.engine.rules.layers import compiled
+
+    spec = knowledge_args.spec(args)
+    try:
+        compiled(spec)
+    except RuleError as exc:
+        print("eroica serve: the knowledge has problems (`eroica rules lint` lists the same):\n"
+              + "\n".join(exc.problems), file=sys.stderr)
+        return 2
     if args.drain_min_jobs < 1:
         print(f"eroica serve: --drain-min-jobs must be at least 1, got {args.drain_min_jobs}", file=sys.stderr)
         return 2
     settings = Settings(db_url=url, alerts=alerts, drain_min_jobs=args.drain_min_jobs, token=token,
                         read_token=args.read_token, job_silent_seconds=args.job_silent_seconds,
                         max_body_bytes=args.max_body_bytes, grace_seconds=args.grace_seconds,
-                        watch=list(args.watch), knowledge_dirs=list(args.knowledge), workers=args.workers,
+                        watch=list(args.watch), knowledge_dirs=[str(d) for d in spec.site_dirs], workers=args.workers,
                         parse_processes=args.parse_processes,
                         job_tokens=job_tokens, allowed_hosts=[*args.allowed_host, *_bind_names(args.host)],
                         diagnosis_timeout_seconds=args.diagnosis_timeout_seconds,

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from eroica.engine import VERSION, rule_cache
-from eroica.engine.errors import RuleError
+from eroica.engine import VERSION
 from eroica.engine.findings import build_findings, unhealthy
 from eroica.engine.hang import load_snapshots, localize_documents
 from eroica.engine.history import add_gaps, mark_history, start_step, summarize
@@ -18,9 +17,8 @@ from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
 from eroica.engine.report_data import add_report_data, heatmap, step_series
 from eroica.engine.rules.ir import RuleIR
-from eroica.engine.rules.loader import load_overrides, load_rules, rule_files
+from eroica.engine.rules.layers import KnowledgeSpec, compiled
 from eroica.engine.rules.runner import run_rules
-from eroica.engine.rules.source import builtin_knowledge_dir
 from eroica.engine.taxonomy import (
     Resolution,
     TaxonomyEntry,
@@ -78,42 +76,20 @@ def _steps(w: WindowData, analysis: PeerAnalysis) -> StepSummary:
 
 @dataclass
 class DiagnoseOptions:
-    rule_paths: list[Path] | None = None       # default: the shipped knowledge/rules
-    extra_rule_dirs: list[Path] | None = None  # a site's own rules, kept outside the repo
-    override_files: list[Path] | None = None
+    knowledge: KnowledgeSpec = field(default_factory=KnowledgeSpec)   # shipped, then a site's layers
     window: str | None = None
-    knowledge_dirs: list[Path] | None = None   # a site's knowledge: rules/, overrides/*.yaml, taxonomy.yaml
     in_process: bool = False
     doc_cache: int = 4096                      # parsed documents kept in memory; others are read again
-    fitted_priors: bool = True                 # knowledge/priors.yaml (False: the rules' hand-set confidences)
     workers: int = 1                           # processes that parse a wide window (forked: not in a server)
+
+    @property
+    def site_dirs(self) -> list[Path]:
+        return [d for d in self.knowledge.site_dirs if d.is_dir()]
 
 
 def compile_knowledge(opts: DiagnoseOptions) -> list[RuleIR]:
-    paths = list(opts.rule_paths or [builtin_knowledge_dir() / "rules"]) + list(opts.extra_rule_dirs or [])
-    override_files = list(opts.override_files or [])
-    for k in opts.knowledge_dirs or []:
-        if (Path(k) / "rules").is_dir():
-            paths.append(Path(k) / "rules")
-        override_files.extend(sorted((Path(k) / "overrides").glob("*.yaml")))
-    files = rule_files(paths)  # raises a clear error for missing paths
-    k_dir = builtin_knowledge_dir()
-    # the hypotheses are inputs too: rules are compiled against their fields
-    inputs = [*files, *override_files, k_dir / "priors.yaml", k_dir / "taxonomy.yaml", k_dir / "hypotheses.yaml",
-              *[Path(k) / name for k in opts.knowledge_dirs or [] for name in ("taxonomy.yaml", "hypotheses.yaml")]]
-    key = rule_cache.cache_key(inputs, opts.fitted_priors)
-    cached = rule_cache.get(key)
-    if cached is not None:
-        return cached
-    # not cached: the compiler, the rule schema and the priors are imported for this one compilation
-    from eroica.engine.priors import load_priors
-    from eroica.engine.rules.compiler import compile_rules
-
-    overrides = load_overrides(override_files)
-    priors = load_priors(builtin_knowledge_dir()) if opts.fitted_priors else {}
-    rules = compile_rules(load_rules(paths, overrides, priors), opts.knowledge_dirs)
-    rule_cache.put(key, rules)
-    return rules
+    """The rules a diagnosis runs: the knowledge's one compile path (eroica.engine.rules.layers)."""
+    return compiled(opts.knowledge)
 
 
 def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
@@ -125,6 +101,19 @@ def diagnose(run_dir: Path, opts: DiagnoseOptions | None = None) -> Diagnosis:
     return diagnose_documents(windows, opts=opts, hang_snapshots=snaps, run=str(run_dir))
 
 
+def analyze_windows(windows: Sequence[WindowData], history: Sequence[WindowHistory] = ()) -> dict[str, PeerAnalysis]:
+    """Each window's peer analysis with the facts the rules see: the peer comparison's, marked with
+    the job's history (a difference seen while the job was healthy), and the suspects' evidence gaps."""
+    analyses = {w.window_id: analyze(w) for w in windows}
+    known = list(history)
+    for w in sorted(windows, key=start_step):          # by step number: each sees those before it
+        a = analyses[w.window_id]
+        mark_history(w, a, known)
+        add_gaps(w, a)
+        known.append(summarize(w, a, ()))
+    return analyses
+
+
 def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHistory] = (),
                        hang_snapshots: Sequence[HangSnapshot | dict[str, Any]] = (),
                        opts: DiagnoseOptions | None = None, run: str = "") -> Diagnosis:
@@ -133,23 +122,15 @@ def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHi
     their documents), and a hang's snapshots. Each window's diagnosis carries its own summary for
     the windows after it. Windows given together inform each other as history would."""
     opts = opts or DiagnoseOptions()
-    rules = compile_knowledge(opts)
-    taxonomy = load_taxonomy(site_dirs=opts.knowledge_dirs)
-    unknown = sorted({r.taxonomy for r in rules if r.taxonomy and r.taxonomy not in taxonomy})
-    if unknown:
-        raise RuleError([f"rules name root causes the taxonomy does not have: {', '.join(unknown)}; add them to "
-                         "knowledge/taxonomy.yaml or your site's taxonomy.yaml (eroica rules lint says which rule)"])
+    rules = compile_knowledge(opts)          # refused with file and line as `eroica rules lint` refuses it
+    taxonomy = load_taxonomy(site_dirs=opts.site_dirs)
     resolution = load_resolution()
     status = {r.id: r.status for r in rules}
-    analyses = {w.window_id: analyze(w) for w in windows}
-    known = list(history)
-    for w in sorted(windows, key=start_step):          # by step number: each sees those before it
-        a = analyses[w.window_id]
-        mark_history(w, a, known)
-        add_gaps(w, a)
-        known.append(summarize(w, a, ()))
+    analyses = analyze_windows(windows, history)
     facts = {wid: list(a.facts) for wid, a in analyses.items() if a.facts}
-    conclusions = run_rules(rules, facts, in_process=opts.in_process, site_dirs=opts.knowledge_dirs) if facts else {}
+    results = run_rules(rules, facts, in_process=opts.in_process, site_dirs=opts.site_dirs) if facts else {}
+    conclusions = {w: r[0] for w, r in results.items()}
+    fired = {w: sorted({c.rule_id for c in r[0]} | {d.rule_id for d in r[1]}) for w, r in results.items()}
     out: list[WindowDiagnosis] = []
     floor = load_coverage_floor()
     for w in windows:
@@ -177,6 +158,7 @@ def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHi
                 healthy=why_not is None and not unhealthy(findings, taxonomy, resolution),
                 diagnosable=why_not is None, not_diagnosable_reason=why_not,
                 history=summarize(w, a, findings),
+                rules_fired=fired.get(w.window_id, []),
             )
         )
     return Diagnosis(run_dir=run, eroica_version=VERSION, rules_loaded=len(rules),

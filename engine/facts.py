@@ -6,17 +6,28 @@ averages. Units are in field names.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
+
+from eroica.schema.hang import State
 
 
 def _ms(x: float) -> str:
     return f"{x * 1000:.1f} ms"
 
 
+def one_of(domain: str, default: Any = ...) -> Any:
+    """A string field whose values come from a closed set the rule vocabulary names
+    (eroica.engine.rules.vocabulary: `category`, `signal`, `metric`, `gap_source`): a rule comparing it
+    with a value outside the set can never fire, and `eroica rules lint` says so."""
+    return Field(default, json_schema_extra={"domain": domain})
+
+
 class Fact(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+    #: where the engine states it: in a window's diagnosis, or in a hang's (a rule matches one or the other)
+    context: ClassVar[Literal["window", "hang"]] = "window"
     rank: NonNegativeInt
 
     def evidence(self) -> str | None:
@@ -29,12 +40,12 @@ class RankSlowness(Fact):
 
     kind: Literal["rank_slowness"] = "rank_slowness"
     group: str
-    busy_seconds_per_step: float
-    peer_median_busy_seconds_per_step: float
+    busy_seconds_per_step: NonNegativeFloat
+    peer_median_busy_seconds_per_step: NonNegativeFloat
     excess_seconds_per_step: float
     excess_step_ratio: float                 # excess / peer-median step time: what the rank costs the job
-    busy_ratio_to_median: float
-    comm_wait_ratio_to_median: float         # culprits wait least; victims wait most
+    busy_ratio_to_median: NonNegativeFloat
+    comm_wait_ratio_to_median: NonNegativeFloat   # culprits wait least; victims wait most
     least_waiting: bool                      # this rank waits least of its group in communication
     robust_z: float
     consistency_ratio: float = Field(ge=0, le=1)  # share of window steps in which it was slow
@@ -52,15 +63,15 @@ class FunctionOutlier(Fact):
     """One function on one rank holds the critical path longer than on its peers."""
 
     kind: Literal["function_outlier"] = "function_outlier"
-    category: str
+    category: str = one_of("category")
     function: str
-    seconds_per_step: float
-    peer_median_seconds_per_step: float
+    seconds_per_step: NonNegativeFloat
+    peer_median_seconds_per_step: NonNegativeFloat
     excess_seconds_per_step: float
-    ratio_to_median: float                   # capped at 1000 when the peers' median is 0
+    ratio_to_median: float = Field(ge=0, le=1000)   # capped at 1000 when the peers' median is 0
     explains_ratio: float = Field(ge=0, le=1)  # share of the rank's excess busy time it explains
     robust_z: float
-    metric: str | None = None
+    metric: str | None = one_of("metric", None)
     metric_mean: float | None = None
     peer_metric_median: float | None = None
     metric_ratio_to_median: float | None = None  # None when the metric is missing here or at peers
@@ -76,9 +87,9 @@ class CategoryExcess(Fact):
     """All functions of one category on one rank, beside the peers: where the excess time went."""
 
     kind: Literal["category_excess"] = "category_excess"
-    category: str
-    seconds_per_step: float
-    peer_median_seconds_per_step: float
+    category: str = one_of("category")
+    seconds_per_step: NonNegativeFloat
+    peer_median_seconds_per_step: NonNegativeFloat
     excess_seconds_per_step: float
     explains_ratio: float = Field(ge=0, le=1)
     top_function: str
@@ -95,11 +106,11 @@ class HardwareSignal(Fact):
     """One whole-window hardware signal of a suspect rank, beside its peers' median."""
 
     kind: Literal["hw_signal"] = "hw_signal"
-    signal: str
+    signal: str = one_of("signal")
     value: float
     peer_median: float
     delta: float                             # value - peer_median
-    ratio_to_median: float                   # capped at 1000 when the median is 0
+    ratio_to_median: float = Field(le=1000)  # capped at 1000 when the median is 0
 
     def evidence(self) -> str:
         return f"{self.signal} = {self.value:.3g} (peer median {self.peer_median:.3g})"
@@ -110,12 +121,12 @@ class LinkSignature(Fact):
 
     kind: Literal["link_signature"] = "link_signature"
     function: str
-    mean_bytes_per_second: float
-    cv_ratio: float                          # sigma / mu of the link's byte rate while communicating
-    peer_median_cv_ratio: float
-    cv_ratio_to_median: float
-    rate_ratio_to_median: float
-    comm_share_ratio: float                  # the group's median share of the window in communication
+    mean_bytes_per_second: NonNegativeFloat
+    cv_ratio: NonNegativeFloat               # sigma / mu of the link's byte rate while communicating
+    peer_median_cv_ratio: NonNegativeFloat
+    cv_ratio_to_median: NonNegativeFloat
+    rate_ratio_to_median: NonNegativeFloat
+    comm_share_ratio: float = Field(ge=0, le=1)   # the group's median share of the window in communication
     excess_step_ratio: float                 # what the finding costs the job (here: the communication share)
     steadiest: bool
     comm_wait_ratio_to_median: float         # ~1 for a capped link (everyone waits), << 1 for a late rank
@@ -156,21 +167,21 @@ class StepSpike(Fact):
 
     kind: Literal["step_spike"] = "step_spike"
     step_number: NonNegativeInt
-    step_seconds: float                      # the job's step time in that step (median over ranks)
-    median_step_seconds: float               # the job's median step time over the window's other steps
-    ratio_to_median: float
-    busy_seconds: float                      # this rank's busy (non-waiting) time in that step
-    peer_median_busy_seconds: float
+    step_seconds: NonNegativeFloat           # the job's step time in that step (median over ranks)
+    median_step_seconds: NonNegativeFloat    # the job's median step time over the window's other steps
+    ratio_to_median: NonNegativeFloat
+    busy_seconds: NonNegativeFloat           # this rank's busy (non-waiting) time in that step
+    peer_median_busy_seconds: NonNegativeFloat
     busy_share_ratio: float = Field(ge=0, le=1)   # busy_seconds / step_seconds: 1 = it held the step up alone
-    category: str | None = None              # what held this rank's critical path in that step
+    category: str | None = one_of("category", None)   # what held this rank's critical path in that step
     function: str | None = None
     function_seconds: float = 0.0
     excess_step_ratio: float                 # the spike's extra time / the window's total step time
     consistency_ratio: float = Field(ge=0, le=1)  # share of the window's steps it hit (1 of n)
     # this rank's thread during that step, when the collector kept signals per step
-    io_wait_ratio: float | None = None       # in uninterruptible (D) sleep: storage, page cache, reclaim
-    runqueue_wait_ratio: float | None = None  # runnable, waiting for a CPU
-    cpu_util_ratio: float | None = None      # on a CPU
+    io_wait_ratio: float | None = Field(None, ge=0, le=1)   # in uninterruptible (D) sleep: storage, page cache, reclaim
+    runqueue_wait_ratio: float | None = Field(None, ge=0, le=1)  # runnable, waiting for a CPU
+    cpu_util_ratio: float | None = Field(None, ge=0, le=1)      # on a CPU
 
     def evidence(self) -> str:
         sig = [f"{n.split('_ratio')[0].replace('_', ' ')} {v:.0%}" for n, v in
@@ -192,10 +203,10 @@ class HostCpuLoad(Fact):
     kind: Literal["host_cpu"] = "host_cpu"
     host: str
     cores_total: NonNegativeInt
-    busy_cores: float
-    job_cores: float                         # the reporting ranks on this host, all their threads
-    other_cores: float                       # busy_cores - job_cores (not below 0)
-    busy_ratio: float                        # busy_cores / cores_total
+    busy_cores: NonNegativeFloat
+    job_cores: NonNegativeFloat              # the reporting ranks on this host, all their threads
+    other_cores: NonNegativeFloat            # busy_cores - job_cores (not below 0)
+    busy_ratio: float = Field(ge=0, le=1)    # busy_cores / cores_total
     ranks_on_host: NonNegativeInt
 
     def evidence(self) -> str:
@@ -209,10 +220,10 @@ class JobSlowdown(Fact):
     straggler, and this fact carries the cost)."""
 
     kind: Literal["job_slowdown"] = "job_slowdown"
-    step_seconds: float                      # median step over the window's kept steps and ranks
-    baseline_step_seconds: float             # the detector's reference before the window
-    step_ratio_to_baseline: float
-    excess_step_ratio: float                 # (step - baseline) / step: the share of each step lost
+    step_seconds: NonNegativeFloat           # median step over the window's kept steps and ranks
+    baseline_step_seconds: NonNegativeFloat  # the detector's reference before the window
+    step_ratio_to_baseline: NonNegativeFloat
+    excess_step_ratio: float = Field(ge=0, le=1)   # (step - baseline) / step: the share of each step lost
     ranks_standing_out: NonNegativeInt       # ranks with a rank_slowness fact in the group
 
     def evidence(self) -> str:
@@ -226,9 +237,9 @@ class StepShare(Fact):
     peer group exists: expected-range rules judge it against what a healthy step looks like."""
 
     kind: Literal["step_share"] = "step_share"
-    category: str
+    category: str = one_of("category")
     share_ratio: float = Field(ge=0, le=1)   # critical seconds of the category / step seconds
-    seconds_per_step: float
+    seconds_per_step: NonNegativeFloat
     top_function: str
     group_valid: bool
 
@@ -243,12 +254,12 @@ class DeviceIdle(Fact):
     launch work leaves its device idle between kernels while the peers wait for it in collectives."""
 
     kind: Literal["device_idle"] = "device_idle"
-    seconds_per_step: float                  # host work on the critical path while the device idled
-    peer_median_seconds_per_step: float
+    seconds_per_step: NonNegativeFloat       # host work on the critical path while the device idled
+    peer_median_seconds_per_step: NonNegativeFloat
     excess_seconds_per_step: float
     explains_ratio: float = Field(ge=0, le=1)   # share of the rank's excess busy time it explains
     idle_ratio_of_step: float = Field(ge=0, le=1)
-    top_category: str                        # the host-side category that grew most (compute, python, data...)
+    top_category: str = one_of("category")   # the host-side category that grew most (compute, python, data...)
     top_function: str
 
     def evidence(self) -> str:
@@ -261,7 +272,7 @@ class EvidenceGap(Fact):
     evidence lowers its confidence or stands down (`emit.needs`), and a rule may match it directly."""
 
     kind: Literal["evidence_gap"] = "evidence_gap"
-    source: str                              # the collector source: nvml, hardware, sampler, cgroup_quota...
+    source: str = one_of("gap_source")       # the collector source: nvml, hardware, sampler, cgroup_quota...
     reason: str
 
     def evidence(self) -> str:
@@ -277,7 +288,8 @@ class HangState(Fact):
     this rank's host), silent (no snapshot), link_down, errored (its collective failed)."""
 
     kind: Literal["hang_state"] = "hang_state"
-    state: str
+    context: ClassVar[Literal["window", "hang"]] = "hang"
+    state: State
     seq: int = -1                            # the default group's collective sequence number (-1: unknown)
     in_data_loader: bool = False             # its stack is inside a DataLoader
     waits_on_lock: bool = False              # its innermost user line takes a lock

@@ -15,7 +15,6 @@ culprit ranks, the location (function, file, line) and the evidence an SRE can c
 
 from __future__ import annotations
 
-import functools
 import json
 import linecache
 import re
@@ -394,7 +393,7 @@ def _conclusions(st: list[HangRankState], rules: tuple[RuleIR, ...]) -> dict[str
     hang_rules = [r for r in rules if any(p.kind == HangState.model_fields["kind"].default for p in r.patterns)]
     if not hang_rules:
         return {}
-    got = run_rules(hang_rules, {"hang": list(hang_facts(st))}, in_process=True).get("hang", [])
+    got = run_rules(hang_rules, {"hang": list(hang_facts(st))}, in_process=True).get("hang", ([], []))[0]
     by: dict[str, dict[int, Conclusion]] = {}
     for c in got:
         mine = by.setdefault(c.root_cause, {})
@@ -403,14 +402,11 @@ def _conclusions(st: list[HangRankState], rules: tuple[RuleIR, ...]) -> dict[str
     return {k: [v[r] for r in sorted(v)] for k, v in by.items()}
 
 
-@functools.lru_cache(maxsize=1)
 def _rules() -> tuple[RuleIR, ...]:
     """The shipped rules, for a hang localized without a diagnosis' knowledge (compiled when one is seen)."""
-    from eroica.engine.rules.compiler import compile_rules
-    from eroica.engine.rules.loader import load_rules
-    from eroica.engine.rules.source import builtin_rules_dir
+    from eroica.engine.rules.layers import KnowledgeSpec, compiled_once
 
-    return tuple(compile_rules(load_rules([builtin_rules_dir()])))
+    return compiled_once(KnowledgeSpec())
 
 
 def render(f: HangFinding, fmt: str = "text") -> str:

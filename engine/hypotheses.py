@@ -79,11 +79,19 @@ def load_hypotheses(knowledge_dir: Path | None = None, site_dirs: list[Path] | N
     """Every hypothesis kind, shipped then site, as fact models (a site adds kinds, never redefines)."""
     shipped, *site = _files(knowledge_dir, site_dirs)
     out: dict[str, type[Fact]] = {kind: _model_of(shipped, kind) for kind in _specs(shipped)}
+    where: dict[str, Path] = dict.fromkeys(out, shipped)
+    problems = []
     for f in site:
-        for kind in _specs(f):
+        for kind, spec in _specs(f).items():
+            if kind in where and _specs(where[kind])[kind] == spec:
+                continue                          # an identical copy (a site's copy of knowledge/): the same kind
             if kind in out or kind in FACT_TYPES:
-                raise RuleError([f"{f}: hypothesis {kind!r} already exists; a site adds new kinds"])
-            out[kind] = _model_of(f, kind)
+                problems.append(f"{f}: hypothesis {kind!r} already exists ({where.get(kind, 'a measured fact')}); "
+                                "a site adds new kinds (rename it)")
+                continue
+            out[kind], where[kind] = _model_of(f, kind), f
+    if problems:
+        raise RuleError(problems)
     return out
 
 

@@ -33,7 +33,10 @@ def cache_dir() -> Path | None:
 
 
 def cache_key(inputs: list[Path], fitted_priors: bool) -> str:
-    code = sorted((Path(__file__).parent / "rules").glob("*.py"))
+    here = Path(__file__).parent
+    # the compiler and the checks a rule base passes (the vocabulary: facts, signals, categories)
+    code = [*sorted((here / "rules").glob("*.py")), *(here / n for n in ("facts.py", "signals.py", "hypotheses.py",
+            "taxonomy.py")), *(here.parent / "schema" / n for n in ("signals.py", "patterns.py", "hang.py"))]
     h = hashlib.sha256(f"{VERSION}|{fitted_priors}".encode())
     for p in [*inputs, *code, Path(__file__)]:
         try:

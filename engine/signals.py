@@ -14,48 +14,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from eroica.engine.facts import Fact, HardwareSignal, HostCpuLoad, JobSlowdown
+from eroica.schema.signals import SIGNALS
 
 if TYPE_CHECKING:
     from eroica.engine.columns import WindowColumns
 
-HW_SIGNALS = (
-    "cgroup_throttled_ratio",
-    "cpu_util_ratio",
-    "runqueue_wait_ratio",
-    "io_wait_ratio",
-    "involuntary_ctx_switches_per_second",
-    "major_faults_per_second",
-    "minor_faults_per_second",
-    "swap_used_bytes",
-    "cgroup_memory_usage_ratio",
-    "cgroup_memory_limit_hits_per_second",
-    "disk_write_bytes_per_second",
-    "disk_read_bytes_per_second",
-    "process_cpu_cores",
-    "cgroup_others_cpu_cores",
-    # the rank's DataLoader worker processes (none where it has no workers)
-    "loader_worker_busy_ratio",
-    "loader_worker_cpu_ratio",
-    "loader_worker_io_wait_ratio",
-    "loader_worker_runqueue_wait_ratio",
-    "loader_worker_major_faults_per_second",
-    "loader_worker_disk_read_bytes_per_second",
-)
+#: the signals stated as `hw_signal` facts, in the catalog's order (eroica.schema.signals: unit, source, range);
+#: the stored column layout follows this order
+HW_SIGNALS = tuple(s.name for s in SIGNALS if s.stated_as == "hw_signal" and s.scope != "NVML")
 #: NVML signals (HardwareSummary.gpu), compared like the others when the ranks have GPUs
-GPU_SIGNALS = (
-    "gpu_sm_clock_mhz",
-    "gpu_throttled_sample_ratio",
-    "gpu_power_w",
-    "gpu_temp_c",
-    "gpu_pcie_gen",
-    "gpu_pcie_width",
-    "gpu_util_ratio",
-    "gpu_nvlink_links_active",
-    "gpu_nvlink_errors_per_second",
-    "gpu_xid_events_total",
-    "gpu_ecc_corrected_per_second",
-    "gpu_ecc_uncorrected_total",
-)
+GPU_SIGNALS = tuple(s.name for s in SIGNALS if s.stated_as == "hw_signal" and s.scope == "NVML")
 #: discrete hardware states: a rank whose link runs below its peers' is stated even when it is not late
 #: (a degraded link slows every rank of a collective alike, so no rank stands out in busy time)
 STATE_SIGNALS = ("gpu_nvlink_links_active", "gpu_pcie_width", "gpu_pcie_gen")

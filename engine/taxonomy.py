@@ -111,7 +111,13 @@ def load_taxonomy(knowledge_dir: Path | None = None, site_dirs: list[Path] | Non
         problems = []
         for k, v in site.items():
             if k in out:
-                problems.append(f"{f}: root cause {k!r} is already in the taxonomy; a site adds new ids")
+                try:
+                    if TaxonomyEntry.parse(v, k) == out[k]:
+                        continue                  # an identical copy (a site's copy of knowledge/): the same cause
+                except TypeError:
+                    pass
+                problems.append(f"{f}: root cause {k!r} is already in the taxonomy; a site adds new ids "
+                                "(a shipped cause is changed through rules and overrides)")
                 continue
             try:
                 out[k] = TaxonomyEntry.parse(v, k)

@@ -48,6 +48,41 @@ class ConfidenceFactors(Frozen):
     peer_group: str
     peer_group_valid: bool
 
+    def terms(self) -> list[tuple[str, float]]:
+        """(label, value) of each factor in the product, the prior and the always-measured four first,
+        then those that lowered it (a factor of 1.0 that need not apply is left out)."""
+        out = [(label, float(getattr(self, name))) for name, label, always, _ in FACTORS
+               if always or float(getattr(self, name)) != 1.0]
+        return out
+
+    def explain(self, confidence: float) -> str:
+        """'prior 0.85 (rule) x strength 0.90 x ... = 0.77': how the confidence was reached."""
+        parts = [f"{label} {v:.2f}" for label, v in self.terms()]
+        return " x ".join(parts) + f" = {confidence:.2f}"
+
+
+#: the factors of a finding's confidence, in the order they multiply: (field, label, always shown, how it is
+#: measured); `eroica rules show` and docs/rule-authoring.md say these, and the reports print the product
+FACTORS: Final = (
+    ("rule_ratio", "prior", True, "the deciding rule's prior: how often it is right when it fires (fitted on the "
+     "incident library into knowledge/priors.yaml for shipped rules; the rule's emit.confidence otherwise; a "
+     "site override's confidence wins)"),
+    ("deviation_strength_ratio", "strength", True, "what the rank costs the job: 0.5 at 5% of a step, rising to "
+     "1.0 from 25%"),
+    ("step_consistency_ratio", "consistency", True, "0.6 + 0.4 x the share of the window's steps it was slow in"),
+    ("peer_group_ratio", "peers", True, "1.0 for a valid group of 4 or more, 0.85 under 4, 0.5 when the peers are "
+     "no peers (other programs by design), 0.2 alone; 1.0 for basis expected_range or absolute"),
+    ("coverage_ratio", "coverage", True, "0.5 + 0.5 x the share of the world's ranks that reported"),
+    ("evidence_gap_ratio", "evidence missing", False, "the rule's missing_evidence_factor when the rank could not "
+     "collect a source it `needs`"),
+    ("explained_away_ratio", "explained away", False, "the taxonomy's explained_away_factor when a more specific "
+     "cause on the same ranks explains it"),
+    ("contested_ratio", "contested", False, "the taxonomy's contest_factor when another cause on the same rank is "
+     "within contest_margin and no deciding evidence settles it"),
+    ("window_consistency_ratio", "across windows", False, "0.8 + 0.2 x the share of the run's windows with the "
+     "same cause on the same ranks"),
+)
+
 
 class SignalComparison(Frozen):
     """One hardware signal of a culprit rank beside its peers' median and spread (10th-90th pct)."""
@@ -220,6 +255,9 @@ class WindowDiagnosis(Frozen):
     # what a later window of the run reads of this one (eroica.engine.history), so that it is never
     # loaded again
     history: WindowHistory | None = None
+    # every rule that concluded on this window (whether or not its conclusion became a finding) and
+    # every rule that derived a hypothesis on the way: `eroica rules coverage` counts them
+    rules_fired: list[str] = Field(default_factory=list)
 
 
 class Diagnosis(Frozen):

@@ -141,13 +141,13 @@ def api_router(svc: Service) -> APIRouter:
         def work() -> dict[str, Any]:
             doc = hangs.parse(raw)
             may_write(eng, principal_of(request), job_id, name)
-            f = hangs.add(eng, job_id, doc, name=name)
+            f = hangs.add(eng, job_id, doc, name=name, knowledge_dirs=svc.settings.knowledge_dirs)
             return {"status": "stored", "hang": f.model_dump(mode="json") if f is not None else None}
         return await run_in_threadpool(work)
 
     @r.get("/jobs/{job_id}/hang")
     def get_hang(job_id: JobId) -> dict[str, Any]:
-        f = hangs.current(eng, store.valid_job_id(job_id))
+        f = hangs.current(eng, store.valid_job_id(job_id), svc.settings.knowledge_dirs)
         if f is None:
             raise NotFound(f"no hang snapshot for job {job_id!r}", "job")
         return f.model_dump(mode="json")

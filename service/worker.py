@@ -49,12 +49,13 @@ def _diagnose_window(window_id: str, packs: Sequence[bytes], refs: list[tuple[in
                      chunks: Mapping[int, bytes] | None) -> str:
     from eroica.engine.diagnose import DiagnoseOptions, diagnose_documents
     from eroica.engine.load import window_of_packs
+    from eroica.engine.rules.layers import KnowledgeSpec
     from eroica.schema.diagnosis import WindowHistory
 
+    spec = KnowledgeSpec(tuple(map(Path, knowledge_dirs)))
     d = diagnose_documents([window_of_packs(window_id, packs, refs, workers=parse_processes, chunks=chunks)],
                            history=[WindowHistory.model_validate_json(h) for h in history],
-                           opts=DiagnoseOptions(in_process=True, knowledge_dirs=[Path(k) for k in knowledge_dirs]),
-                           run=window_id)
+                           opts=DiagnoseOptions(in_process=True, knowledge=spec), run=window_id)
     return d.model_dump_json(by_alias=True)
 
 
@@ -88,9 +89,10 @@ def warm(knowledge_dirs: list[str]) -> None:
     import eroica.service.docs  # noqa: F401
     from eroica.engine.diagnose import DiagnoseOptions, compile_knowledge
     from eroica.engine.heap import freeze_startup
+    from eroica.engine.rules.layers import KnowledgeSpec
 
     try:
-        compile_knowledge(DiagnoseOptions(in_process=True, knowledge_dirs=[Path(k) for k in knowledge_dirs]))
+        compile_knowledge(DiagnoseOptions(in_process=True, knowledge=KnowledgeSpec(tuple(map(Path, knowledge_dirs)))))
     except Exception:      # noqa: BLE001  (reported by the first diagnosis, with its window)
         pass
     freeze_startup()

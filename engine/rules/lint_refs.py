@@ -11,13 +11,16 @@ from pydantic import TypeAdapter, ValidationError
 
 from eroica.engine.hypotheses import all_fact_types
 from eroica.engine.rules.source import LoadedRule, builtin_knowledge_dir, line_of
+from eroica.engine.rules.vocabulary import SIGNAL_VALUED, Vocabulary
 
 SUMMARY_FIELD = re.compile(r"\{([a-z_]+)\.([a-z_0-9]+)")
 
 
-def given_problems(lr: LoadedRule, vocab: dict[str, set[str]], site_dirs: list[Path] | None = None) -> list[str]:
+def given_problems(lr: LoadedRule, vocab: dict[str, set[str]], site_dirs: list[Path] | None = None,
+                   vocabulary: Vocabulary | None = None) -> list[str]:
     """Each test's `given:` facts against the fact models (measured facts and declared hypotheses):
-    unknown kind, unknown field, wrong type."""
+    unknown kind, unknown field, wrong type; and, with the `vocabulary`, a value no collector or rule
+    states (a category, a signal, a share above 1): a test of a fact that never happens."""
     types = all_fact_types(site_dirs)
     out: list[str] = []
     for ti, t in enumerate(lr.rule.tests):
@@ -38,7 +41,29 @@ def given_problems(lr: LoadedRule, vocab: dict[str, set[str]], site_dirs: list[P
                     except ValidationError as exc:
                         out.append(f"{where}: {kind}.{field} = {value!r} is not a valid "
                                    f"{model.model_fields[field].annotation}: {exc.errors()[0]['msg']}")
+                        continue
+                    if vocabulary is not None:
+                        out += [f"{where}: {msg}" for msg in _impossible(vocabulary, str(kind), field, value, g)]
     return out
+
+
+def _impossible(vocabulary: Vocabulary, kind: str, field: str, value: Any, fact: dict[str, Any]) -> list[str]:
+    from eroica.engine.rules.reach import closest
+
+    spec = vocabulary.field(kind, field)
+    if spec is None:
+        return []
+    if spec.values and isinstance(value, str) and value not in spec.values:
+        return [f"{kind}.{field} = {value!r} is never stated; {closest(value, spec.values)}"]
+    low, high = spec.low, spec.high
+    if kind == "hw_signal" and field in SIGNAL_VALUED:
+        sig = vocabulary.signal(str(fact.get("signal")))
+        low, high = (sig.low, sig.high) if sig is not None else (None, None)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            (low is not None and value < low) or (high is not None and value > high)):
+        return [f"{kind}.{field} = {value!r} is outside its range ({low if low is not None else '-inf'}.."
+                f"{high if high is not None else 'inf'}); check the unit"]
+    return []
 
 
 def summary_problems(lr: LoadedRule, vocab: dict[str, set[str]]) -> list[str]:

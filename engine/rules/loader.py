@@ -12,16 +12,31 @@ from eroica.engine.errors import RuleError
 from eroica.engine.rules.source import SAFE_LOADER, LoadedRule, builtin_rules_dir, line_map, line_of
 
 
-def rule_files(paths: list[Path]) -> list[Path]:
+def rule_files(paths: list[Path], strict: bool = False) -> list[Path]:
+    """The rule files under `paths` (a file, or every *.yaml under a directory), in order. A missing
+    path, a file that is not *.yaml and a *.yml under a directory are errors (a rule there would be
+    skipped unseen); with `strict`, so is a path that holds no rule file at all."""
     out: list[Path] = []
+    problems: list[str] = []
     for p in paths:
         p = Path(p)
         if p.is_file():
+            if p.suffix != ".yaml":
+                problems.append(f"{p}: not a rule file: rule files end in .yaml"
+                                + ("; rename it" if p.suffix in (".yml", ".YAML", ".Yaml") else ""))
+                continue
             out.append(p)
         elif p.is_dir():
-            out.extend(sorted(x for x in p.rglob("*.yaml") if x.is_file()))
+            found = sorted(x for x in p.rglob("*.yaml") if x.is_file())
+            problems += [f"{x}: rule files end in .yaml; rename it (a .yml file would never be loaded)"
+                         for x in sorted(p.rglob("*.yml")) if x.is_file()]
+            if strict and not found:
+                problems.append(f"{p}: holds no rule file (*.yaml); nothing to check")
+            out.extend(found)
         else:
-            raise RuleError([f"{p}: no such rule file or directory"])
+            problems.append(f"{p}: no such rule file or directory")
+    if problems:
+        raise RuleError(problems)
     return out
 
 
@@ -70,8 +85,9 @@ def load_overrides(paths: list[Path]) -> dict[str, Any]:
 
 def load_rules(paths: list[Path] | None = None, overrides: dict[str, Any] | None = None,
                priors: dict[str, float] | None = None) -> list[LoadedRule]:
-    """Every rule under `paths`; `priors` (fitted, knowledge/priors.yaml) replace the hand-set
-    confidences of the rules they name, and a site's `overrides` apply last (a site's word wins)."""
+    """Every rule under `paths` (no layers: eroica.engine.rules.layers builds what commands run on);
+    `priors` (fitted, knowledge/priors.yaml) replace the hand-set confidences of the rules they name,
+    and `overrides` apply last."""
     files = rule_files(paths or [builtin_rules_dir()])
     loaded: list[LoadedRule] = []
     problems: list[str] = []
@@ -88,32 +104,17 @@ def load_rules(paths: list[Path] | None = None, overrides: dict[str, Any] | None
         loaded.append(lr)
     if problems:
         raise RuleError(problems)
-    from eroica.engine.hypotheses import all_fact_types
-    from eroica.engine.rules.overrides import Override, validate
-    from eroica.engine.rules.schema import Rule
+    from eroica.engine.rules.overrides import Override, apply, validate
 
-    ov = {k: (v.spec if isinstance(v, Override) else v) for k, v in (overrides or {}).items()}
     sourced = {k: v if isinstance(v, Override) else Override(k, v if isinstance(v, dict) else {}, "(overrides)", {})
                for k, v in (overrides or {}).items()}
-    vocab = {k: set(m.model_fields) for k, m in all_fact_types().items()}
-    problems = validate(sourced, {lr.rule.id: lr for lr in loaded}, vocab)
+    problems = validate(sourced, {lr.rule.id: lr for lr in loaded}, require_reason=False)
     if problems:
         raise RuleError(problems)
     out = []
     for lr in loaded:
-        o = ov.get(lr.rule.id)
-        if priors and lr.rule.id in priors and not (o and "confidence" in o):
-            o = {**(o or {}), "confidence": priors[lr.rule.id]}
-        if o and o.get("disabled"):
+        o = sourced.get(lr.rule.id)
+        if (o and o.spec.get("disabled")) or lr.rule.status.value == "deprecated":
             continue
-        if lr.rule.status.value == "deprecated":
-            continue
-        if o:
-            data = lr.rule.model_dump(by_alias=True)
-            if "confidence" in o:
-                data["emit"]["confidence"] = o["confidence"]
-            for idx, fields in (o.get("where") or {}).items():
-                data["when"][int(idx)]["where"].update(fields)
-            lr = LoadedRule(Rule.model_validate(data), lr.path, lr.lines)
-        out.append(lr)
+        out.append(apply(lr, o, (priors or {}).get(lr.rule.id))[0])
     return out

@@ -3,6 +3,7 @@ file and line, never the shipped rule it would have broken.
 
     overrides:
       <rule id>:
+        reason: why this site differs       # required: `eroica rules list|show` print it
         disabled: true                    # drop the rule at this site
         confidence: 0.7                   # its prior here (wins over knowledge/priors.yaml)
         where: {<condition index>: {<field>: <value> | {<op>: <value>}}}   # retune a threshold
@@ -10,6 +11,7 @@ file and line, never the shipped rule it would have broken.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from eroica.engine.errors import RuleError
 from eroica.engine.rules.ir import OPERATORS, THRESHOLD_OPS
 from eroica.engine.rules.source import SAFE_LOADER, LoadedRule, line_map, line_of
 
-KEYS = ("disabled", "confidence", "where")
+KEYS = ("reason", "disabled", "confidence", "where")
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,10 @@ class Override:
     spec: dict[str, Any]
     path: str
     lines: dict[tuple[Any, ...], int]
+
+    @property
+    def reason(self) -> str:
+        return " ".join(str(self.spec.get("reason") or "").split())
 
     def at(self, *loc: Any) -> str:
         key = ("overrides", self.rule_id, *(str(x) for x in loc))   # YAML keys are mapped as written
@@ -67,15 +73,25 @@ def load_override_files(paths: list[Path]) -> dict[str, Override]:
     return out
 
 
-def validate(overrides: dict[str, Override], rules: dict[str, LoadedRule], vocab: dict[str, set[str]]) -> list[str]:
-    """Unknown rule ids and keys, condition indices out of range, unknown fields and operators, values
-    of the wrong type: each with the override's file and line."""
+def validate(overrides: dict[str, Override], rules: dict[str, LoadedRule], vocab: dict[str, set[str]] | None = None,
+             require_reason: bool = True) -> list[str]:
+    """Unknown rule ids and keys, a missing reason, condition indices out of range, unknown fields and
+    operators, values of the wrong type: each with the override's file and line. `vocab`: each fact
+    kind's fields (default: the measured facts and the shipped hypotheses)."""
+    if vocab is None:
+        from eroica.engine.hypotheses import all_fact_types
+
+        vocab = {k: set(m.model_fields) for k, m in all_fact_types().items()}
     out: list[str] = []
     for rid, o in overrides.items():
         lr = rules.get(rid)
         if lr is None:
-            out.append(f"{o.at()}: no such rule; known ids: see `eroica rules lint` or knowledge/rules/")
+            near = difflib.get_close_matches(rid, list(rules), n=3, cutoff=0.6)
+            out.append(f"{o.at()}: no such rule" + (f"; closest: {', '.join(near)}" if near else "")
+                       + "; every id: `eroica rules list`")
             continue
+        if require_reason and not o.reason:
+            out.append(f"{o.at()}: an override says why (`reason: ...`); `eroica rules list` shows it beside the rule")
         for k in o.spec:
             if k not in KEYS:
                 out.append(f"{o.at(k)}: unknown key {k!r}; use {', '.join(KEYS)}")
@@ -110,3 +126,25 @@ def validate(overrides: dict[str, Override], rules: dict[str, LoadedRule], vocab
                     elif op in THRESHOLD_OPS and (isinstance(val, bool) or not isinstance(val, (int, float))):
                         out.append(f"{o.at('where', idx, field)}: `{op}` needs a number, got {val!r}")
     return out
+
+
+def apply(lr: LoadedRule, o: Override | None, prior: float | None) -> tuple[LoadedRule, str]:
+    """The rule as it runs: its fitted `prior` in place of the hand-set confidence, then the override's
+    confidence and thresholds; and where its prior comes from, in words."""
+    from eroica.engine.rules.schema import Rule
+
+    hand = lr.rule.emit.confidence
+    how = f"hand-set {hand:g} ({lr.path})"
+    conf = hand
+    if prior is not None:
+        conf, how = prior, f"fitted {prior:g} on the incident library (knowledge/priors.yaml; hand-set {hand:g})"
+    if o is not None and "confidence" in o.spec:
+        conf, how = float(o.spec["confidence"]), f"{o.spec['confidence']:g} set by {o.at('confidence')}"
+    where = (o.spec.get("where") or {}) if o is not None else {}
+    if conf == hand and not where:
+        return lr, how
+    data = lr.rule.model_dump(by_alias=True)
+    data["emit"]["confidence"] = conf
+    for idx, fields in where.items():
+        data["when"][int(idx)]["where"].update(fields)
+    return LoadedRule(Rule.model_validate(data), lr.path, lr.lines), how

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica.engine.facts import Fact
-from eroica.engine.rules.conclusion import Conclusion, typed_results
+from eroica.engine.rules.conclusion import Conclusion, Derived, typed_results
 from eroica.engine.rules.ir import RuleIR
 
 RawResults = tuple[list[dict[str, Any]], list[dict[str, Any]]]
@@ -33,12 +33,13 @@ def _in_worker(fn: Any, *args: Any) -> Any:
 
 
 def run_rules(rules: list[RuleIR], facts_by_window: dict[str, list[Fact]], in_process: bool = False,
-             site_dirs: list[Path] | None = None) -> dict[str, list[Conclusion]]:
-    """Each window's typed facts in, its typed conclusions out; plain data only crosses to the worker."""
+             site_dirs: list[Path] | None = None) -> dict[str, tuple[list[Conclusion], list[Derived]]]:
+    """Each window's typed facts in, its typed conclusions and derived hypotheses out; plain data only
+    crosses to the worker."""
     plain = {w: [f.model_dump(mode="json") for f in fs] for w, fs in facts_by_window.items()}
     raw: dict[str, RawResults] = (_worker_evaluate(rules, plain) if in_process
                                   else _in_worker(_worker_evaluate, rules, plain))
-    return {w: typed_results(r, site_dirs)[0] for w, r in raw.items()}
+    return {w: typed_results(r, site_dirs) for w, r in raw.items()}
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,8 @@ class Rule(Strict):
     emit: Emit
     tests: list[RuleTest] = Field(default_factory=list)
     incidents: list[str] = Field(default_factory=list)
+    # a site's rule that takes the place of an earlier layer's rule of the same id (a shipped one): why
+    replaces: str | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _concludes_or_derives(self) -> Rule:

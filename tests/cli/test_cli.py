@@ -55,7 +55,8 @@ def test_console_script_is_installed() -> None:
 def test_a_site_knowledge_dir_adds_rules_and_overrides(tmp_path: Path) -> None:
     site = tmp_path / "site"
     (site / "overrides").mkdir(parents=True)
-    (site / "overrides" / "site.yaml").write_text("overrides:\n  runtime.gc-pause: {disabled: true}\n")
+    (site / "overrides" / "site.yaml").write_text(
+        "overrides:\n  runtime.gc-pause: {disabled: true, reason: we freeze the heap}\n")
     docs = [make_doc(r, step=0.16) for r in range(4)]
     docs[3] = make_doc(3, step=0.16, busy={"gc:gc.collect(gen2)": 0.08, "compute:forward": 0.02})
     run = write_run(tmp_path / "run", docs)

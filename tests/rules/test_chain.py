@@ -15,6 +15,7 @@ from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.errors import RuleError
 from eroica.engine.hypotheses import load_hypotheses
 from eroica.engine.rules.compiler import compile_rules
+from eroica.engine.rules.layers import KnowledgeSpec
 from eroica.engine.rules.loader import load_rules
 from eroica.engine.taxonomy import load_taxonomy
 
@@ -100,7 +101,8 @@ def test_a_site_rule_consumes_a_shipped_hypothesis_and_extends_the_chain(tmp_pat
     assert main(["rules", "test", "--knowledge", str(k)]) == 0
     out = capsys.readouterr().out
     assert "PASS  site.metrics-endpoint: fires through the whole chain from the measured facts" in out
-    d = diagnose(ROOT / "incidents" / "INC-0013", DiagnoseOptions(in_process=True, knowledge_dirs=[k]))
+    d = diagnose(ROOT / "incidents" / "INC-0013",
+                 DiagnoseOptions(in_process=True, knowledge=KnowledgeSpec(site_dirs=(k,))))
     top = d.windows[0].findings[0]
     assert (top.root_cause, top.ranks, top.function) == ("metrics_endpoint_slow", [3], "log_metrics")
     assert top.derived_via == ["straggler.detected", "site.metrics-bound"]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from eroica.cli.rules_cmd import build_cases, lint
-from eroica.engine.rules.loader import load_rules
+from eroica.engine.rules.authoring import cases, lint, lint_paths
+from eroica.engine.rules.layers import load
 from eroica.engine.rules.runner import RuleTestOutcome, run_tests
-from eroica.engine.rules.source import builtin_rules_dir
 
-RULES = load_rules()
-CASES, PROBLEMS = build_cases(RULES)
+KNOWLEDGE = load(raise_problems=False)
+RULES = KNOWLEDGE.rules
+CASES, PROBLEMS = cases(KNOWLEDGE), KNOWLEDGE.problems
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def test_rule(case, outcomes) -> None:  # type: ignore[no-untyped-def]
 
 def test_rules_compile_and_lint_clean() -> None:
     assert PROBLEMS == []
-    assert lint([builtin_rules_dir()]) == []
+    assert lint(KNOWLEDGE) == []
 
 
 def test_every_rule_has_a_firing_and_a_quiet_test() -> None:
@@ -64,15 +64,13 @@ def test_every_taxonomy_id_has_a_rule_with_a_firing_and_a_quiet_test() -> None:
 def test_lint_catches_bad_given_facts_summary_fields_and_dangling_references(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from pathlib import Path
 
-    from eroica.cli.rules_cmd import lint
-
     src = (Path(__file__).parents[2] / "knowledge" / "rules" / "cpu" / "contention.yaml").read_text()
     bad = (src.replace("fix_template: isolate-cpus", "fix_template: no-such-template")
               .replace("{host.other_cores:.1f}", "{host.other_core:.1f}")
               .replace("cores_total: 8, busy_cores: 7.5", "cores_totl: 8, busy_cores: \"lots\"", 1)
               .replace("incidents: [INC-0017", "incidents: [INC-9999"))
     (tmp_path / "contention.yaml").write_text(bad)
-    problems = lint([tmp_path])
+    problems = lint_paths([tmp_path])
     text = "\n".join(problems)
     assert "fact 'host_cpu' has no field 'cores_totl'" in text
     assert "host_cpu.busy_cores = 'lots' is not a valid" in text
@@ -85,11 +83,9 @@ def test_lint_catches_bad_given_facts_summary_fields_and_dangling_references(tmp
 def test_lint_wants_a_quiet_test_at_each_threshold_that_differs_from_a_firing_test_only_there(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from pathlib import Path
 
-    from eroica.cli.rules_cmd import lint
-
     src = (Path(__file__).parents[2] / "knowledge" / "rules" / "storage" / "slow_writes.yaml").read_text()
     start = src.index("  - name: \"quiet when function_outlier.explains_ratio is just across")
     end = src.index("    expect: []", start) + len("    expect: []\n")
     (tmp_path / "slow_writes.yaml").write_text(src[:start] + src[end:])   # that boundary's own quiet test gone
-    problems = lint([tmp_path])
+    problems = lint_paths([tmp_path])
     assert len(problems) == 1 and "threshold function_outlier.explains_ratio gte 0.3 has no quiet test" in problems[0]

@@ -9,6 +9,7 @@ import pytest
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.evaluate import evaluate_incident, find_incidents, library_fits, naming_rules
 from eroica.engine.priors import SHRINK, PriorSample, fit_priors, load_priors, write_priors
+from eroica.engine.rules.layers import KnowledgeSpec
 from eroica.engine.rules.loader import load_rules
 from eroica.engine.rules.source import builtin_knowledge_dir
 
@@ -30,7 +31,7 @@ def test_the_committed_priors_file_is_what_the_library_fits_and_only_the_library
     hand-set value, its findings and how many were right, and what it was fitted on (the library's
     incidents only: the held-out ones would change the counts)."""
     named = naming_rules(load_rules())
-    hand = DiagnoseOptions(in_process=True, fitted_priors=False)
+    hand = DiagnoseOptions(in_process=True, knowledge=KnowledgeSpec(fitted_priors=False))
     library = find_incidents(ROOT / "incidents")
     results = [evaluate_incident(p, hand, named.get(p.name)) for p in library]
     fits, samples = library_fits(results)
@@ -45,11 +46,13 @@ def test_the_engine_applies_the_fitted_prior_unless_a_site_overrides_it(tmp_path
     top = diagnose(ROOT / "incidents" / "INC-0017", DiagnoseOptions(in_process=True)).windows[0].findings[0]
     rid = top.confidence_factors.prior_rule_id
     assert rid in priors and top.confidence_factors.rule_ratio == priors[rid]
-    hand = diagnose(ROOT / "incidents" / "INC-0017", DiagnoseOptions(in_process=True, fitted_priors=False))
+    hand = diagnose(ROOT / "incidents" / "INC-0017",
+                    DiagnoseOptions(in_process=True, knowledge=KnowledgeSpec(fitted_priors=False)))
     assert hand.windows[0].findings[0].confidence_factors.rule_ratio == next(
         lr.rule.emit.confidence for lr in load_rules() if lr.rule.id == rid)
     ov = tmp_path / "site.yaml"
-    ov.write_text(f"overrides:\n  {rid}: {{confidence: 0.995}}\n")
-    site = diagnose(ROOT / "incidents" / "INC-0017", DiagnoseOptions(in_process=True, override_files=[ov]))
+    ov.write_text(f"overrides:\n  {rid}: {{confidence: 0.995, reason: measured here}}\n")
+    site = diagnose(ROOT / "incidents" / "INC-0017",
+                    DiagnoseOptions(in_process=True, knowledge=KnowledgeSpec(override_files=(ov,))))
     assert next(f for f in site.windows[0].findings if f.confidence_factors.prior_rule_id == rid
                 ).confidence_factors.rule_ratio == 0.995

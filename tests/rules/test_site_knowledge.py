@@ -10,6 +10,7 @@ from site_fixtures import SITE_TAXONOMY
 from eroica.cli.main import main
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.errors import RuleError
+from eroica.engine.rules.layers import KnowledgeSpec
 from eroica.engine.taxonomy import load_taxonomy
 
 ROOT = Path(__file__).parents[2]
@@ -55,7 +56,8 @@ def site(tmp: Path) -> Path:
     (k / "rules" / "metrics_endpoint.yaml").write_text(SITE_RULE)
     (k / "taxonomy.yaml").write_text(SITE_TAXONOMY)
     (k / "overrides").mkdir()
-    (k / "overrides" / "site.yaml").write_text("overrides:\n  code.blocking-region: {confidence: 0.5}\n")
+    (k / "overrides" / "site.yaml").write_text(
+        "overrides:\n  code.blocking-region: {confidence: 0.5, reason: our metrics calls are rare}\n")
     return k
 
 
@@ -66,7 +68,8 @@ def test_a_site_adds_a_root_cause_and_a_rule_without_touching_the_shipped_files(
     out = capsys.readouterr().out
     assert "PASS  site.metrics-endpoint: fires when log_metrics explains the excess" in out
     assert main(["rules", "lint"]) == 0           # without the site, its cause is unknown only to it
-    d = diagnose(ROOT / "incidents" / "INC-0013", DiagnoseOptions(in_process=True, knowledge_dirs=[k]))
+    d = diagnose(ROOT / "incidents" / "INC-0013",
+                 DiagnoseOptions(in_process=True, knowledge=KnowledgeSpec(site_dirs=(k,))))
     top = d.windows[0].findings[0]
     assert (top.root_cause, top.component, top.ranks) == ("metrics_endpoint_slow", "site metrics service", [3])
 

@@ -334,6 +334,7 @@ def test_a_sites_hang_rule_and_override_apply_to_hangs_as_to_windows(tmp_path: P
     """Hangs go through the same knowledge as windows: a site's rules and root causes (its taxonomy),
     and its overrides of shipped rules; which cause wins is the taxonomy's precedence (data)."""
     from eroica.engine.diagnose import DiagnoseOptions, diagnose
+    from eroica.engine.rules.layers import KnowledgeSpec
 
     lock = [{"file": "/job/metrics.py", "line": 8, "function": "flush", "code": "with METRICS_LOCK:"}]
     run(tmp_path / "run", [waiting(0, 97), waiting(1, 97), snap(2, 96, lock), waiting(3, 97)])
@@ -345,10 +346,11 @@ def test_a_sites_hang_rule_and_override_apply_to_hangs_as_to_windows(tmp_path: P
     (site / "rules" / "hang_metrics_lock.yaml").write_text(SITE_HANG_RULE)
     (site / "taxonomy.yaml").write_text(SITE_TAXONOMY)
     # the site's cause is not in the shipped precedence: the shipped cause that also fired comes first
-    d = diagnose(tmp_path / "run", DiagnoseOptions(in_process=True, knowledge_dirs=[site]))
+    d = diagnose(tmp_path / "run", DiagnoseOptions(in_process=True, knowledge=KnowledgeSpec(site_dirs=(site,))))
     assert d.hang is not None and d.hang.root_cause == "hang_user_code"
-    (site / "overrides" / "site.yaml").write_text("overrides:\n  hang.user-code: {disabled: true}\n")
-    d = diagnose(tmp_path / "run", DiagnoseOptions(in_process=True, knowledge_dirs=[site]))
+    (site / "overrides" / "site.yaml").write_text(
+        "overrides:\n  hang.user-code: {disabled: true, reason: our own rule names it}\n")
+    d = diagnose(tmp_path / "run", DiagnoseOptions(in_process=True, knowledge=KnowledgeSpec(site_dirs=(site,))))
     assert d.hang is not None and (d.hang.root_cause, d.hang.ranks, d.hang.confidence) == (
         "hang_metrics_lock", [2], 0.95)
     assert d.hang.category == "software" and "known deadlock" in d.hang.summary

@@ -10,6 +10,7 @@ import pytest
 
 from eroica.engine import VERSION, rule_cache
 from eroica.engine.diagnose import DiagnoseOptions, compile_knowledge
+from eroica.engine.rules.layers import KnowledgeSpec
 from eroica.engine.rules.source import builtin_knowledge_dir
 
 
@@ -21,7 +22,7 @@ def test_a_cached_rule_base_is_used_until_a_rule_file_changes(tmp_path: Path, mo
     monkeypatch.setenv("EROICA_CACHE_DIR", str(tmp_path / "cache"))
     rules = tmp_path / "rules"
     shutil.copytree(builtin_knowledge_dir() / "rules", rules)
-    opts = DiagnoseOptions(rule_paths=[rules])
+    opts = DiagnoseOptions(knowledge=KnowledgeSpec(site_dirs=(tmp_path,)))
     first = compile_knowledge(opts)
     assert len(list((tmp_path / "cache").glob("rules-*.pickle"))) == 1
     calls: list[int] = []
@@ -50,7 +51,7 @@ def test_a_changed_hypotheses_file_is_a_new_key(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("EROICA_CACHE_DIR", str(tmp_path / "cache"))
     site = tmp_path / "site"
     site.mkdir()
-    opts = DiagnoseOptions(knowledge_dirs=[site])
+    opts = DiagnoseOptions(knowledge=KnowledgeSpec(site_dirs=(site,)))
     compile_knowledge(opts)
     calls: list[int] = []
     real_put = rule_cache.put

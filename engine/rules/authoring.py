@@ -1,0 +1,93 @@
+"""What a rule's author is held to beyond what the engine refuses (eroica.engine.rules.layers): tests on
+both sides of every threshold and a quiet test at each boundary, given facts that exist, summary fields
+that exist, references that resolve, a stable rule's incident; and the rule tests themselves, each run
+with the rules that derive what the rule consumes (the shipped chain, whatever file is tested alone)."""
+
+from __future__ import annotations
+
+import operator
+from pathlib import Path
+
+from eroica.engine.rules.compiler import trace_field, with_derivations
+from eroica.engine.rules.ir import THRESHOLD_OPS
+from eroica.engine.rules.layers import Knowledge, KnowledgeSpec, load
+from eroica.engine.rules.lint_refs import boundary_problems, given_problems, reference_problems, summary_problems
+from eroica.engine.rules.runner import RuleTestCase
+from eroica.engine.rules.source import LoadedRule, line_of
+
+CMP = {"gt": operator.gt, "gte": operator.ge, "lt": operator.lt, "lte": operator.le}
+
+
+def cases(k: Knowledge, rules: list[LoadedRule] | None = None) -> list[RuleTestCase]:
+    """One case per inline test of `rules` (default: the knowledge's targets); a rule that consumes
+    hypotheses runs with every rule of the knowledge that derives them, so its tests may give measured
+    facts (the chain runs) or the hypotheses themselves."""
+    irs = {ir.id: ir for ir in k.irs}
+    out: list[RuleTestCase] = []
+    for lr in k.targets() if rules is None else rules:
+        ir = irs.get(lr.rule.id)
+        if ir is None:
+            continue
+        chain = with_derivations(ir, k.irs)
+        out += [RuleTestCase(lr.rule.id, t.name, chain, tuple(t.given), tuple(t.expect), lr.path)
+                for t in lr.rule.tests]
+    return out
+
+
+def authoring_problems(k: Knowledge, lr: LoadedRule) -> list[str]:
+    """One rule's tests, given facts, summary, references and lifecycle."""
+    r = lr.rule
+    fields = {name: set(ks.fields) | {"kind"} for name, ks in k.vocabulary.kinds.items()}
+    sites = [d for d in k.spec.site_dirs if d.is_dir()]
+
+    def sources(kind: str, field: str) -> list[tuple[str, str]]:
+        return trace_field(kind, field, k.irs)
+
+    problems = given_problems(lr, fields, sites, k.vocabulary) + summary_problems(lr, fields) + reference_problems(lr)
+    problems += boundary_problems(lr, THRESHOLD_OPS, CMP, sources)
+    if r.status.value == "stable" and not r.incidents:
+        problems.append(f"{lr.path}:{line_of(lr.lines, ('status',))}: rule {r.id!r} is stable but names no "
+                        "incident; add `incidents: [ID]` or set status: test")
+    if not any(t.expect for t in r.tests) or not any(not t.expect for t in r.tests):
+        problems.append(f"{lr.path}:{line_of(lr.lines, ('tests',))}: rule {r.id!r} needs at least one firing "
+                        "test and one quiet test")
+    for i, cond in enumerate(r.when):
+        for field, spec in cond.where.items():
+            if not isinstance(spec, dict):
+                continue
+            for op, val in spec.items():
+                if op not in THRESHOLD_OPS or not isinstance(val, (int, float)):
+                    continue
+                srcs = sources(cond.fact, field)
+                vals = [g[f] for t in r.tests for g in t.given for kd, f in srcs
+                        if g.get("kind") == kd and isinstance(g.get(f), (int, float))]
+                hit = any(CMP[op](v, val) for v in vals)
+                miss = any(not CMP[op](v, val) for v in vals)
+                if not (hit and miss):
+                    side = "passing" if not hit else "failing"
+                    problems.append(
+                        f"{lr.path}:{line_of(lr.lines, ('when', i, 'where', field))}: rule {r.id!r}: threshold "
+                        f"{cond.fact}.{field} {op} {val} has no test on its {side} side; add a test whose "
+                        f"given {cond.fact} has {field} on that side")
+    return problems
+
+
+def lint(k: Knowledge) -> list[str]:
+    """Every problem of the knowledge (what the engine would refuse), then the authoring checks of its
+    targets (each shipped and site rule when no target is named)."""
+    problems = list(k.problems)
+    for lr in k.targets():
+        problems += authoring_problems(k, lr)
+    return problems
+
+
+def lint_paths(paths: list[Path], site_dirs: list[Path] | None = None) -> list[str]:
+    """`eroica rules lint PATHS --knowledge DIR...`: the rules under `paths`, with the shipped knowledge
+    and the sites loaded."""
+    from eroica.engine.errors import RuleError
+
+    try:
+        k = load(KnowledgeSpec.of(site_dirs or [], env=False, targets=tuple(paths)), raise_problems=False)
+    except RuleError as exc:
+        return list(exc.problems)
+    return lint(k)
