@@ -162,6 +162,7 @@ def cmd_new(args: argparse.Namespace) -> int:
               "(DIR/rules/)", file=sys.stderr)
         return 2
     site = args.knowledge[-1]
+    site.mkdir(parents=True, exist_ok=True)             # a new site directory starts with its first rule
     try:
         path, text = scaffold(args.source, args.rank, args.cause, knowledge_args.spec(args), site,
                               rule_id=args.rule_id, owner=args.owner)

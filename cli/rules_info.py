@@ -161,6 +161,10 @@ def coverage_text(cov: Any, fmt: str) -> str:
         shown = row.decides or row.fires
         lines.append(f"  {rid:<40} {len(row.fires):>8} {len(row.decides):>8}  "
                      + (", ".join(shown[:6]) + (f" (+{len(shown) - 6})" if len(shown) > 6 else "")))
-    never = [rid for rid, row in cov.rules.items() if not row.fires]
+    never = [rid for rid, row in cov.rules.items() if not row.fires and rid not in cov.hang_rules]
+    hang = [rid for rid in cov.hang_rules if not cov.rules[rid].fires]
     lines += ["", f"never fired: {', '.join(sorted(never)) or 'none'}"]
+    if hang:
+        lines.append(f"hang rules (they read a hang's snapshots, which a window's incident does not hold): "
+                     f"{', '.join(hang)}")
     return "\n".join(lines) + "\n"

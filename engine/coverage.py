@@ -27,11 +27,13 @@ class RuleCoverage:
 class Coverage:
     incidents: list[str]
     rules: dict[str, RuleCoverage]
+    hang_rules: list[str] = field(default_factory=list)    # rules on a hang's facts: they fire on hangs only
 
     def as_json(self) -> dict[str, Any]:
         return {"incidents": self.incidents,
                 "rules": {k: {"fires": v.fires, "decides": v.decides} for k, v in sorted(self.rules.items())},
-                "never_fired": sorted(k for k, v in self.rules.items() if not v.fires)}
+                "never_fired": sorted(k for k, v in self.rules.items() if not v.fires),
+                "hang_rules": self.hang_rules}
 
 
 def incident_dirs(paths: list[Path]) -> list[Path]:
@@ -58,4 +60,6 @@ def coverage(k: Knowledge, paths: list[Path], progress: Callable[[str], None] | 
             rules[rid].fires.append(name)
         for rid in decided & rules.keys():
             rules[rid].decides.append(name)
-    return Coverage([i.name for i in incs], rules)
+    hang = sorted(ir.id for ir in k.irs if any(
+        (ks := k.vocabulary.kinds.get(p.kind)) is not None and ks.context == "hang" for p in ir.patterns))
+    return Coverage([i.name for i in incs], rules, hang)

@@ -66,7 +66,11 @@ class KnowledgeSpec:
             if not d.is_dir():
                 out.append(f"--knowledge {d}: not a directory (a site knowledge directory holds rules/, "
                            "overrides/*.yaml, taxonomy.yaml and/or hypotheses.yaml)")
-            elif stray := sorted(f.name for f in d.glob("*.y*ml") if f.name not in SITE_PARTS):
+            elif (d / "priors.yaml").is_file() and (d / "priors.yaml").read_bytes() != (
+                    builtin_knowledge_dir() / "priors.yaml").read_bytes():
+                out.append(f"--knowledge {d}: priors.yaml is not read from a site (priors are fitted on the shipped "
+                           "rules); set a rule's prior at your site in overrides/*.yaml (`confidence:`, with a reason)")
+            elif stray := sorted(f.name for f in d.glob("*.y*ml") if f.name not in (*SITE_PARTS, "priors.yaml")):
                 out.append(f"--knowledge {d}: {', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''} would never be "
                            "read: a site directory's rules go in DIR/rules/, its overrides in DIR/overrides/")
         return out

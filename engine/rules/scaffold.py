@@ -123,7 +123,7 @@ def scaffold(source: Path, rank: int, cause: str, spec: KnowledgeSpec, site: Pat
         raise ScaffoldError(f"rule id {rid!r}: ids look like `site.kebab-name`; pass --id")
     if k.entry(rid) is not None:
         raise ScaffoldError(f"rule id {rid!r} is already used ({k.entry(rid).written.path}); pass --id")  # type: ignore[union-attr]
-    given = [f.model_dump(mode="json") for _, f, _ in picked]
+    given = [{"kind": f.model_dump()["kind"], **f.model_dump(mode="json")} for _, f, _ in picked]
     when, quiet = [], []
     for i, (alias, f, tests) in enumerate(picked):
         where: dict[str, Any] = {"rank": "$rank"}

@@ -26,11 +26,10 @@ from eroica.schema.signals import GAP_SOURCES, SIGNALS, Signal
 
 #: a field name's ending -> its unit, longest first (units are in field names: docs/architecture.md)
 UNITS = (
-    ("_bytes_per_second", "bytes/s"), ("_seconds_per_step", "s/step"), ("_ratio_to_baseline", "x the baseline"),
-    ("_ratio_to_median", "x the peers' median"), ("ratio_to_median", "x the peers' median"),
-    ("_ratio_to_peers", "x the peers'"), ("_per_second", "per s"), ("_step_ratio", "share of a step"),
-    ("_seconds", "s"), ("_bytes", "bytes"), ("_cores", "cores"), ("_total", "count"), ("_ratio", "ratio"),
-    ("robust_z", "robust sigmas"),
+    ("bytes_per_second", "bytes/s"), ("seconds_per_step", "s/step"), ("_ratio_to_baseline", "x the baseline"),
+    ("ratio_to_median", "x the peers' median"), ("_ratio_to_peers", "x the peers'"), ("per_second", "per s"),
+    ("_step_ratio", "share of a step"), ("seconds", "s"), ("bytes", "bytes"), ("cores", "cores"),
+    ("_total", "count"), ("ratio", "ratio"), ("robust_z", "robust sigmas"),
 )
 #: hw_signal's fields that carry the signal's own unit and range
 SIGNAL_VALUED = ("value", "peer_median")
@@ -109,6 +108,8 @@ class Vocabulary:
 
 
 def unit_of(name: str) -> str | None:
+    if name in (*SIGNAL_VALUED, "delta"):
+        return "the signal's (see hardware signals)"
     return next((u for end, u in UNITS if name.endswith(end)), None)
 
 

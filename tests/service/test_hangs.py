@@ -50,3 +50,53 @@ def test_a_bad_snapshot_is_refused_naming_the_field(client: TestClient) -> None:
     r = client.post(url, content=json.dumps(bad).encode(), headers=AUTH)
     assert r.status_code == 422 and "rank" in r.text
     assert client.post(url, content=snap(0, 1, []), headers={}).status_code == 401
+
+
+SITE_HANG_RULE = """schema: eroica.rule/v1
+id: site.collate-event
+title: Our collate waits on an event the producer never sets
+status: experimental
+severity: high
+taxonomy: hang_collate_event
+owner: site-sre
+when:
+  - {fact: hang_state, as: h, where: {rank: $rank, state: before_collective, in_data_loader: true}}
+emit:
+  confidence: 0.95
+  function: $h.function
+  summary: Rank {h.rank} waits in {h.function} for our producer's event.
+tests:
+  - name: fires on a rank stuck in the loader before the collective
+    given: [{kind: hang_state, rank: 1, state: before_collective, in_data_loader: true, function: collate}]
+    expect: [{rank: 1, root_cause: hang_collate_event, function: collate}]
+  - name: quiet outside the loader
+    given: [{kind: hang_state, rank: 1, state: before_collective, in_data_loader: false, function: collate}]
+    expect: []
+"""
+
+
+def test_the_service_localizes_hangs_with_the_site_knowledge_it_diagnoses_windows_with(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The same layers as every window: the site's hang rule and root cause, its override of a shipped
+    rule (disabled, with a reason), on the snapshots the service receives."""
+    from service_support import LOCAL, TOKEN
+
+    from eroica.service.app import Settings, create_app
+
+    site = tmp_path / "site"
+    (site / "rules").mkdir(parents=True)
+    (site / "overrides").mkdir()
+    (site / "rules" / "collate_event.yaml").write_text(SITE_HANG_RULE)
+    (site / "taxonomy.yaml").write_text("root_causes:\n  hang_collate_event: {category: software, component: "
+                                        "our data producer, question: Does collate wait on our producer?, "
+                                        "runbook: runbooks/hang.md}\n")
+    (site / "overrides" / "o.yaml").write_text(
+        "overrides:\n  hang.dataloader: {disabled: true, reason: our own rule names the producer}\n")
+    app = create_app(Settings(db_url=f"sqlite:///{tmp_path / 'e.db'}", token=TOKEN, grace_seconds=1.0,
+                              poll_seconds=0.1, knowledge_dirs=[str(site)]))
+    with TestClient(app, base_url=LOCAL) as client:
+        url = "/v1/jobs/job-s/hang"
+        for body in (snap(0, 96, [TORCH_WAIT, BACKWARD]), snap(1, 94, LOADER), snap(2, 96, [TORCH_WAIT, BACKWARD]),
+                     snap(3, 96, [TORCH_WAIT, BACKWARD])):
+            assert client.post(url, content=body, headers=AUTH).status_code == 201
+        h = client.get(url, headers=AUTH).json()
+        assert (h["root_cause"], h["ranks"], h["where"]["function"]) == ("hang_collate_event", [1], "collate")
