@@ -15,7 +15,7 @@ DESCRIPTION = "Find why a distributed training job got slow."
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo_cmd", "run a 4-rank CPU training job, inject a fault, diagnose it"),
     "diagnose": ("diagnose_cmd", "diagnose a run directory, or profiler traces (ingested on the way)"),
-    "rules": ("rules_cmd", "test or lint the rule base"),
+    "rules": ("rules_cmd", "the rule base: test, lint, list, show, vocabulary, new, coverage, promote"),
     "record": ("record_cmd", "run a real faulty job and keep its window as an incident"),
     "eval": ("eval_cmd", "replay recorded incidents and score diagnosis yield"),
     "schema": ("schema_cmd", "print the JSON Schema of a document eroica writes"),

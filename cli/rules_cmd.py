@@ -91,10 +91,14 @@ def cmd_test(args: argparse.Namespace) -> int:
         if not o.passed:
             failed += 1
             print(f"      {o.path}: {o.detail}")
+            e = k.entry(o.rule_id)
+            if e is not None and e.retuned:
+                print(f"      (its thresholds are overridden: {e.override}; this test was written for the ones "
+                      "it ships with)")
     untested = [lr.rule.id for lr in targets if not lr.rule.tests]
     for rid in untested:
         print(f"FAIL  {rid}: has no tests")
-    tail = f"; {len(k.problems)} problem(s) the engine would refuse (above)" if k.problems else ""
+    tail = f"; {len(k.problems)} problem(s) above: the engine refuses this knowledge as it is" if k.problems else ""
     print(f"{len(outcomes) - failed} passed, {failed + len(untested)} failed{tail}")
     return 1 if failed or untested or k.problems else 0
 

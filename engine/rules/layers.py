@@ -99,6 +99,7 @@ class RuleEntry:
     replaces: str = ""                   # the origin of the rule it replaces, with the reason
     override: str = ""                   # "file:line: reason" of the override that changed it
     prior: str = "hand-set"              # where its prior comes from: hand-set, fitted, override
+    retuned: bool = False                # an override moved its thresholds (its tests were written for the old)
 
     @property
     def id(self) -> str:
@@ -235,7 +236,8 @@ def load(spec: KnowledgeSpec | None = None, raise_problems: bool = True) -> Know
         off = ("status: deprecated" if lr.rule.status.value == "deprecated"
                else f"disabled by {o.at('disabled')}: {o.reason}" if o is not None and o.spec.get("disabled") else "")
         entries.append(RuleEntry(lr, eff, origin, not off, off, replaces,
-                                 f"{o.at()}: {o.reason}" if o is not None else "", how))
+                                 f"{o.at()}: {o.reason}" if o is not None else "", how,
+                                 bool(o is not None and o.spec.get("where"))))
     enabled = [e.effective for e in entries if e.enabled]
     compiled, probs = compile_each(enabled, sites)
     problems += probs
@@ -244,8 +246,9 @@ def load(spec: KnowledgeSpec | None = None, raise_problems: bool = True) -> Know
     have = producible(irs, vocab)
     for lr, ir in compiled:
         o = overrides.get(lr.rule.id)
-        where = {(int(i), str(f)): o.at("where", i, f) for i, fs in (o.spec.get("where") or {}).items()
-                 for f in fs} if o is not None and isinstance(o.spec.get("where"), dict) else None
+        where = {(i, str(f)): o.at("where", i, f) for i, fs in (o.spec.get("where") or {}).items()
+                 if isinstance(i, int) and isinstance(fs, dict) for f in fs
+                 } if o is not None and isinstance(o.spec.get("where"), dict) else None
         problems += rule_problems(lr, ir, vocab, have, where)
     if problems and raise_problems:
         raise RuleError(problems)

@@ -292,3 +292,20 @@ def test_serve_refuses_knowledge_the_engine_would_refuse_before_it_listens(tmp_p
     rule(tmp_path, "swap-in", "hw_signal", "signal", "swap_in_pages_per_second")
     assert main(["serve", "--data", str(tmp_path / "data"), "--port", "1", "--knowledge", str(tmp_path / "site")]) == 2
     assert "'swap_in_pages_per_second' is not a hardware signal" in capsys.readouterr().err
+
+
+def test_an_override_is_checked_like_a_rule_and_named_where_it_sets_the_value(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    o = tmp_path / "site" / "overrides" / "o.yaml"
+    o.parent.mkdir(parents=True)
+    o.write_text("overrides:\n  data.bound:\n    reason: our loaders read from RAM\n"
+                 "    where: {1: {category: dataloading}}\n")
+    assert main(["rules", "lint", "--knowledge", str(tmp_path / "site")]) == 1
+    out = capsys.readouterr().out
+    assert f"(as overridden at {o}:4: override for 'data.bound'): 'dataloading' is not a category" in out
+    o.write_text("overrides:\n  data.bound:\n    reason: our loaders read from RAM\n"
+                 "    where: {1: {explains_ratio: {gte: 0.7}}}\n")
+    assert main(["rules", "lint", "--knowledge", str(tmp_path / "site")]) == 0   # its tests are the shipped ones'
+    capsys.readouterr()
+    assert main(["rules", "test", str(ROOT / "knowledge" / "rules" / "data" / "bound.yaml"),
+                 "--knowledge", str(tmp_path / "site")]) == 1
+    assert "this test was written for the ones it ships with" in capsys.readouterr().out
