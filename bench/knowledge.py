@@ -55,7 +55,8 @@ def main() -> None:
     print(f"{len(load(spec).irs)} rules; median of {args.rounds} rounds, ratio to the plain load+compile")
     for m, ts in times.items():
         med = statistics.median(ts)
-        print(f"  {m:<24} {med * 1000:8.1f} ms  x{med / base:.2f}  (min {min(ts) * 1000:.1f}, max {max(ts) * 1000:.1f})")
+        print(f"  {m:<24} {med * 1000:8.1f} ms  x{med / base:.2f}  "
+              f"(min {min(ts) * 1000:.1f}, max {max(ts) * 1000:.1f})")
 
 
 if __name__ == "__main__":
