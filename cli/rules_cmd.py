@@ -15,6 +15,7 @@ from eroica.engine.errors import RuleError
 from eroica.engine.rules.layers import Knowledge, KnowledgeSpec, load
 
 FORMATS = ("text", "json")
+SECTIONS = ("facts", "signals", "domains", "gap_sources", "root_causes")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,28 +35,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                     "its tests, the incidents that name it")
     sh.add_argument("rule_id", metavar="ID")
     sh.add_argument("--incidents", type=Path, action="append", default=[], metavar="DIR",
-                    help="incident libraries to look the rule up in (default: ./incidents when present)")
+                    help="incident libraries to look the rule up in (default: each site's DIR/incidents and "
+                         "./incidents)")
     vo = rs.add_parser("vocabulary", help="the facts and their fields (type, unit, range, values), hardware "
                                           "signals, gap sources and root causes rules are written in")
-    vo.add_argument("--section", choices=("facts", "signals", "values", "gaps", "causes"), action="append",
-                    help="print only these sections (repeatable; default: all)")
+    vo.add_argument("--section", choices=SECTIONS, action="append",
+                    help="print only these sections (repeatable; default: all); the JSON's keys are the same")
     nw = rs.add_parser("new", help="scaffold a site rule from a window's real facts: its firing test is the "
                                    "window, its quiet tests sit at each threshold")
     nw.add_argument("--from", dest="source", type=Path, required=True, metavar="RUN/WINDOW",
                     help="a window directory (RUN/w0-s40) or a run directory (its last window)")
     nw.add_argument("--rank", type=int, required=True, help="the rank the rule is about")
     nw.add_argument("--cause", required=True, help="the root cause it names (a taxonomy id, the site's too)")
-    nw.add_argument("--id", dest="rule_id", help="the new rule's id (default: site.<cause>-rank<K>)")
+    nw.add_argument("--id", dest="rule_id", help="the new rule's id (default: site.<cause>-<the function it names>)")
     nw.add_argument("--owner", default="site-sre", help="its owner (default: site-sre)")
     nw.add_argument("--force", action="store_true", help="overwrite an existing file")
     cv = rs.add_parser("coverage", help="replay incidents: where each rule fires, where it decides the finding, "
                                         "which rules never fire")
     cv.add_argument("incidents", nargs="*", type=Path, metavar="DIR",
-                    help="incident libraries or incidents (default: ./incidents and its heldout/)")
+                    help="incident libraries or incidents (default: each site's DIR/incidents, ./incidents and its "
+                         "heldout/)")
     pr = rs.add_parser("promote", help="experimental rules that diagnose enough incidents and never fired on a "
                                        "healthy run become stable (--dry-run lists them)")
-    pr.add_argument("--incidents", type=Path, default=Path("incidents"), help="the incident library (default: "
-                                                                              "./incidents)")
+    pr.add_argument("--incidents", type=Path, action="append", default=[], metavar="DIR",
+                    help="incident libraries, repeatable (default: ./incidents and each site's DIR/incidents); "
+                         "their healthy runs (expect: []) show that a rule stays quiet")
     pr.add_argument("--min-incidents", type=int, default=3, help="incidents a rule must diagnose (default: 3)")
     pr.add_argument("--dry-run", action="store_true", help="list the candidates, change nothing")
     for sp, func in ((t, cmd_test), (li, cmd_lint), (ls, cmd_list), (sh, cmd_show), (vo, cmd_vocabulary),
@@ -84,7 +88,8 @@ def cmd_test(args: argparse.Namespace) -> int:
     k = knowledge(args, targets=tuple(args.paths))
     _print_problems(k.problems)
     targets = k.targets()
-    outcomes = run_tests(cases(k, targets))
+    refused = [lr.rule.id for lr in targets if lr.rule.id in k.refused]
+    outcomes = run_tests(cases(k, [lr for lr in targets if lr.rule.id not in k.refused]))
     failed = 0
     for o in outcomes:
         print(f"{'PASS' if o.passed else 'FAIL'}  {o.rule_id}: {o.name}")
@@ -95,12 +100,14 @@ def cmd_test(args: argparse.Namespace) -> int:
             if e is not None and e.retuned:
                 print(f"      (its thresholds are overridden: {e.override}; this test was written for the ones "
                       "it ships with)")
-    untested = [lr.rule.id for lr in targets if not lr.rule.tests]
+    for rid in refused:
+        print(f"FAIL  {rid}: refused (its problems are above); its tests were not run")
+    untested = [lr.rule.id for lr in targets if not lr.rule.tests and lr.rule.id not in k.refused]
     for rid in untested:
         print(f"FAIL  {rid}: has no tests")
     tail = f"; {len(k.problems)} problem(s) above: the engine refuses this knowledge as it is" if k.problems else ""
-    print(f"{len(outcomes) - failed} passed, {failed + len(untested)} failed{tail}")
-    return 1 if failed or untested or k.problems else 0
+    print(f"{len(outcomes) - failed} passed, {failed + len(untested) + len(refused)} failed{tail}")
+    return 1 if failed or untested or refused or k.problems else 0
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -136,8 +143,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     k = _loaded(args)
     assert k is not None
-    libs = args.incidents or ([Path("incidents")] if Path("incidents").is_dir() else [])
-    text = show_rule(k, args.rule_id, libs, args.format)
+    text = show_rule(k, args.rule_id, libraries(args.incidents, k), args.format)
     if text is None:
         import difflib
 
@@ -179,8 +185,19 @@ def cmd_new(args: argparse.Namespace) -> int:
         return 2
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    print(f"wrote {path}\nnext: eroica rules test {path} --knowledge {site}\n"
-          f"      eroica rules lint {path} --knowledge {site}")
+    print(f"wrote {path}")
+    try:                                   # what the new rule makes of its own window
+        from eroica.engine.diagnose import DiagnoseOptions, diagnose
+
+        d = diagnose(args.source, DiagnoseOptions(knowledge=knowledge_args.spec(args), in_process=True))
+        w = d.windows[-1] if not args.source.name.startswith("w") else next(
+            (x for x in d.windows if x.window == args.source.name), d.windows[-1])
+        for f in [f for f in w.findings if args.rank in f.ranks][:2]:
+            print(f"on {w.window}: [{f.confidence:.2f}] {f.root_cause} on rank {args.rank}, decided by "
+                  f"{f.confidence_factors.prior_rule_id} ({f.confidence_factors.explain(f.confidence)})")
+    except RuleError as exc:
+        _print_problems(exc.problems)
+    print(f"next: eroica rules test {path} --knowledge {site}\n      eroica rules lint {path} --knowledge {site}")
     return 0
 
 
@@ -194,10 +211,11 @@ def cmd_coverage(args: argparse.Namespace) -> int:
         print(f"eroica rules coverage: the knowledge has {len(k.problems)} problem(s); fix them first",
               file=sys.stderr)
         return 2
-    dirs = list(args.incidents) or [Path("incidents")]
-    missing = [d for d in dirs if not d.is_dir()]
-    if missing:
-        print(f"eroica rules coverage: {', '.join(map(str, missing))}: no such incident directory", file=sys.stderr)
+    dirs = libraries(list(args.incidents), k)
+    missing = [d for d in args.incidents if not d.is_dir()]
+    if missing or not dirs:
+        print(f"eroica rules coverage: {', '.join(map(str, missing)) or 'no ./incidents'}: no such incident "
+              "directory", file=sys.stderr)
         return 2
     try:
         cov = coverage(k, dirs, progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
@@ -210,23 +228,41 @@ def cmd_coverage(args: argparse.Namespace) -> int:
 
 def cmd_promote(args: argparse.Namespace) -> int:
     from eroica.engine.diagnose import DiagnoseOptions
-    from eroica.engine.evaluate import promotion_candidates
+    from eroica.engine.evaluate import find_heldout, find_incidents, load_expected, promotion_candidates
 
-    if not args.incidents.is_dir():
-        print(f"eroica rules promote: {args.incidents}: no incident library there", file=sys.stderr)
-        return 2
     k = knowledge(args)
     if k.problems:
         _print_problems(k.problems, err=True)
         return 2
+    libs = libraries(args.incidents, k)
+    missing = [d for d in args.incidents if not d.is_dir()]
+    if missing or not libs:
+        print(f"eroica rules promote: {', '.join(map(str, missing)) or 'no ./incidents'}: no incident library "
+              "there (--incidents DIR)", file=sys.stderr)
+        return 2
+    quiet = [p for lib in libs for p in find_incidents(lib) + find_heldout(lib)
+             if not load_expected(p / "expected.yaml").expect]
+    if not quiet:
+        print(f"eroica rules promote: no healthy run (expect: []) in {', '.join(map(str, libs))}: nothing shows that "
+              "a rule stays quiet; record one beside the incidents, or add the shipped library (--incidents "
+              "incidents)", file=sys.stderr)
+        return 1
     spec: KnowledgeSpec = k.spec
-    cands = promotion_candidates(args.incidents, k.rules, args.min_incidents,
-                                 DiagnoseOptions(in_process=True, knowledge=spec))
+    cands = promotion_candidates(libs, k.rules, args.min_incidents, DiagnoseOptions(in_process=True, knowledge=spec))
     for c in cands:
         print(f"{'would promote' if args.dry_run else 'promoted'} {c.rule_id} to stable: diagnoses "
               f"{', '.join(c.incidents)}, no confident finding on a healthy run ({c.path})")
         if not args.dry_run:
             path = Path(c.path)
             path.write_text(re.sub(r"^status: experimental", "status: stable", path.read_text(), count=1, flags=re.M))
-    print(f"{len(cands)} rule(s) {'ready' if args.dry_run else 'promoted'}")
+    print(f"{len(cands)} rule(s) {'ready' if args.dry_run else 'promoted'}; checked against {len(quiet)} healthy "
+          f"run(s) of {', '.join(map(str, libs))}")
     return 0
+
+
+def libraries(given: list[Path], k: Knowledge) -> list[Path]:
+    """The incident libraries a command reads: those given, else each site's DIR/incidents and ./incidents."""
+    if given:
+        return list(given)
+    dirs = [d / "incidents" for d in k.spec.site_dirs if (d / "incidents").is_dir()]
+    return [*dirs, *([Path("incidents")] if Path("incidents").is_dir() else [])]

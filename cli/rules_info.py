@@ -101,6 +101,12 @@ def show_rule(k: Knowledge, rule_id: str, libs: list[Path], fmt: str) -> str | N
     out += ["", f"Tests ({len(r.tests)}):"] + [f"  {'fires' if t.expect else 'quiet'}: {t.name}" for t in r.tests]
     out += ["", "Incidents it names:"] + [f"  {x}" for x in _incidents(list(r.incidents), libs) or ["(none)"]]
     out += ["", "As written:", Path(e.written.path).read_text().rstrip()]
+    if e.effective.rule != e.written.rule:
+        why = f"the override at {e.override}" if e.override else "its fitted prior"
+        out += ["", f"As it runs here ({why}):", "when:"]
+        out += [f"  - {json.dumps({'fact': c.fact, **({'as': c.as_} if c.as_ else {}), 'where': c.where})}"
+                for c in r.when]
+        out.append(f"emit.confidence: {r.emit.confidence:g}")
     return "\n".join(out) + "\n"
 
 
@@ -111,12 +117,10 @@ def _range(f: FieldSpec) -> str:
 
 
 def vocabulary(v: Vocabulary, fmt: str, sections: list[str] | None = None) -> str:
-    want = set(sections or ("facts", "signals", "values", "gaps", "causes"))
+    data = v.as_json()
+    want = set(sections or data)
     if fmt == "json":
-        data = v.as_json()
-        keys = {"facts": "facts", "signals": "signals", "values": "domains", "gaps": "gap_sources",
-                "causes": "root_causes"}
-        return json.dumps({keys[s]: data[keys[s]] for s in keys if s in want}, indent=2) + "\n"
+        return json.dumps({k: x for k, x in data.items() if k in want}, indent=2) + "\n"
     md = fmt == "md"
     out: list[str] = []
     if "facts" in want:
@@ -129,13 +133,13 @@ def vocabulary(v: Vocabulary, fmt: str, sections: list[str] | None = None) -> st
         out += _table("hardware signals", "what the collector samples on each rank; `hw_signal.signal` takes the "
                       "names stated as hw_signal", ("signal", "unit", "source", "scope", "read from", "stated as"),
                       [(s.name, s.unit, s.source, s.scope, s.where, s.stated_as) for s in v.signals], md)
-    if "values" in want:
+    if "domains" in want:
         out += _table("closed sets", "the values a field marked with one of these names can take",
                       ("set", "values"), [(k, ", ".join(vals)) for k, vals in v.domains.items()], md)
-    if "gaps" in want:
+    if "gap_sources" in want:
         out += _table("gap sources", "what `evidence_gap.source` and a rule's `emit.needs` name",
                       ("source", "what is missing"), list(v.gap_sources.items()), md)
-    if "causes" in want:
+    if "root_causes" in want:
         out += _table("root causes", "the taxonomy's ids (a rule's `taxonomy:`), with the site's",
                       ("root cause", "category", "component"),
                       [(k, e.category, e.component) for k, e in v.root_causes.items()], md)

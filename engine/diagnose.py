@@ -17,7 +17,7 @@ from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
 from eroica.engine.report_data import add_report_data, heatmap, step_series
 from eroica.engine.rules.ir import RuleIR
-from eroica.engine.rules.layers import KnowledgeSpec, compiled
+from eroica.engine.rules.layers import KnowledgeSpec, compiled, compiled_with_notes
 from eroica.engine.rules.runner import run_rules
 from eroica.engine.taxonomy import (
     Resolution,
@@ -122,7 +122,8 @@ def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHi
     their documents), and a hang's snapshots. Each window's diagnosis carries its own summary for
     the windows after it. Windows given together inform each other as history would."""
     opts = opts or DiagnoseOptions()
-    rules = compile_knowledge(opts)          # refused with file and line as `eroica rules lint` refuses it
+    # refused with file and line as `eroica rules lint` refuses it; the notes say what a site changed
+    rules, notes = compiled_with_notes(opts.knowledge)
     taxonomy = load_taxonomy(site_dirs=opts.site_dirs)
     resolution = load_resolution()
     status = {r.id: r.status for r in rules}
@@ -161,7 +162,7 @@ def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHi
                 rules_fired=fired.get(w.window_id, []),
             )
         )
-    return Diagnosis(run_dir=run, eroica_version=VERSION, rules_loaded=len(rules),
+    return Diagnosis(run_dir=run, eroica_version=VERSION, rules_loaded=len(rules), knowledge=notes,
                      windows=_across_windows(out, history, taxonomy, resolution),
                      hang=localize_documents(hang_snapshots, rules, taxonomy) if hang_snapshots else None)
 

@@ -248,14 +248,21 @@ class PromotionCandidate:
     false_findings: int           # confident findings of its root cause on healthy or heterogeneous runs
 
 
-def promotion_candidates(root: Path, rules: list[Any], min_incidents: int = PROMOTE_MIN_INCIDENTS,
+def promotion_candidates(root: Path | list[Path], rules: list[Any], min_incidents: int = PROMOTE_MIN_INCIDENTS,
                          opts: DiagnoseOptions | None = None) -> list[PromotionCandidate]:
     """Experimental rules ready for `stable`: at least `min_incidents` incidents name the rule, each
     is diagnosed right with the rule among those that fired, and no healthy or heterogeneous run of
-    the library (or the held-out set) has a confident finding of its root cause."""
-    incs = {p.name: p for p in find_incidents(root) + find_heldout(root)}
+    the libraries (or their held-out sets) has a confident finding of its root cause. With no healthy
+    run at all, nothing shows that a rule stays quiet: none is ready."""
+    roots = root if isinstance(root, list) else [root]
+    incs: dict[str, Path] = {}
+    for r in roots:                      # an incident in two libraries: the first library's copy
+        for p in find_incidents(r) + find_heldout(r):
+            incs.setdefault(p.name, p)
     named = naming_rules(rules)
     quiet_runs = [p for p in incs.values() if not load_expected(p / "expected.yaml").expect]
+    if not quiet_runs:
+        return []
     fired_on_quiet: dict[str, int] = {}
     for p in quiet_runs:
         for w in diagnose(p / "patterns", opts).windows:

@@ -48,19 +48,24 @@ def cache_key(inputs: list[Path], fitted_priors: bool) -> str:
     return h.hexdigest()[:32]
 
 
-def get(key: str) -> list[RuleIR] | None:
+Compiled = tuple[list[RuleIR], list[str]]     # the rules, and what the sites changed (Knowledge.notes)
+
+
+def get(key: str) -> Compiled | None:
     d = cache_dir()
     if d is None:
         return None
     try:
         with open(d / f"rules-{key}.pickle", "rb") as fh:
-            rules = pickle.load(fh)
-        return rules if isinstance(rules, list) and all(isinstance(r, RuleIR) for r in rules) else None
+            rules, notes = pickle.load(fh)
+        ok = (isinstance(rules, list) and all(isinstance(r, RuleIR) for r in rules)
+              and isinstance(notes, list) and all(isinstance(n, str) for n in notes))
+        return (rules, notes) if ok else None
     except Exception:
         return None
 
 
-def put(key: str, rules: list[RuleIR]) -> None:
+def put(key: str, rules: Compiled) -> None:
     d = cache_dir()
     if d is None:
         return

@@ -7,7 +7,7 @@ names a root cause.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -120,7 +120,11 @@ def load_taxonomy(knowledge_dir: Path | None = None, site_dirs: list[Path] | Non
                                 "(a shipped cause is changed through rules and overrides)")
                 continue
             try:
-                out[k] = TaxonomyEntry.parse(v, k)
+                entry = TaxonomyEntry.parse(v, k)
+                # a site's runbook is the site's file (or a URL): reports and tickets name where it is
+                if "://" not in entry.runbook and not Path(entry.runbook).is_absolute():
+                    entry = replace(entry, runbook=str((Path(d) / entry.runbook).resolve()))
+                out[k] = entry
             except TypeError as exc:
                 problems.append(f"{f}: root cause {k!r}: {exc}; it needs category, component, question, runbook")
         if problems:

@@ -55,7 +55,7 @@ def deciding(tax: TaxonomyEntry | None, facts: Sequence[Fact]) -> str | None:
 
 def _wants(tax: TaxonomyEntry | None) -> str:
     return "; or ".join(d.condition for d in tax.decided_by) if tax is not None and tax.decided_by else \
-        "nothing declared in the taxonomy"
+        "no deciding evidence declared (`decided_by` in its taxonomy entry: docs/rule-authoring.md)"
 
 
 def one_verdict(findings: list[Finding], facts: Sequence[Fact], taxonomy: dict[str, TaxonomyEntry],

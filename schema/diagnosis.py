@@ -265,5 +265,8 @@ class Diagnosis(Frozen):
     run_dir: str
     eroica_version: str
     rules_loaded: NonNegativeInt
+    # what the site knowledge changed in the shipped rules (added, replaced, disabled, overridden): a
+    # window read "healthy" may be one whose rule a site disabled
+    knowledge: list[str] = Field(default_factory=list)
     windows: list[WindowDiagnosis]
     hang: HangFinding | None = None       # the run's latest hang (eroica.engine.hang), reported first

@@ -38,7 +38,7 @@ SIGNALS: Final[tuple[Signal, ...]] = (
     Signal("cgroup_throttled_ratio", _SHARE, "cgroup_cpu",
            "cgroup v1 cpu.stat throttled_time / v2 cpu.stat throttled_usec", "cgroup",
            "time the rank's CPU cgroup was throttled by its CFS quota", high=1.0),
-    Signal("cpu_util_ratio", "cores of the training thread (1.0 = one full core)", "schedstat",
+    Signal("cpu_util_ratio", "on-CPU share of the training thread's wall time (1.0 = a full core)", "schedstat",
            "/proc/self/task/<tid>/schedstat (on-CPU ns)", "CPU",
            "on-CPU time of the training thread per wall second", high=1.0),
     Signal("runqueue_wait_ratio", _SHARE, "schedstat", "/proc/self/task/<tid>/schedstat (run-queue ns)", "CPU",

@@ -5,5 +5,5 @@ SITE_TAXONOMY = """root_causes:
     category: software
     component: site metrics service
     question: Does the training step wait on our metrics endpoint?
-    runbook: runbooks/metrics_endpoint_slow.md
+    runbook: https://wiki.example.com/metrics-endpoint
 """

@@ -47,7 +47,9 @@ def authoring_problems(k: Knowledge, lr: LoadedRule) -> list[str]:
     def sources(kind: str, field: str) -> list[tuple[str, str]]:
         return trace_field(kind, field, k.irs)
 
-    problems = given_problems(lr, fields, sites, k.vocabulary) + summary_problems(lr, fields) + reference_problems(lr)
+    site = Path(entry.origin) if entry is not None and entry.origin in map(str, sites) else None
+    problems = (given_problems(lr, fields, sites, k.vocabulary) + summary_problems(lr, fields)
+                + reference_problems(lr, site_dir=site))
     if not retuned:
         problems += boundary_problems(lr, THRESHOLD_OPS, CMP, sources)
     if r.status.value == "stable" and not r.incidents:
@@ -80,10 +82,31 @@ def authoring_problems(k: Knowledge, lr: LoadedRule) -> list[str]:
 def lint(k: Knowledge) -> list[str]:
     """Every problem of the knowledge (what the engine would refuse), then the authoring checks of its
     targets (each shipped and site rule when no target is named)."""
-    problems = list(k.problems)
+    problems = list(k.problems) + runbook_problems(k)
     for lr in k.targets():
-        problems += authoring_problems(k, lr)
+        if lr.rule.id not in k.refused:           # a refused rule's tests wait until it can load
+            problems += authoring_problems(k, lr)
     return problems
+
+
+def runbook_problems(k: Knowledge) -> list[str]:
+    """A site's root cause whose runbook is not there: the report and the ticket would point nowhere."""
+    import yaml
+
+    from eroica.engine.rules.source import SAFE_LOADER
+
+    out = []
+    for d in (d for d in k.spec.site_dirs if (d / "taxonomy.yaml").is_file()):
+        try:
+            causes = (yaml.load((d / "taxonomy.yaml").read_text(), Loader=SAFE_LOADER) or {}).get("root_causes") or {}
+        except yaml.YAMLError:
+            continue                              # among the knowledge's problems already
+        for cause in causes:
+            rb = k.taxonomy[cause].runbook if cause in k.taxonomy else ""
+            if rb and "://" not in rb and not Path(rb).exists() and Path(rb).is_absolute():
+                out.append(f"{d / 'taxonomy.yaml'}: root cause {cause!r}: its runbook {rb} does not exist; write it "
+                           "(a Markdown page in the site directory) or give a URL")
+    return out
 
 
 def lint_paths(paths: list[Path], site_dirs: list[Path] | None = None) -> list[str]:

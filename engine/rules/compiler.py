@@ -8,6 +8,7 @@ durable-rules), operators are a closed set, every field must exist on its fact k
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,9 @@ def compile_rule(lr: LoadedRule, vocab: dict[str, set[str]]) -> tuple[RuleIR | N
         if alias in aliases:
             bad(("when", i, "as"), f"alias {alias!r} used twice; give each condition its own `as`")
         if cond.fact not in vocab:
-            bad(("when", i, "fact"), f"unknown fact kind {cond.fact!r}; known: {', '.join(sorted(vocab))}")
+            near = difflib.get_close_matches(cond.fact, list(vocab), n=3, cutoff=0.6)
+            bad(("when", i, "fact"), f"unknown fact kind {cond.fact!r}; " + (f"closest: {', '.join(near)}; " if near
+                                     else "") + f"known: {', '.join(sorted(vocab))}")
             continue
         tests: list[TestIR] = []
         joins: list[JoinIR] = []

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from eroica.engine.taxonomy import TaxonomyEntry
 
 ENV = "EROICA_KNOWLEDGE"
-SITE_PARTS = ("rules", "overrides", "taxonomy.yaml", "hypotheses.yaml")
 SHIPPED = "shipped"
 
 
@@ -61,19 +60,11 @@ class KnowledgeSpec:
         return cls(site_dirs=tuple(dict.fromkeys(dirs)), **kw)
 
     def site_problems(self) -> list[str]:
-        out = []
-        for d in self.site_dirs:
-            if not d.is_dir():
-                out.append(f"--knowledge {d}: not a directory (a site knowledge directory holds rules/, "
-                           "overrides/*.yaml, taxonomy.yaml and/or hypotheses.yaml)")
-            elif (d / "priors.yaml").is_file() and (d / "priors.yaml").read_bytes() != (
-                    builtin_knowledge_dir() / "priors.yaml").read_bytes():
-                out.append(f"--knowledge {d}: priors.yaml is not read from a site (priors are fitted on the shipped "
-                           "rules); set a rule's prior at your site in overrides/*.yaml (`confidence:`, with a reason)")
-            elif stray := sorted(f.name for f in d.glob("*.y*ml") if f.name not in (*SITE_PARTS, "priors.yaml")):
-                out.append(f"--knowledge {d}: {', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''} would never be "
-                           "read: a site directory's rules go in DIR/rules/, its overrides in DIR/overrides/")
-        return out
+        from eroica.engine.rules import site_dirs
+
+        env = set(env_dirs())
+        return [p for d in self.site_dirs
+                for p in site_dirs.problems(d, f"${ENV} {d}" if d in env else f"--knowledge {d}")]
 
     def override_paths(self) -> list[Path]:
         return [*(f for d in self.site_dirs for f in sorted((d / "overrides").glob("*.yaml"))), *self.override_files]
@@ -100,6 +91,7 @@ class RuleEntry:
     override: str = ""                   # "file:line: reason" of the override that changed it
     prior: str = "hand-set"              # where its prior comes from: hand-set, fitted, override
     retuned: bool = False                # an override moved its thresholds (its tests were written for the old)
+    disabled_at: str = ""                # "file:line" of the override that disabled it
 
     @property
     def id(self) -> str:
@@ -115,6 +107,20 @@ class Knowledge:
     taxonomy: dict[str, TaxonomyEntry]
     vocabulary: Vocabulary
     problems: list[str] = field(default_factory=list)
+    refused: frozenset[str] = frozenset()     # enabled rules the engine would refuse (their problems above)
+
+    def notes(self) -> list[str]:
+        """What the sites changed, in a line each, for a report's reader: a window read "healthy" may be
+        one whose rule a site disabled."""
+        out = []
+        for origin in dict.fromkeys(e.origin for e in self.entries if e.origin != SHIPPED):
+            mine = [e for e in self.entries if e.origin == origin]
+            out.append(f"{origin}: {sum(not e.replaces for e in mine)} rule(s) added"
+                       + (f", {sum(bool(e.replaces) for e in mine)} replacing shipped ones" if any(
+                           e.replaces for e in mine) else ""))
+        out += [f"{e.id} {e.why_disabled}" for e in self.entries if not e.enabled and e.disabled_at]
+        out += [f"{e.id} overridden at {e.override}" for e in self.entries if e.enabled and e.override]
+        return out
 
     def entry(self, rule_id: str) -> RuleEntry | None:
         return next((e for e in self.entries if e.id == rule_id), None)
@@ -145,12 +151,18 @@ def _origins(spec: KnowledgeSpec) -> list[tuple[str, list[Path], bool]]:
 def _gather(spec: KnowledgeSpec, problems: list[str]) -> dict[str, tuple[LoadedRule, str, str]]:
     """Every rule by id, later layers replacing earlier ones: id -> (rule, origin, what it replaces)."""
     from eroica.engine.rules.loader import parse_rule_file
+    from eroica.engine.rules.site_dirs import looks_like_site
 
     by_id: dict[str, tuple[LoadedRule, str, str]] = {}
     seen_files: set[str] = set()
     for origin, paths, under_test in _origins(spec):
+        sites = [p for p in paths if looks_like_site(Path(p))]
+        if sites:
+            problems += [f"{p}: a site knowledge directory (rules/, overrides/, taxonomy.yaml): pass it as "
+                         f"--knowledge {p}; a PATH here is rule files or a folder of them" for p in sites]
+            continue
         try:
-            files = rule_files(paths, strict=under_test or origin != SHIPPED)
+            files = rule_files(paths, strict=under_test or origin in map(str, spec.rule_paths))
         except RuleError as exc:
             problems.extend(exc.problems)
             continue
@@ -197,11 +209,13 @@ def load(spec: KnowledgeSpec | None = None, raise_problems: bool = True) -> Know
     """The knowledge of `spec`, compiled and checked: every problem (parse, ids, overrides, compile,
     rules that can never fire, the taxonomy, hypotheses) with its file and line. Raises RuleError with
     all of them unless `raise_problems` is False (lint reports them with its own)."""
+    from pydantic import ValidationError
+
     from eroica.engine.facts import FACT_TYPES
     from eroica.engine.hypotheses import load_hypotheses
     from eroica.engine.priors import load_priors
     from eroica.engine.rules.compiler import compile_each
-    from eroica.engine.rules.overrides import apply, load_override_files, validate
+    from eroica.engine.rules.overrides import apply, condition_index, load_override_files, validate
     from eroica.engine.rules.reach import producible, rule_problems
     from eroica.engine.rules.vocabulary import build
     from eroica.engine.taxonomy import load_taxonomy
@@ -226,38 +240,107 @@ def load(spec: KnowledgeSpec | None = None, raise_problems: bool = True) -> Know
     except RuleError as exc:
         problems.extend(exc.problems)
     fields = {k: set(m.model_fields) for k, m in {**FACT_TYPES, **hypotheses}.items()}
-    problems += validate(overrides, {k: v[0] for k, v in by_id.items()}, fields)
+    written = {k: v[0] for k, v in by_id.items()}
+    for rid, given in list(overrides.items()):      # an override that is wrong is reported, never applied
+        bad = validate({rid: given}, written, fields)
+        problems += bad
+        if bad:
+            del overrides[rid]
     priors = load_priors(builtin_knowledge_dir()) if spec.fitted_priors else {}
     entries: list[RuleEntry] = []
     for rid, (lr, origin, replaces) in by_id.items():
         o = overrides.get(rid)
         prior = priors.get(rid) if origin == SHIPPED and not replaces else None
-        eff, how = apply(lr, o, prior)
+        try:
+            eff, how = apply(lr, o, prior)
+        except ValidationError as exc:
+            problems.append(f"{o.at() if o else lr.path}: the rule it makes is not valid: {exc.errors()[0]['msg']}")
+            eff, how = apply(lr, None, prior)
         off = ("status: deprecated" if lr.rule.status.value == "deprecated"
-               else f"disabled by {o.at('disabled')}: {o.reason}" if o is not None and o.spec.get("disabled") else "")
+               else f"disabled at {o.where('disabled')} ({o.reason})" if o is not None and o.spec.get("disabled")
+               else "")
         entries.append(RuleEntry(lr, eff, origin, not off, off, replaces,
-                                 f"{o.at()}: {o.reason}" if o is not None else "", how,
-                                 bool(o is not None and o.spec.get("where"))))
+                                 f"{o.where()} ({o.reason})" if o is not None else "", how,
+                                 bool(o is not None and o.spec.get("where")),
+                                 o.at("disabled") if o is not None and o.spec.get("disabled") else ""))
     enabled = [e.effective for e in entries if e.enabled]
     compiled, probs = compile_each(enabled, sites)
     problems += probs
     irs = [ir for _, ir in compiled]
     vocab = build(irs, hypotheses, taxonomy)
     have = producible(irs, vocab)
+    silenced = _silenced(entries, irs, have, sites, problems)
+    refused = {lr.rule.id for lr in enabled} - {ir.id for ir in irs} | set(silenced)
     for lr, ir in compiled:
-        o = overrides.get(lr.rule.id)
-        where = {(i, str(f)): o.at("where", i, f) for i, fs in (o.spec.get("where") or {}).items()
-                 if isinstance(i, int) and isinstance(fs, dict) for f in fs
-                 } if o is not None and isinstance(o.spec.get("where"), dict) else None
-        problems += rule_problems(lr, ir, vocab, have, where)
+        ov = overrides.get(lr.rule.id)
+        where = {(i, str(f)): ov.at("where", key, f) for key, fs in (ov.spec.get("where") or {}).items()
+                 if (i := condition_index(lr, key)) is not None and isinstance(fs, dict) for f in fs
+                 } if ov is not None and isinstance(ov.spec.get("where"), dict) else None
+        mine = rule_problems(lr, ir, vocab, have | silenced.get(lr.rule.id, set()), where)
+        refused |= {lr.rule.id} if mine else set()
+        problems += mine
     if problems and raise_problems:
         raise RuleError(problems)
-    return Knowledge(spec, tuple(entries), enabled, irs, taxonomy, vocab, problems)
+    return Knowledge(spec, tuple(entries), enabled, irs, taxonomy, vocab, problems, frozenset(refused))
+
+
+def _silenced(entries: list[RuleEntry], irs: list[RuleIR], have: set[str], sites: list[Path],
+              problems: list[str]) -> dict[str, set[str]]:
+    """The enabled rules that a disabled rule leaves without a hypothesis they consume (rule id -> the
+    kinds), each disabling reported once, at the override that disabled it, naming every rule it
+    silences. A rule silenced so is refused, and not again for each of its conditions."""
+    from eroica.engine.rules.compiler import compile_each
+
+    off = [e for e in entries if not e.enabled and e.disabled_at and e.written.rule.emit.derive]
+    if not off:
+        return {}
+    derives = {ir.id: ir.derived_kind for ir in irs}
+    off_irs = {lr.rule.id: ir for lr, ir in compile_each([e.effective for e in off], sites)[0]}
+    by_kind: dict[str, list[str]] = {}
+    for ir in [*irs, *off_irs.values()]:
+        if ir.derived_kind:
+            by_kind.setdefault(ir.derived_kind, []).append(ir.id)
+
+    def blame(kind: str, seen: set[str]) -> set[str]:
+        out: set[str] = set()
+        for rid in by_kind.get(kind, []):
+            if rid in seen:
+                continue
+            seen.add(rid)
+            if rid in off_irs:
+                out.add(rid)
+            else:
+                ir = next(x for x in irs if x.id == rid)
+                out |= {b for p in ir.patterns if p.kind not in have for b in blame(p.kind, seen)}
+        return out
+
+    silenced: dict[str, set[str]] = {}
+    by_off: dict[str, list[str]] = {}
+    for ir in irs:
+        missing = {p.kind for p in ir.patterns if p.kind not in have}
+        culprits = {b for k in missing for b in blame(k, set())}
+        if culprits:
+            silenced[ir.id] = missing
+            for b in culprits:
+                by_off.setdefault(b, []).append(ir.id)
+    for e in off:
+        if e.id in by_off:
+            quiet = sorted(by_off[e.id])
+            problems.append(f"{e.disabled_at}: disabling {e.id!r} silences {len(quiet)} rule(s) that consume the "
+                            f"{derives.get(e.id) or (e.written.rule.emit.derive or {}).get('kind')!r} it derives: "
+                            f"{', '.join(quiet)}; disable those too (each with a reason), or keep {e.id!r} and "
+                            "retune it (where:)")
+    return silenced
 
 
 def compiled(spec: KnowledgeSpec | None = None) -> list[RuleIR]:
     """The compiled rules of `spec`, from the rule cache when no input changed (a diagnosis then
     imports neither the compiler nor the rule schema); RuleError when the knowledge has problems."""
+    return compiled_with_notes(spec)[0]
+
+
+def compiled_with_notes(spec: KnowledgeSpec | None = None) -> tuple[list[RuleIR], list[str]]:
+    """`compiled`, and what the sites changed in it (`Knowledge.notes`: a report says it)."""
     spec = spec or KnowledgeSpec()
     problems = spec.site_problems()
     if problems:
@@ -266,9 +349,9 @@ def compiled(spec: KnowledgeSpec | None = None) -> list[RuleIR]:
     cached = rule_cache.get(key)
     if cached is not None:
         return cached
-    rules = load(spec).irs
-    rule_cache.put(key, rules)
-    return rules
+    k = load(spec)
+    rule_cache.put(key, (k.irs, k.notes()))
+    return k.irs, k.notes()
 
 
 @functools.lru_cache(maxsize=8)

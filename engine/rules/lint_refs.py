@@ -79,7 +79,7 @@ def summary_problems(lr: LoadedRule, vocab: dict[str, set[str]]) -> list[str]:
 
 
 def reference_problems(lr: LoadedRule, knowledge_dir: Path | None = None,
-                       incidents_dir: Path | None = None) -> list[str]:
+                       incidents_dir: Path | None = None, site_dir: Path | None = None) -> list[str]:
     """Dangling references: a fix template without a remediation, a runbook that is not there, an
     incident that was never recorded (checked where an incident library is beside the knowledge)."""
     kdir = knowledge_dir or builtin_knowledge_dir()
@@ -89,9 +89,13 @@ def reference_problems(lr: LoadedRule, knowledge_dir: Path | None = None,
         out.append(f"{lr.path}:{line_of(lr.lines, ('emit', 'fix_template'))}: rule {r.id!r}: fix_template "
                    f"{tmpl!r} has no knowledge/remediations/{tmpl}.yaml; write it or name an existing one")
     for ref in r.references:
-        if ref.startswith("knowledge/") and not (kdir / ref.removeprefix("knowledge/")).exists():
+        if "://" in ref:
+            continue
+        where = (kdir / ref.removeprefix("knowledge/") if ref.startswith("knowledge/")
+                 else site_dir / ref if site_dir is not None else None)
+        if where is not None and not where.exists():
             out.append(f"{lr.path}:{line_of(lr.lines, ('references',))}: rule {r.id!r}: reference {ref!r} "
-                       "does not exist")
+                       f"does not exist ({where}); write it, or give a URL")
     incidents = incidents_dir if incidents_dir is not None else kdir.parent / "incidents"
     if incidents.is_dir():
         for inc in r.incidents:

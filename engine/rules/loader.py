@@ -66,7 +66,8 @@ def parse_rule_file(path: Path) -> tuple[LoadedRule | None, list[str]]:
         for err in exc.errors():
             loc = tuple(err["loc"])
             key = ".".join(str(x) for x in loc) or "(top)"
-            fix = "remove it or check its spelling" if err["type"] == "extra_forbidden" else "see knowledge/README.md"
+            fix = ("remove it or check its spelling" if err["type"] == "extra_forbidden"
+                   else "the rule format: docs/rule-authoring.md")
             problems.append(f"{path}:{line_of(lines, loc)}: rule {data.get('id', '?')!r}, key {key!r}: "
                             f"{err['msg']}; {fix}")
         return None, problems

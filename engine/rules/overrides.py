@@ -6,7 +6,7 @@ file and line, never the shipped rule it would have broken.
         reason: why this site differs       # required: `eroica rules list|show` print it
         disabled: true                    # drop the rule at this site
         confidence: 0.7                   # its prior here (wins over knowledge/priors.yaml)
-        where: {<condition index>: {<field>: <value> | {<op>: <value>}}}   # retune a threshold
+        where: {<condition index or alias>: {<field>: <value> | {<op>: <value>}}}   # retune a threshold
 """
 
 from __future__ import annotations
@@ -36,9 +36,13 @@ class Override:
     def reason(self) -> str:
         return " ".join(str(self.spec.get("reason") or "").split())
 
-    def at(self, *loc: Any) -> str:
+    def where(self, *loc: Any) -> str:
+        """"file:line" of the override (or of one of its keys)."""
         key = ("overrides", self.rule_id, *(str(x) for x in loc))   # YAML keys are mapped as written
-        return f"{self.path}:{line_of(self.lines, key)}: override for {self.rule_id!r}"
+        return f"{self.path}:{line_of(self.lines, key)}"
+
+    def at(self, *loc: Any) -> str:
+        return f"{self.where(*loc)}: override for {self.rule_id!r}"
 
 
 def load_override_files(paths: list[Path]) -> dict[str, Override]:
@@ -105,10 +109,12 @@ def validate(overrides: dict[str, Override], rules: dict[str, LoadedRule], vocab
             out.append(f"{o.at('where')}: `where` maps a condition index to field tests")
             continue
         conds = lr.rule.when
-        for idx, fields in where.items():
-            if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < len(conds):
-                out.append(f"{o.at('where', idx)}: condition index {idx!r} out of range; rule {rid!r} has "
-                           f"conditions 0..{len(conds) - 1}")
+        for key, fields in where.items():
+            idx = condition_index(lr, key)
+            if idx is None:
+                aliases = [c.as_ for c in conds if c.as_]
+                out.append(f"{o.at('where', key)}: no condition {key!r}; rule {rid!r} has conditions "
+                           f"0..{len(conds) - 1}" + (f" (or by alias: {', '.join(aliases)})" if aliases else ""))
                 continue
             kind = conds[idx].fact
             if not isinstance(fields, dict):
@@ -128,6 +134,14 @@ def validate(overrides: dict[str, Override], rules: dict[str, LoadedRule], vocab
     return out
 
 
+def condition_index(lr: LoadedRule, key: Any) -> int | None:
+    """The condition an override's `where` key names: its index (0 first) or its `as:` alias."""
+    conds = lr.rule.when
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key if 0 <= key < len(conds) else None
+    return next((i for i, c in enumerate(conds) if c.as_ is not None and c.as_ == key), None)
+
+
 def apply(lr: LoadedRule, o: Override | None, prior: float | None) -> tuple[LoadedRule, str]:
     """The rule as it runs: its fitted `prior` in place of the hand-set confidence, then the override's
     confidence and thresholds; and where its prior comes from, in words."""
@@ -145,6 +159,6 @@ def apply(lr: LoadedRule, o: Override | None, prior: float | None) -> tuple[Load
         return lr, how
     data = lr.rule.model_dump(by_alias=True)
     data["emit"]["confidence"] = conf
-    for idx, fields in where.items():
-        data["when"][int(idx)]["where"].update(fields)
+    for key, fields in where.items():
+        data["when"][condition_index(lr, key)]["where"].update(fields)
     return LoadedRule(Rule.model_validate(data), lr.path, lr.lines), how

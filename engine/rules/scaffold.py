@@ -113,8 +113,8 @@ def scaffold(source: Path, rank: int, cause: str, spec: KnowledgeSpec, site: Pat
     k = load(spec)                                    # the knowledge must load: the rule is checked against it
     if cause not in k.taxonomy:
         raise ScaffoldError(f"unknown root cause {cause!r}; {closest(cause, k.taxonomy)}; a new one goes in "
-                            f"{site / 'taxonomy.yaml'} (root_causes: {{{cause}: {{category, component, question, "
-                            "runbook}}})")
+                            f"{site / 'taxonomy.yaml'}, under root_causes: with its category, component, question "
+                            "and runbook")
     window, facts = _window_facts(source, rank)
     picked = _pick(facts)
     rid = rule_id or f"site.{cause.replace('_', '-')}-" + re.sub(r"[^a-z0-9]+", "-", str(

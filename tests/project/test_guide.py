@@ -16,7 +16,8 @@ from eroica.cli.main import main
 
 ROOT = Path(__file__).parents[2]
 GUIDE = ROOT / "docs" / "rule-authoring.md"
-STEP = re.compile(r"<!-- (walkthrough|file: (?P<path>[^ ]+)) -->\n(?:<!-- [^\n]* -->\n)?```(?:sh|yaml)\n(.*?)```", re.S)
+STEP = re.compile(r"<!-- (walkthrough|file: (?P<path>[^ ]+)) -->\n(?:<!-- [^\n]* -->\n)?"
+                  r"```(?:sh|yaml|markdown)\n(.*?)```", re.S)
 VOCAB = re.compile(r"<!-- vocabulary:start -->\n(.*)<!-- vocabulary:end -->", re.S)
 
 

@@ -108,8 +108,12 @@ def test_a_hypothesis_no_enabled_rule_derives_makes_its_consumers_refused(tmp_pa
         "overrides:\n  data.bound: {disabled: true, reason: we read from RAM disks}\n")
     with pytest.raises(RuleError) as exc:
         load(KnowledgeSpec(site_dirs=(tmp_path / "site",)))
-    assert "rule 'straggler.dataloader-stall', key 'when.0.fact': hypothesis 'data_bound' is never stated: no " \
-           "enabled rule derives it" in str(exc.value)
+    assert exc.value.problems == [
+        f"{tmp_path / 'site' / 'overrides' / 's.yaml'}:2: override for 'data.bound': disabling 'data.bound' silences 1 "
+        "rule(s) that consume the 'data_bound' it derives: straggler.dataloader-stall; disable those too (each with a "
+        "reason), or keep 'data.bound' and retune it (where:)"]
+    k = load(KnowledgeSpec(site_dirs=(tmp_path / "site",)), raise_problems=False)
+    assert "straggler.dataloader-stall" in k.refused
 
 
 def test_a_shipped_rule_tested_alone_runs_with_its_chain(capsys) -> None:  # type: ignore[no-untyped-def]
@@ -244,6 +248,11 @@ def test_eval_and_promote_take_the_site_layers(tmp_path: Path, capsys) -> None: 
     capsys.readouterr()
     assert main(["eval", str(lib), "--knowledge", str(tmp_path / "site")]) == 1     # the library's rule is gone
     assert "FAIL INC-0001" in capsys.readouterr().out
+    assert main(["rules", "promote", "--dry-run", "--incidents", str(lib), "--min-incidents", "1"]) == 1
+    assert "no healthy run (expect: []) in" in capsys.readouterr().err   # nothing shows a rule stays quiet
+    shutil.copytree(ROOT / "incidents" / "INC-0021", lib / "INC-0021")    # a healthy run
+    assert main(["rules", "promote", "--dry-run", "--incidents", str(lib), "--min-incidents", "1"]) == 0
+    assert "checked against 1 healthy run(s)" in capsys.readouterr().out    # (the walkthrough promotes a rule)
     assert main(["rules", "promote", "--dry-run", "--incidents", str(lib), "--knowledge", str(tmp_path / "site"),
                  "--min-incidents", "1"]) == 0
     assert "straggler.dataloader-stall" not in capsys.readouterr().out
@@ -309,3 +318,51 @@ def test_an_override_is_checked_like_a_rule_and_named_where_it_sets_the_value(tm
     assert main(["rules", "test", str(ROOT / "knowledge" / "rules" / "data" / "bound.yaml"),
                  "--knowledge", str(tmp_path / "site")]) == 1
     assert "this test was written for the ones it ships with" in capsys.readouterr().out
+
+
+def test_nothing_in_a_site_directory_is_silently_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    (site / "rule").mkdir(parents=True)                                  # rules/ misspelled
+    (site / "overrides").mkdir()
+    (site / "overrides" / "ours.yml").write_text("overrides: {}\n")
+    (site / "taxonomy.yml").write_text("root_causes: {}\n")
+    problems = KnowledgeSpec(site_dirs=(site,)).site_problems()
+    assert f"--knowledge {site}: rule/ would never be read: did you mean rules/?" in problems
+    assert f"--knowledge {site}: overrides/ours.yml would never be read: override files end in .yaml; rename it" \
+        in problems
+    assert f"--knowledge {site}: taxonomy.yml would never be read: rename it taxonomy.yaml" in problems
+    monkeypatch.setenv(ENV, str(tmp_path / "nope"))
+    assert KnowledgeSpec.of().site_problems() == [f"${ENV} {tmp_path / 'nope'}: not a directory (a site knowledge "
+                                                   "directory holds rules/, overrides/*.yaml, taxonomy.yaml and/or "
+                                                   "hypotheses.yaml)"]
+
+
+def test_an_empty_rules_folder_a_site_passed_as_a_path_and_a_missing_runbook(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    site = tmp_path / "site"
+    (site / "rules").mkdir(parents=True)                                 # a new site: no rule yet
+    assert load(KnowledgeSpec(site_dirs=(site,))).problems == []
+    (site / "taxonomy.yaml").write_text("root_causes:\n  ours: {category: software, component: c, question: q, "
+                                        "runbook: runbooks/ours.md}\n")
+    assert main(["rules", "lint", "--knowledge", str(site)]) == 1
+    assert f"root cause 'ours': its runbook {(site / 'runbooks' / 'ours.md').resolve()} does not exist" in \
+        capsys.readouterr().out
+    assert main(["rules", "lint", str(site)]) == 1
+    assert f"{site}: a site knowledge directory (rules/, overrides/, taxonomy.yaml): pass it as --knowledge {site}" \
+        in capsys.readouterr().out
+
+
+def test_an_override_names_a_condition_by_alias_and_show_prints_the_rule_as_it_runs(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    o = tmp_path / "site" / "overrides" / "o.yaml"
+    o.parent.mkdir(parents=True)
+    o.write_text("overrides:\n  compute.workload-imbalance:\n    reason: our stages differ by design\n"
+                 "    where: {work: {excess_step_ratio: {gte: 0.25}}}\n")
+    assert main(["rules", "show", "compute.workload-imbalance", "--knowledge", str(tmp_path / "site")]) == 0
+    out = capsys.readouterr().out
+    assert f"As it runs here (the override at {o}:3 (our stages differ by design))" in out
+    assert '"excess_step_ratio": {"gte": 0.25}' in out
+    o.write_text("overrides:\n  compute.workload-imbalance: {reason: r, where: {5: {a: 1}}, confidence: 1.7}\n")
+    with pytest.raises(RuleError) as exc:                                # reported, never applied: no traceback
+        load(KnowledgeSpec(site_dirs=(tmp_path / "site",)))
+    said = "\n".join(exc.value.problems)
+    assert "no condition 5; rule 'compute.workload-imbalance' has conditions 0..2 (or by alias: work, cpu, thr)" in said
+    assert "confidence is a number in [0, 1], got 1.7" in said

@@ -96,7 +96,7 @@ def test_overrides_are_validated_like_rules_and_errors_name_the_override_file_an
         load_rules([p], load_overrides([ov]))
     got = "\n".join(e.value.problems)
     for line, says in ((3, "confidence is a number in [0, 1], got 1.5"), (4, "unknown key 'colour'"),
-                       (6, "condition index 7 out of range"), (7, "unknown operator 'above'"),
+                       (6, "no condition 7"), (7, "unknown operator 'above'"),
                        (7, "has no field 'no_such_field'"), (8, "override for 'test.nope': no such rule")):
         assert f"site.yaml:{line}: " in got and says in got, (line, says, got)
     assert "slow_loader.yaml" not in got     # the shipped rule is not blamed
