@@ -82,11 +82,14 @@ def _print_problems(problems: list[str], err: bool = False) -> None:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from eroica.engine.rules.authoring import cases
+    from eroica.engine.rules.authoring import cases, expect_problems, given_facts
     from eroica.engine.rules.runner import run_tests
 
     k = knowledge(args, targets=tuple(args.paths))
     _print_problems(k.problems)
+    bad_tests = [p for lr in k.targets() if lr.rule.id not in k.refused
+                 for p in given_facts(k, lr) + expect_problems(k, lr)]
+    _print_problems(bad_tests)
     targets = k.targets()
     refused = [lr.rule.id for lr in targets if lr.rule.id in k.refused]
     outcomes = run_tests(cases(k, [lr for lr in targets if lr.rule.id not in k.refused]))
@@ -105,9 +108,11 @@ def cmd_test(args: argparse.Namespace) -> int:
     untested = [lr.rule.id for lr in targets if not lr.rule.tests and lr.rule.id not in k.refused]
     for rid in untested:
         print(f"FAIL  {rid}: has no tests")
-    tail = f"; {len(k.problems)} problem(s) above: the engine refuses this knowledge as it is" if k.problems else ""
+    tail = (f"; {len(k.problems)} problem(s) above: the engine refuses this knowledge as it is" if k.problems else
+            f"; {len(bad_tests)} test(s) above give facts that never happen or expect what no rule concludes"
+            if bad_tests else "")
     print(f"{len(outcomes) - failed} passed, {failed + len(untested) + len(refused)} failed{tail}")
-    return 1 if failed or untested or refused or k.problems else 0
+    return 1 if failed or untested or refused or k.problems or bad_tests else 0
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -124,8 +129,9 @@ def _loaded(args: argparse.Namespace) -> Knowledge | None:
     """The knowledge for the read-only commands; its problems go to stderr (they still list what loaded)."""
     k = knowledge(args)
     if k.problems:
-        print(f"eroica rules {args.rules_cmd}: the knowledge has {len(k.problems)} problem(s) (`eroica rules lint` "
-              "lists them); showing what loaded", file=sys.stderr)
+        _print_problems(k.problems, err=True)
+        print(f"eroica rules {args.rules_cmd}: the knowledge has {len(k.problems)} problem(s), above; showing what "
+              "loaded", file=sys.stderr)
     return k
 
 
@@ -192,9 +198,12 @@ def cmd_new(args: argparse.Namespace) -> int:
         d = diagnose(args.source, DiagnoseOptions(knowledge=knowledge_args.spec(args), in_process=True))
         w = d.windows[-1] if not args.source.name.startswith("w") else next(
             (x for x in d.windows if x.window == args.source.name), d.windows[-1])
+        rid = text.split("\nid: ", 1)[1].split("\n", 1)[0]
+        print(f"on {w.window}, rank {args.rank}: the new rule {'fires' if rid in w.rules_fired else 'does NOT fire'}"
+              + ("" if rid in w.rules_fired else " (another site rule may match first: `eroica rules coverage`)"))
         for f in [f for f in w.findings if args.rank in f.ranks][:2]:
-            print(f"on {w.window}: [{f.confidence:.2f}] {f.root_cause} on rank {args.rank}, decided by "
-                  f"{f.confidence_factors.prior_rule_id} ({f.confidence_factors.explain(f.confidence)})")
+            print(f"  [{f.confidence:.2f}] {f.root_cause}, decided by {f.confidence_factors.prior_rule_id} "
+                  f"({f.confidence_factors.explain(f.confidence)})")
     except RuleError as exc:
         _print_problems(exc.problems)
     print(f"next: eroica rules test {path} --knowledge {site}\n      eroica rules lint {path} --knowledge {site}")
@@ -217,6 +226,12 @@ def cmd_coverage(args: argparse.Namespace) -> int:
         print(f"eroica rules coverage: {', '.join(map(str, missing)) or 'no ./incidents'}: no such incident "
               "directory", file=sys.stderr)
         return 2
+    from eroica.engine.coverage import incident_dirs
+
+    if not incident_dirs(dirs):
+        print(f"eroica rules coverage: no incident (a folder with expected.yaml) in {', '.join(map(str, dirs))}",
+              file=sys.stderr)
+        return 2
     try:
         cov = coverage(k, dirs, progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     except RuleError as exc:
@@ -228,7 +243,7 @@ def cmd_coverage(args: argparse.Namespace) -> int:
 
 def cmd_promote(args: argparse.Namespace) -> int:
     from eroica.engine.diagnose import DiagnoseOptions
-    from eroica.engine.evaluate import find_heldout, find_incidents, load_expected, promotion_candidates
+    from eroica.engine.evaluate import find_incidents, load_expected, promotion_candidates
 
     k = knowledge(args)
     if k.problems:
@@ -240,8 +255,10 @@ def cmd_promote(args: argparse.Namespace) -> int:
         print(f"eroica rules promote: {', '.join(map(str, missing)) or 'no ./incidents'}: no incident library "
               "there (--incidents DIR)", file=sys.stderr)
         return 2
-    quiet = [p for lib in libs for p in find_incidents(lib) + find_heldout(lib)
-             if not load_expected(p / "expected.yaml").expect]
+    from eroica.engine.coverage import incident_dirs
+
+    libs = [lib / "incidents" if not find_incidents(lib) and (lib / "incidents").is_dir() else lib for lib in libs]
+    quiet = [p for p in incident_dirs(libs) if not load_expected(p / "expected.yaml").expect]
     if not quiet:
         print(f"eroica rules promote: no healthy run (expect: []) in {', '.join(map(str, libs))}: nothing shows that "
               "a rule stays quiet; record one beside the incidents, or add the shipped library (--incidents "

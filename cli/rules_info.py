@@ -34,13 +34,14 @@ def list_rules(k: Knowledge, fmt: str) -> str:
         return json.dumps(rows, indent=2) + "\n"
     w = max((len(r["id"]) for r in rows), default=2)
     c = max((len(r["root_cause"]) for r in rows), default=10)
-    lines = [f"{'id':<{w}}  {'status':<12}  {'root cause':<{c}}  {'prior':>5}  {'origin'}"]
+    lines = [f"{'id':<{w}}  {'on':<3}  {'status':<12}  {'root cause':<{c}}  {'prior':>5}  {'origin'}"]
     for r in rows:
         notes = [x for x in (f"DISABLED ({r['why_disabled']})" if not r["enabled"] else "",
                              f"replaces {r['replaces']}" if r["replaces"] else "",
                              f"override {r['override']}" if r["override"] and r["enabled"] else "") if x]
-        lines.append(f"{r['id']:<{w}}  {r['status']:<12}  {r['root_cause']:<{c}}  {r['prior']:>5.2f}  {r['origin']}"
-                     + ("".join(f"\n{'':<{w}}  - {n}" for n in notes)))
+        lines.append(f"{r['id']:<{w}}  {'yes' if r['enabled'] else 'OFF':<3}  {r['status']:<12}  "
+                     f"{r['root_cause']:<{c}}  {r['prior']:>5.2f}  {r['origin']}"
+                     + ("".join(f"\n{'':<{w}}       - {n}" for n in notes)))
     on = sum(r["enabled"] for r in rows)
     origins = sorted({r["origin"] for r in rows})
     lines.append(f"{len(rows)} rule(s), {on} enabled, from {', '.join(origins)}")
@@ -134,7 +135,7 @@ def vocabulary(v: Vocabulary, fmt: str, sections: list[str] | None = None) -> st
                       "names stated as hw_signal", ("signal", "unit", "source", "scope", "read from", "stated as"),
                       [(s.name, s.unit, s.source, s.scope, s.where, s.stated_as) for s in v.signals], md)
     if "domains" in want:
-        out += _table("closed sets", "the values a field marked with one of these names can take",
+        out += _table("domains", "the closed sets of values a field can take (its `values` above name them)",
                       ("set", "values"), [(k, ", ".join(vals)) for k, vals in v.domains.items()], md)
     if "gap_sources" in want:
         out += _table("gap sources", "what `evidence_gap.source` and a rule's `emit.needs` name",

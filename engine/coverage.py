@@ -37,10 +37,14 @@ class Coverage:
 
 
 def incident_dirs(paths: list[Path]) -> list[Path]:
-    """The incidents under each path: a library (with its heldout/), or one incident."""
+    """The incidents under each path: a library (with its heldout/), one incident, or a site directory
+    (its incidents/)."""
     out: list[Path] = []
     for p in paths:
-        out += find_incidents(p) + find_heldout(p)
+        found = find_incidents(p) + find_heldout(p)
+        if not found and (p / "incidents").is_dir():
+            found = find_incidents(p / "incidents") + find_heldout(p / "incidents")
+        out += found
     return list(dict.fromkeys(out))
 
 

@@ -43,7 +43,7 @@ class RankSlowness(Fact):
     busy_seconds_per_step: NonNegativeFloat
     peer_median_busy_seconds_per_step: NonNegativeFloat
     excess_seconds_per_step: float
-    excess_step_ratio: float                 # excess / peer-median step time: what the rank costs the job
+    excess_step_ratio: float = Field(ge=0, le=1)   # excess / peer-median step time: what the rank costs the job
     busy_ratio_to_median: NonNegativeFloat
     comm_wait_ratio_to_median: NonNegativeFloat   # culprits wait least; victims wait most
     least_waiting: bool                      # this rank waits least of its group in communication

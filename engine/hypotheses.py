@@ -52,21 +52,41 @@ def _model(kind: str, spec: dict[str, Any], where: str) -> type[Hypothesis]:
     return model
 
 
-@lru_cache(maxsize=16)
+def _version(path: Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return 0, 0
+    return st.st_mtime_ns, st.st_size
+
+
 def _specs(path: Path) -> dict[str, dict[str, Any]]:
+    """A hypotheses file's kinds, read again when the file changed (a long-lived service's site)."""
+    return _specs_at(path, *_version(path))
+
+
+@lru_cache(maxsize=16)
+def _specs_at(path: Path, mtime_ns: int, size: int) -> dict[str, dict[str, Any]]:
     data = load_data_file(path, SCHEMA, "see knowledge/hypotheses.yaml for the format")
     specs = dict(data.get("hypotheses") or {})
     for kind, spec in specs.items():
         if not isinstance(spec, dict):
             raise RuleError([f"{path}: hypothesis {kind!r} must be a mapping with description, evidence, fields"])
+        if not isinstance(spec.get("fields") or {}, dict):
+            raise RuleError([f"{path}: hypothesis {kind!r}: `fields` maps each field to its type (float, int, bool, "
+                             f"str; a trailing ? allows null), got {spec.get('fields')!r}"])
     return specs
 
 
-@lru_cache(maxsize=256)
 def _model_of(path: Path, kind: str) -> type[Hypothesis]:
-    """One kind's model, built once per process (pydantic model building is not free: a diagnosis
-    builds only the ones it derived)."""
-    return _model(kind, _specs(path)[kind], str(path))
+    """One kind's model, built once per version of its file (pydantic model building is not free: a
+    diagnosis builds only the ones it derived)."""
+    return _model_at(path, kind, *_version(path))
+
+
+@lru_cache(maxsize=256)
+def _model_at(path: Path, kind: str, mtime_ns: int, size: int) -> type[Hypothesis]:
+    return _model(kind, _specs_at(path, mtime_ns, size)[kind], str(path))
 
 
 def _files(knowledge_dir: Path | None = None, site_dirs: list[Path] | None = None) -> list[Path]:

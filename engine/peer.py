@@ -292,7 +292,8 @@ def _suspect_facts(candidates: list[int], view: GroupView, st: GroupStats, table
                 busy_seconds_per_step=round(busy, 6),
                 peer_median_busy_seconds_per_step=round(ref_busy, 6),
                 excess_seconds_per_step=round(excess, 6),
-                excess_step_ratio=round(float(st.excess_ratio[member]), 4),
+                # a share of the job's step: the others wait for the excess, so it is part of their step
+                excess_step_ratio=round(float(np.clip(st.excess_ratio[member], 0.0, 1.0)), 4),
                 busy_ratio_to_median=round(cap_ratio(busy, ref_busy), 4),
                 comm_wait_ratio_to_median=round(cap_ratio(float(comm[member]), med_comm), 4),
                 least_waiting=bool(comm[member] <= min_comm + 1e-9),

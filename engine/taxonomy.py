@@ -97,63 +97,123 @@ def _taxonomy_doc(path: Path) -> dict[str, Any]:
 
 def load_taxonomy(knowledge_dir: Path | None = None, site_dirs: list[Path] | None = None) -> dict[str, TaxonomyEntry]:
     """The shipped taxonomy, plus the root causes a site adds in `<site dir>/taxonomy.yaml` (new ids
-    only: a shipped one is changed through the rules and overrides, not redefined)."""
-    data = _taxonomy_doc((knowledge_dir or builtin_knowledge_dir()) / "taxonomy.yaml")
-    out = {k: TaxonomyEntry.parse(v, k) for k, v in data["root_causes"].items()}
-    for d in site_dirs or []:
-        f = Path(d) / "taxonomy.yaml"
-        if not f.exists():
-            continue
-        try:
-            site = (yaml.load(f.read_text(), Loader=SAFE_LOADER) or {}).get("root_causes") or {}
-        except yaml.YAMLError as exc:
-            raise RuleError([f"{f}: not valid YAML: {exc}"]) from exc
-        problems = []
-        for k, v in site.items():
-            if k in out:
-                try:
-                    if TaxonomyEntry.parse(v, k) == out[k]:
-                        continue                  # an identical copy (a site's copy of knowledge/): the same cause
-                except TypeError:
-                    pass
-                problems.append(f"{f}: root cause {k!r} is already in the taxonomy; a site adds new ids "
-                                "(a shipped cause is changed through rules and overrides)")
-                continue
-            try:
-                entry = TaxonomyEntry.parse(v, k)
-                # a site's runbook is the site's file (or a URL): reports and tickets name where it is
-                if "://" not in entry.runbook and not Path(entry.runbook).is_absolute():
-                    entry = replace(entry, runbook=str((Path(d) / entry.runbook).resolve()))
-                out[k] = entry
-            except TypeError as exc:
-                problems.append(f"{f}: root cause {k!r}: {exc}; it needs category, component, question, runbook")
-        if problems:
-            raise RuleError(problems)
-    dangling = [f"root cause {k!r}: {field} names {x!r}, which the taxonomy does not have"
-                for k, e in out.items() for field, xs in (("explained_by", e.explained_by),
-                                                          ("superseded_by", e.superseded_by))
-                for x in xs if x != "*" and x not in out]
-    if dangling:
-        raise RuleError([f"taxonomy: {d}; fix the id or add the root cause" for d in dangling])
-    unknown = _unknown_evidence(out)
-    if unknown:
-        raise RuleError([f"taxonomy: {u}" for u in unknown])
+    only: a shipped one is changed through the rules and overrides, not redefined); RuleError with
+    every problem (file and line) when one is wrong."""
+    out, problems = taxonomy_and_problems(knowledge_dir, site_dirs)
+    if problems:
+        raise RuleError(problems)
     return out
 
 
-def _unknown_evidence(entries: dict[str, TaxonomyEntry]) -> list[str]:
+ENTRY_KEYS = tuple(TaxonomyEntry.__dataclass_fields__)
+REQUIRED = ("category", "component", "question", "runbook")
+CATEGORIES = ("hardware", "software")     # eroica.schema.diagnosis.FindingCategory: people, or the assistant
+
+
+def taxonomy_and_problems(knowledge_dir: Path | None = None, site_dirs: list[Path] | None = None,
+                          ) -> tuple[dict[str, TaxonomyEntry], list[str]]:
+    """The taxonomy with every valid root cause, and the problems of the others (file and line each), so
+    that one wrong site entry does not leave the rules that name shipped causes without their taxonomy."""
+    shipped = (knowledge_dir or builtin_knowledge_dir()) / "taxonomy.yaml"
+    data = _taxonomy_doc(shipped)
+    out = {k: TaxonomyEntry.parse(v, k) for k, v in data["root_causes"].items()}
+    where: dict[str, str] = {k: str(shipped) for k in out}
+    problems: list[str] = []
+    for d in site_dirs or []:
+        f = Path(d) / "taxonomy.yaml"
+        if f.exists():
+            problems += _site_file(f, data, out, where)
+    for k, e in out.items():
+        for field, xs in (("explained_by", e.explained_by), ("superseded_by", e.superseded_by)):
+            problems += [f"{where[k]}: root cause {k!r}: {field} names {x!r}, which the taxonomy does not have; fix "
+                         "the id or add the root cause" for x in xs if x != "*" and x not in out]
+    problems += [f"{where[k]}: root cause {k!r}: {u}" for k, u in _unknown_evidence(out)]
+    return out, problems
+
+
+def _site_file(f: Path, shipped: dict[str, Any], out: dict[str, TaxonomyEntry], where: dict[str, str]) -> list[str]:
+    """Add a site taxonomy file's new root causes to `out`; its problems, each with the file and line."""
+    import difflib
+
+    from eroica.engine.rules.source import line_map, line_of
+
+    try:
+        text = f.read_text()
+        node, data = yaml.compose(text, Loader=SAFE_LOADER), yaml.load(text, Loader=SAFE_LOADER) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        return [f"{f}{f':{mark.line + 1}' if mark else ''}: not valid YAML: {getattr(exc, 'problem', exc)}"]
+    lines = line_map(node) if node is not None else {}
+
+    def at(*loc: Any) -> str:
+        return f"{f}:{line_of(lines, loc)}"
+
+    if not isinstance(data, dict):
+        return [f"{f}:1: expected a mapping `root_causes: {{<id>: {{category, component, question, runbook}}}}`"]
+    problems = [f"{at(k)}: {k!r}: a site's taxonomy adds root causes (`root_causes:`); "
+                + (f"did you mean {near[0]}?" if (near := difflib.get_close_matches(str(k), ["root_causes"], 1, 0.6))
+                   else "the resolution, hang and coverage floor are the shipped taxonomy's")
+                for k, v in data.items() if k != "root_causes" and shipped.get(k) != v]
+    site = data.get("root_causes") or {}
+    if not isinstance(site, dict):
+        return [*problems, f"{at('root_causes')}: root_causes maps each id to its category, component, question, "
+                           "runbook"]
+    for k, v in site.items():
+        if k in out:
+            if isinstance(v, dict) and _same(v, k, out[k]):
+                continue                          # an identical copy (a site's copy of knowledge/): the same cause
+            problems.append(f"{at('root_causes', k)}: root cause {k!r} is already in the taxonomy ({where[k]}); a "
+                            "site adds new ids (a shipped cause is changed through rules and overrides)")
+            continue
+        if not isinstance(v, dict):
+            problems.append(f"{at('root_causes', k)}: root cause {k!r}: expected a mapping of "
+                            f"{', '.join(REQUIRED)}")
+            continue
+        bad = [f"{at('root_causes', k, key)}: root cause {k!r}: unknown key {key!r}"
+               + (f"; did you mean {near[0]}?" if (near := difflib.get_close_matches(str(key), ENTRY_KEYS, 1, 0.6))
+                  else f"; keys: {', '.join(ENTRY_KEYS)}") for key in v if key not in ENTRY_KEYS]
+        bad += [f"{at('root_causes', k)}: root cause {k!r} needs `{key}:`" for key in REQUIRED if key not in v]
+        if "category" in v and v["category"] not in CATEGORIES:
+            bad.append(f"{at('root_causes', k, 'category')}: root cause {k!r}: category {v['category']!r} is "
+                       f"{' or '.join(CATEGORIES)} (hardware goes to people, software to the assistant)")
+        if bad:
+            problems += bad
+            continue
+        try:
+            entry = TaxonomyEntry.parse(v, k)
+        except (TypeError, ValueError) as exc:
+            problems.append(f"{at('root_causes', k)}: root cause {k!r}: {exc}")
+            continue
+        # a site's runbook is the site's file (or a URL): reports and tickets name where it is
+        if "://" not in entry.runbook and not Path(entry.runbook).is_absolute():
+            entry = replace(entry, runbook=str((f.parent / entry.runbook).resolve()))
+        out[k], where[k] = entry, at("root_causes", k)
+    return problems
+
+
+def _same(v: dict[str, Any], k: str, entry: TaxonomyEntry) -> bool:
+    try:
+        return TaxonomyEntry.parse(v, k) == entry
+    except (TypeError, ValueError):
+        return False
+
+
+def _unknown_evidence(entries: dict[str, TaxonomyEntry]) -> list[tuple[str, str]]:
     """Deciding evidence that names a fact kind the peer analysis does not produce (derived facts are
-    the rules' own, not on the rank when findings are reconciled), or a field it lacks."""
+    the rules' own, not on the rank when findings are reconciled), or a field it lacks: (cause, why)."""
+    import difflib
+
     kinds = {k: set(t.model_fields) for k, t in FACT_TYPES.items()}
     out = []
     for k, e in entries.items():
         for d in e.decided_by:
             if d.fact not in kinds:
-                out.append(f"root cause {k!r}: decided_by names fact {d.fact!r}; the engine's facts are "
-                           f"{', '.join(sorted(kinds))}")
+                near = difflib.get_close_matches(d.fact, list(kinds), 1, 0.6)
+                out.append((k, f"decided_by names fact {d.fact!r}" + (f"; did you mean {near[0]}?" if near else "")
+                            + f"; the engine's facts are {', '.join(sorted(kinds))}"))
             elif set(d.where) - kinds[d.fact]:
-                out.append(f"root cause {k!r}: decided_by {d.fact} has no field(s) "
-                           f"{', '.join(sorted(set(d.where) - kinds[d.fact]))}")
+                out.append((k, f"decided_by {d.fact} has no field(s) {', '.join(sorted(set(d.where) - kinds[d.fact]))}"
+                               f"; its fields: {', '.join(sorted(kinds[d.fact]))}"))
     return out
 
 

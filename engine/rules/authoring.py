@@ -5,6 +5,7 @@ with the rules that derive what the rule consumes (the shipped chain, whatever f
 
 from __future__ import annotations
 
+import difflib
 import operator
 from pathlib import Path
 
@@ -48,10 +49,11 @@ def authoring_problems(k: Knowledge, lr: LoadedRule) -> list[str]:
         return trace_field(kind, field, k.irs)
 
     site = Path(entry.origin) if entry is not None and entry.origin in map(str, sites) else None
-    problems = (given_problems(lr, fields, sites, k.vocabulary) + summary_problems(lr, fields)
+    problems = (given_problems(lr, fields, sites, k.vocabulary, k.types) + summary_problems(lr, fields)
                 + reference_problems(lr, site_dir=site))
     if not retuned:
         problems += boundary_problems(lr, THRESHOLD_OPS, CMP, sources)
+    problems += expect_problems(k, lr)
     if r.status.value == "stable" and not r.incidents:
         problems.append(f"{lr.path}:{line_of(lr.lines, ('status',))}: rule {r.id!r} is stable but names no "
                         "incident; add `incidents: [ID]` or set status: test")
@@ -77,6 +79,33 @@ def authoring_problems(k: Knowledge, lr: LoadedRule) -> list[str]:
                         f"{cond.fact}.{field} {op} {val} has no test on its {side} side; add a test whose "
                         f"given {cond.fact} has {field} on that side")
     return problems
+
+
+def expect_problems(k: Knowledge, lr: LoadedRule) -> list[str]:
+    """An expectation that names a key no conclusion has (`root_cuase`) can never be met."""
+    from eroica.engine.rules.conclusion import Conclusion
+
+    r = lr.rule
+    kind = (r.emit.derive or {}).get("kind")
+    allowed = set(Conclusion.model_fields) if kind is None else {
+        "kind", "rule_id", *(k.vocabulary.kinds[kind].fields if kind in k.vocabulary.kinds else ())}
+    out = []
+    for ti, t in enumerate(r.tests):
+        for ei, e in enumerate(t.expect):
+            for key in e:
+                if key not in allowed:
+                    near = difflib.get_close_matches(str(key), sorted(allowed), n=1, cutoff=0.6)
+                    out.append(f"{lr.path}:{line_of(lr.lines, ('tests', ti, 'expect', ei))}: rule {r.id!r} test "
+                               f"{t.name!r}: expects {key!r}, which no conclusion has"
+                               + (f"; did you mean {near[0]}?" if near else f"; keys: {', '.join(sorted(allowed))}"))
+    return out
+
+
+def given_facts(k: Knowledge, lr: LoadedRule) -> list[str]:
+    """The facts its tests are given, against the vocabulary: `rules test` says these too (a test of a
+    fact that never happens proves nothing)."""
+    fields = {name: set(ks.fields) | {"kind"} for name, ks in k.vocabulary.kinds.items()}
+    return given_problems(lr, fields, [d for d in k.spec.site_dirs if d.is_dir()], k.vocabulary, k.types)
 
 
 def lint(k: Knowledge) -> list[str]:

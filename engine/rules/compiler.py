@@ -33,6 +33,7 @@ def compile_rule(lr: LoadedRule, vocab: dict[str, set[str]]) -> tuple[RuleIR | N
         problems.append(f"{lr.path}:{line_of(lr.lines, loc)}: rule {r.id!r}, key {'.'.join(map(str, loc))!r}: {msg}")
 
     bound: dict[str, tuple[str, str]] = {}     # variable -> (alias, field)
+    uses: dict[str, list[tuple[Any, ...]]] = {}  # variable -> where it stands
     aliases: dict[str, str] = {}               # alias -> kind
     patterns: list[PatternIR] = []
     for i, cond in enumerate(r.when):
@@ -40,6 +41,8 @@ def compile_rule(lr: LoadedRule, vocab: dict[str, set[str]]) -> tuple[RuleIR | N
         if alias in aliases:
             bad(("when", i, "as"), f"alias {alias!r} used twice; give each condition its own `as`")
         if cond.fact not in vocab:
+            if cond.as_:
+                aliases[cond.as_] = cond.fact         # known to the summary: no second problem for one typo
             near = difflib.get_close_matches(cond.fact, list(vocab), n=3, cutoff=0.6)
             bad(("when", i, "fact"), f"unknown fact kind {cond.fact!r}; " + (f"closest: {', '.join(near)}; " if near
                                      else "") + f"known: {', '.join(sorted(vocab))}")
@@ -53,6 +56,7 @@ def compile_rule(lr: LoadedRule, vocab: dict[str, set[str]]) -> tuple[RuleIR | N
                 continue
             if isinstance(spec, str) and VAR.match(spec):
                 var = spec[1:]
+                uses.setdefault(var, []).append(loc)
                 if var in bound:
                     a, f = bound[var]
                     joins.append(JoinIR(field, a, f))
@@ -88,6 +92,16 @@ def compile_rule(lr: LoadedRule, vocab: dict[str, set[str]]) -> tuple[RuleIR | N
             elif m.group(2) not in vocab.get(aliases[m.group(1)], set()):
                 bad(loc, f"reference {value!r}: fact {aliases[m.group(1)]!r} has no field {m.group(2)!r}")
 
+    # two conditions binding the same field to different variables used once each join nothing: a typo
+    # ($rank and $rnk) leaves the rule matching any pair of ranks
+    once: dict[str, list[tuple[str, tuple[Any, ...]]]] = {}
+    for var, locs in uses.items():
+        if len(locs) == 1:
+            once.setdefault(str(locs[0][-1]), []).append((var, locs[0]))
+    for field, vs in once.items():
+        for var, loc in vs[1:]:
+            bad(loc, f"${var} and ${vs[0][0]} each bind {field!r} in one condition and join nothing: a typo? (the "
+                     f"same $name in both conditions makes them the same {field})")
     check_ref(r.emit.function, ("emit", "function"))
     derive = None
     if r.emit.derive is not None:
@@ -157,9 +171,10 @@ def trace_field(kind: str, field: str, rules: list[RuleIR]) -> list[tuple[str, s
 
 
 def compile_each(rules: list[LoadedRule], site_dirs: list[Path] | None = None,
-                 ) -> tuple[list[tuple[LoadedRule, RuleIR]], list[str]]:
-    """Compile every rule against one vocabulary; (rule, IR) pairs for those that compiled, all problems."""
-    vocab = fact_fields(site_dirs)
+                 vocab: dict[str, set[str]] | None = None) -> tuple[list[tuple[LoadedRule, RuleIR]], list[str]]:
+    """Compile every rule against one vocabulary (`vocab`: each kind's fields; default: the measured
+    facts and the hypotheses of `site_dirs`); (rule, IR) pairs for those that compiled, all problems."""
+    vocab = vocab if vocab is not None else fact_fields(site_dirs)
     out: list[tuple[LoadedRule, RuleIR]] = []
     problems: list[str] = []
     for lr in rules:

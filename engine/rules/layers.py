@@ -108,6 +108,7 @@ class Knowledge:
     vocabulary: Vocabulary
     problems: list[str] = field(default_factory=list)
     refused: frozenset[str] = frozenset()     # enabled rules the engine would refuse (their problems above)
+    types: dict[str, Any] = field(default_factory=dict)   # every fact kind's model: measured, and hypotheses
 
     def notes(self) -> list[str]:
         """What the sites changed, in a line each, for a report's reader: a window read "healthy" may be
@@ -156,16 +157,13 @@ def _gather(spec: KnowledgeSpec, problems: list[str]) -> dict[str, tuple[LoadedR
     by_id: dict[str, tuple[LoadedRule, str, str]] = {}
     seen_files: set[str] = set()
     for origin, paths, under_test in _origins(spec):
-        sites = [p for p in paths if looks_like_site(Path(p))]
+        given = under_test or origin in map(str, spec.rule_paths)      # paths a person typed, not a site's rules/
+        sites = [p for p in paths if looks_like_site(Path(p))] if given else []
         if sites:
             problems += [f"{p}: a site knowledge directory (rules/, overrides/, taxonomy.yaml): pass it as "
                          f"--knowledge {p}; a PATH here is rule files or a folder of them" for p in sites]
             continue
-        try:
-            files = rule_files(paths, strict=under_test or origin in map(str, spec.rule_paths))
-        except RuleError as exc:
-            problems.extend(exc.problems)
-            continue
+        files = rule_files(paths, strict=given, problems=problems)
         mine: dict[str, str] = {}
         for f in files:
             key = str(f.resolve())
@@ -218,21 +216,20 @@ def load(spec: KnowledgeSpec | None = None, raise_problems: bool = True) -> Know
     from eroica.engine.rules.overrides import apply, condition_index, load_override_files, validate
     from eroica.engine.rules.reach import producible, rule_problems
     from eroica.engine.rules.vocabulary import build
-    from eroica.engine.taxonomy import load_taxonomy
+    from eroica.engine.taxonomy import taxonomy_and_problems
 
     spec = spec or KnowledgeSpec()
     problems = spec.site_problems()
     sites = [d for d in spec.site_dirs if d.is_dir()]
     taxonomy: dict[str, TaxonomyEntry] = {}
     hypotheses: dict[str, Any] = {}
-    try:
-        taxonomy = load_taxonomy(site_dirs=sites)
-    except RuleError as exc:
-        problems.extend(exc.problems)
+    taxonomy, probs = taxonomy_and_problems(site_dirs=sites)
+    problems += probs
     try:
         hypotheses = dict(load_hypotheses(site_dirs=sites))
     except RuleError as exc:
         problems.extend(exc.problems)
+        hypotheses = dict(load_hypotheses())       # the shipped ones: a site's mistake is one problem, not many
     by_id = _gather(spec, problems)
     overrides: dict[str, Override] = {}
     try:
@@ -264,12 +261,12 @@ def load(spec: KnowledgeSpec | None = None, raise_problems: bool = True) -> Know
                                  bool(o is not None and o.spec.get("where")),
                                  o.at("disabled") if o is not None and o.spec.get("disabled") else ""))
     enabled = [e.effective for e in entries if e.enabled]
-    compiled, probs = compile_each(enabled, sites)
+    compiled, probs = compile_each(enabled, sites, fields)
     problems += probs
     irs = [ir for _, ir in compiled]
     vocab = build(irs, hypotheses, taxonomy)
     have = producible(irs, vocab)
-    silenced = _silenced(entries, irs, have, sites, problems)
+    silenced = _silenced(entries, irs, have, fields, problems)
     refused = {lr.rule.id for lr in enabled} - {ir.id for ir in irs} | set(silenced)
     for lr, ir in compiled:
         ov = overrides.get(lr.rule.id)
@@ -279,12 +276,14 @@ def load(spec: KnowledgeSpec | None = None, raise_problems: bool = True) -> Know
         mine = rule_problems(lr, ir, vocab, have | silenced.get(lr.rule.id, set()), where)
         refused |= {lr.rule.id} if mine else set()
         problems += mine
+    problems = list(dict.fromkeys(problems))            # one mistake seen twice is said once
     if problems and raise_problems:
         raise RuleError(problems)
-    return Knowledge(spec, tuple(entries), enabled, irs, taxonomy, vocab, problems, frozenset(refused))
+    return Knowledge(spec, tuple(entries), enabled, irs, taxonomy, vocab, problems, frozenset(refused),
+                     {**FACT_TYPES, **hypotheses})
 
 
-def _silenced(entries: list[RuleEntry], irs: list[RuleIR], have: set[str], sites: list[Path],
+def _silenced(entries: list[RuleEntry], irs: list[RuleIR], have: set[str], fields: dict[str, set[str]],
               problems: list[str]) -> dict[str, set[str]]:
     """The enabled rules that a disabled rule leaves without a hypothesis they consume (rule id -> the
     kinds), each disabling reported once, at the override that disabled it, naming every rule it
@@ -295,7 +294,7 @@ def _silenced(entries: list[RuleEntry], irs: list[RuleIR], have: set[str], sites
     if not off:
         return {}
     derives = {ir.id: ir.derived_kind for ir in irs}
-    off_irs = {lr.rule.id: ir for lr, ir in compile_each([e.effective for e in off], sites)[0]}
+    off_irs = {lr.rule.id: ir for lr, ir in compile_each([e.effective for e in off], vocab=fields)[0]}
     by_kind: dict[str, list[str]] = {}
     for ir in [*irs, *off_irs.values()]:
         if ir.derived_kind:

@@ -17,11 +17,11 @@ SUMMARY_FIELD = re.compile(r"\{([a-z_]+)\.([a-z_0-9]+)")
 
 
 def given_problems(lr: LoadedRule, vocab: dict[str, set[str]], site_dirs: list[Path] | None = None,
-                   vocabulary: Vocabulary | None = None) -> list[str]:
+                   vocabulary: Vocabulary | None = None, types: dict[str, Any] | None = None) -> list[str]:
     """Each test's `given:` facts against the fact models (measured facts and declared hypotheses):
     unknown kind, unknown field, wrong type; and, with the `vocabulary`, a value no collector or rule
     states (a category, a signal, a share above 1): a test of a fact that never happens."""
-    types = all_fact_types(site_dirs)
+    types = types or all_fact_types(site_dirs)
     out: list[str] = []
     for ti, t in enumerate(lr.rule.tests):
         for gi, g in enumerate(t.given):

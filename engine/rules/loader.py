@@ -9,15 +9,17 @@ import yaml
 from pydantic import ValidationError
 
 from eroica.engine.errors import RuleError
-from eroica.engine.rules.source import SAFE_LOADER, LoadedRule, builtin_rules_dir, line_map, line_of
+from eroica.engine.rules.source import SAFE_LOADER, LoadedRule, builtin_rules_dir, duplicate_keys, line_map, line_of
 
 
-def rule_files(paths: list[Path], strict: bool = False) -> list[Path]:
+def rule_files(paths: list[Path], strict: bool = False, problems: list[str] | None = None) -> list[Path]:
     """The rule files under `paths` (a file, or every *.yaml under a directory), in order. A missing
-    path, a file that is not *.yaml and a *.yml under a directory are errors (a rule there would be
-    skipped unseen); with `strict`, so is a path that holds no rule file at all."""
+    path, a file that is not *.yaml and a *.yml or *.YAML under a directory are errors (a rule there
+    would be skipped unseen); with `strict`, so is a path that holds no rule file at all. Raised, or,
+    with `problems`, added to it and the good files returned."""
     out: list[Path] = []
-    problems: list[str] = []
+    raise_them = problems is None
+    problems = [] if problems is None else problems
     for p in paths:
         p = Path(p)
         if p.is_file():
@@ -27,17 +29,22 @@ def rule_files(paths: list[Path], strict: bool = False) -> list[Path]:
                 continue
             out.append(p)
         elif p.is_dir():
-            found = sorted(x for x in p.rglob("*.yaml") if x.is_file())
-            problems += [f"{x}: rule files end in .yaml; rename it (a .yml file would never be loaded)"
-                         for x in sorted(p.rglob("*.yml")) if x.is_file()]
+            found = sorted(x for x in p.rglob("*.yaml") if x.is_file() and x.name not in MISPLACED)
+            problems += [f"{x}: rule files end in .yaml; rename it (a {x.suffix} file would never be loaded)"
+                         for x in sorted(p.rglob("*")) if x.is_file() and x.suffix.lower() in (".yml", ".yaml")
+                         and x.suffix != ".yaml"]
             if strict and not found:
                 problems.append(f"{p}: holds no rule file (*.yaml); nothing to check")
             out.extend(found)
         else:
             problems.append(f"{p}: no such rule file or directory")
-    if problems:
+    if problems and raise_them:
         raise RuleError(problems)
     return out
+
+
+#: a site directory's files that are not rules, wherever they are put (eroica.engine.rules.site_dirs says where)
+MISPLACED = ("taxonomy.yaml", "hypotheses.yaml")
 
 
 def parse_rule_file(path: Path) -> tuple[LoadedRule | None, list[str]]:
@@ -55,7 +62,14 @@ def parse_rule_file(path: Path) -> tuple[LoadedRule | None, list[str]]:
         return None, [f"{path}: cannot read: {exc.strerror}"]
     if not isinstance(data, dict) or node is None:
         return None, [f"{path}:1: a rule file must be a mapping with `schema: {RULE_SCHEMA}`"]
+    if "overrides" in data and "schema" not in data:
+        return None, [f"{path}:1: an override file, not a rule: pass it with --overrides, or put it in a site "
+                      "directory's overrides/ (--knowledge DIR)"]
     lines = line_map(node)
+    dups = duplicate_keys(node)
+    if dups:
+        return None, [f"{path}:{line}: key {key!r} appears twice in one mapping (YAML keeps the last, silently); "
+                      "keep one" for key, line in dups]
     if data.get("schema") != RULE_SCHEMA:
         return None, [f"{path}:{line_of(lines, ('schema',))}: key 'schema': expected {RULE_SCHEMA!r}, "
                       f"got {data.get('schema')!r}; add `schema: {RULE_SCHEMA}` as the first key"]

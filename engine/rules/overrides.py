@@ -59,7 +59,9 @@ def load_override_files(paths: list[Path]) -> dict[str, Override]:
             problems.append(f"{p}{f':{mark.line + 1}' if mark else ''}: not valid YAML: {getattr(exc, 'problem', exc)}")
             continue
         except OSError as exc:
-            problems.append(f"{p}: cannot read overrides: {exc.strerror}")
+            problems.append(f"{p}: cannot read overrides: {exc.strerror}" + (
+                "; a site directory goes with --knowledge DIR (its overrides/*.yaml are read)" if Path(p).is_dir()
+                else ""))
             continue
         ov = data.get("overrides") if isinstance(data, dict) else None
         if not isinstance(ov, dict) or node is None:

@@ -111,11 +111,15 @@ def _test_problems(t: TestIR, spec: FieldSpec, pattern: PatternIR, vocab: Vocabu
     out: list[str] = []
     for v in values:
         if not _type_ok(spec, v):
-            out.append(f"{v!r} is not a {spec.type} ({pattern.kind}.{spec.name} is {spec.type}): it never matches")
+            out.append(f"{v!r} is not a {spec.type} ({pattern.kind}.{spec.name} is a {spec.type}): it never matches")
         elif spec.values and isinstance(v, str) and v not in spec.values:
             what = DOMAIN_WORDS.get(spec.domain or "", "one of the values the rules that derive it set")
             out.append(f"{v!r} is not {what} ({pattern.kind}.{spec.name}); {closest(v, spec.values)}; "
                        "see `eroica rules vocabulary`")
+    if t.op in ("eq", "in") and spec.type.rstrip("?") == "float" and any(
+            isinstance(v, float) and not v.is_integer() for v in values):
+        out.append(f"`{t.op}` compares the measured {pattern.kind}.{spec.name} with {t.value!r} exactly: it almost "
+                   f"never matches; a threshold is `{{gte: {values[0]!r}}}` or `{{lte: ...}}`")
     if t.op in ("gt", "gte", "lt", "lte", "eq", "in") and spec.numeric:
         low, high, what = _bounds(spec, pattern, vocab)
         for v in values:

@@ -38,6 +38,12 @@ def problems(d: Path, label: str) -> list[str]:
         elif near and entry.is_dir():
             target = near[0] if near[0] in PARTS else near[0].replace(".yml", ".yaml")
             out.append(f"{label}: {name}/ would never be read: did you mean {target}/?")
+    rules = d / "rules"
+    if rules.is_dir():
+        out += [f"{label}: rules/{f.relative_to(rules)} would never be read there: it belongs in {d}/ (one level up)"
+                for f in sorted(rules.rglob("*")) if f.name in ("taxonomy.yaml", "hypotheses.yaml", "overrides")]
+    out += [f"{label}: {sub.name}/ is a site directory of its own: did you mean --knowledge {sub}?"
+            for sub in sorted(d.iterdir()) if sub.is_dir() and sub.name not in PARTS and looks_like_site(sub)]
     ov = d / "overrides"
     if ov.is_dir():
         out += [f"{label}: overrides/{f.name} would never be read: override files end in .yaml; rename it"

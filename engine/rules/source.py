@@ -48,6 +48,22 @@ def line_map(node: yaml.Node, prefix: tuple[Any, ...] = ()) -> dict[tuple[Any, .
     return out
 
 
+def duplicate_keys(node: yaml.Node) -> list[tuple[str, int]]:
+    """(key, line) of every key a mapping of the document holds twice."""
+    out: list[tuple[str, int]] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for k, v in node.value:
+            if str(k.value) in seen:
+                out.append((str(k.value), k.start_mark.line + 1))
+            seen.add(str(k.value))
+            out += duplicate_keys(v)
+    elif isinstance(node, yaml.SequenceNode):
+        for v in node.value:
+            out += duplicate_keys(v)
+    return out
+
+
 def line_of(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int:
     loc = tuple("as" if x == "as_" else ("schema" if x == "schema_" else x) for x in loc)
     while loc and loc not in lines:

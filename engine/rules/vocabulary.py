@@ -107,8 +107,8 @@ class Vocabulary:
         }
 
 
-def unit_of(name: str) -> str | None:
-    if name in (*SIGNAL_VALUED, "delta"):
+def unit_of(name: str, kind: str = "") -> str | None:
+    if kind == "hw_signal" and name in (*SIGNAL_VALUED, "delta"):
         return "the signal's (see hardware signals)"
     return next((u for end, u in UNITS if name.endswith(end)), None)
 
@@ -144,7 +144,8 @@ def measured_fields(model: type[Fact], sets: dict[str, tuple[str, ...]]) -> dict
         extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
         domain = str(extra["domain"]) if "domain" in extra else (name if lits else None)
         low, high = _bounds(list(f.metadata))
-        out[name] = FieldSpec(name, base + ("?" if nullable else ""), unit_of(name), low, high, domain,
+        kind = str(model.model_fields["kind"].default)
+        out[name] = FieldSpec(name, base + ("?" if nullable else ""), unit_of(name, kind), low, high, domain,
                               sets.get(domain, lits) if domain else ())
     return out
 

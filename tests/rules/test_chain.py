@@ -213,13 +213,13 @@ def test_hypothesis_models_are_built_only_when_a_rule_derived_one() -> None:
     from eroica.engine import hypotheses
     from eroica.engine.rules.conclusion import typed_results
 
-    hypotheses._model_of.cache_clear()
+    hypotheses._model_at.cache_clear()
     assert typed_results(([], [])) == ([], [])
-    assert hypotheses._model_of.cache_info().currsize == 0
+    assert hypotheses._model_at.cache_info().currsize == 0
     straggler = {"kind": "straggler", "rank": 3, "group": "g", "excess_step_ratio": 0.2,
                  "excess_seconds_per_step": 0.01, "consistency_ratio": 0.9, "comm_wait_ratio_to_median": 0.1,
                  "least_waiting": True}
     _, derived = typed_results(([], [{"rule_id": "straggler.busy", "fact": straggler}]))
-    assert hypotheses._model_of.cache_info().currsize == 1 < len(hypotheses.load_hypotheses())
+    assert hypotheses._model_at.cache_info().currsize == 1 < len(hypotheses.load_hypotheses())
     assert type(derived[0].fact) is hypotheses.load_hypotheses()["straggler"]     # the same model as the rules'
     assert type(derived[0].fact).__name__ == "Hypothesis_straggler" and derived[0].fact.rank == 3

@@ -81,6 +81,6 @@ def test_a_site_cannot_redefine_a_shipped_root_cause_and_is_told_where(tmp_path:
     try:
         load_taxonomy(site_dirs=[k])
     except RuleError as exc:
-        assert f"{k / 'taxonomy.yaml'}: root cause 'user_code' is already in the taxonomy" in str(exc)
+        assert f"{k / 'taxonomy.yaml'}:2: root cause 'user_code' is already in the taxonomy" in str(exc)
     else:
         raise AssertionError("a redefined root cause was accepted")
