@@ -88,7 +88,7 @@ class RuleEntry:
     enabled: bool = True
     why_disabled: str = ""
     replaces: str = ""                   # the origin of the rule it replaces, with the reason
-    override: str = ""                   # "file:line: reason" of the override that changed it
+    override: str = ""                   # "file:line (reason)" of the override that changed it
     prior: str = "hand-set"              # where its prior comes from: hand-set, fitted, override
     retuned: bool = False                # an override moved its thresholds (its tests were written for the old)
     disabled_at: str = ""                # "file:line" of the override that disabled it
