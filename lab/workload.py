@@ -25,6 +25,9 @@ MASTER_ADDR, MASTER_PORT in the environment, as torchrun sets them). Faults are 
   a token bucket when the rank announces the fault step.
 
 Several faults at once: `--fault a,b --fault-rank 1,3`.
+
+Healthy pauses (a checkpoint on rank 0, evaluation, a slow first step, a loader's warm-up, a
+recompilation), which a hang detector must not take for a hang: `eroica.lab.pauses`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import warnings
 from collections import deque
 from typing import Any
 
+from eroica.lab import pauses
 from eroica.lab.errors import WorkloadArgError
 from eroica.lab.shard import Shard
 
@@ -81,6 +85,25 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bump-seconds", type=float, default=0.03)
     p.add_argument("--pause-step", type=int, default=None, help="every rank pauses once at this step (a checkpoint)")
     p.add_argument("--pause-seconds", type=float, default=2.0)
+    p.add_argument("--ckpt0-every", type=int, default=0, metavar="N",
+                   help="healthy pause: every N-th step rank 0 alone saves the model's state_dict (torch.save, region "
+                        "save_checkpoint, under --ckpt-dir) for about --ckpt0-seconds, then every rank waits in a "
+                        "barrier; 0: never")
+    p.add_argument("--ckpt0-seconds", type=float, default=2.0, help="the rank 0 checkpoint's length (a floor)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="healthy pause: every N-th step every rank runs forward passes without gradients for about "
+                        "--eval-seconds (region evaluate), then all-reduces the evaluation loss; 0: never")
+    p.add_argument("--eval-seconds", type=float, default=1.0)
+    p.add_argument("--first-step-seconds", type=float, default=0.0,
+                   help="healthy pause: the first step spins the CPU in Python this much longer on every rank "
+                        "(warm_up: compiling, filling caches)")
+    p.add_argument("--loader-warmup-seconds", type=float, default=0.0,
+                   help="healthy pause: the first batch each loader process (the rank, or each worker) builds is "
+                        "this much late (opening shards, filling a cache)")
+    p.add_argument("--recompile-step", type=int, default=None, metavar="K",
+                   help="healthy pause: at step K every rank spins the CPU in Python for --recompile-seconds "
+                        "(recompile: a recompilation after a shape change)")
+    p.add_argument("--recompile-seconds", type=float, default=3.0)
     p.add_argument("--gc-objects", type=int, default=60_000)
     p.add_argument("--hogs", type=int, default=3)
     p.add_argument("--config-fault", choices=("workers", "anomaly"), default="workers")
@@ -105,6 +128,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=384)
     p.add_argument("--layers", type=int, default=10, help="hidden layers (autograd nodes matter for some faults)")
     args = p.parse_args(argv)
+    if args.ckpt0_every < 0 or args.eval_every < 0:
+        p.error("--ckpt0-every and --eval-every are 0 (never) or a number of steps")
     try:
         args.plan = {r: f for f, r in fault_pairs(args.fault, str(args.fault_rank)) if f != "none"}
     except ValueError as exc:
@@ -279,8 +304,12 @@ def main(argv: list[str] | None = None) -> int:
             return torch.randn(256), int(i % 10)
 
     fetch = "framework_config" in args.plan.values() and args.config_fault == "workers"
+    loader_warmup = [args.loader_warmup_seconds]    # per process: each worker holds its own copy
 
     def collate(items):
+        if loader_warmup[0]:
+            time.sleep(loader_warmup[0])        # the loader's first batch: opening shards, filling a cache
+            loader_warmup[0] = 0.0
         if fetch:
             time.sleep(args.fetch_seconds)      # every batch comes from remote storage with latency
         if fault == "dataloader_stall" and active(step_now.value):
@@ -338,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     cache: deque[_Node] = deque(maxlen=10 * args.gc_objects)
     hogs: list[subprocess.Popen[bytes]] = []
     sync_metric = any(f in HANGS for f in args.plan.values())
+    ckpt0 = pauses.Rank0Checkpoint(args.ckpt_dir, rank) if args.ckpt0_every else None
     t_last = time.monotonic()
     done = 0
     try:
@@ -360,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
                 elif fault == "gc_pause":
                     cache.extend(_Node(i) for i in range(args.gc_objects))
             with mon.region("forward"):
+                if step == 0 and args.first_step_seconds:
+                    pauses.warm_up(args.first_step_seconds)
+                if step == args.recompile_step:
+                    pauses.recompile(args.recompile_seconds)
                 loss = nn.functional.cross_entropy(model(x), y)
             with mon.region("backward"):
                 opt.zero_grad(set_to_none=True)
@@ -375,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
             if ckpt is not None and (step + 1) % args.ckpt_every == 0:
                 with mon.region("save_checkpoint"):
                     ckpt.write()
+            if ckpt0 is not None and (step + 1) % args.ckpt0_every == 0:
+                ckpt0.save_checkpoint(mon, model, args.ckpt0_seconds)
+            if args.eval_every and (step + 1) % args.eval_every == 0:
+                pauses.evaluate(mon, model, x, args.eval_seconds)
             step_end_faults(mon, "log_metrics", fault if active(step) else "none", args.stall_seconds)
             mon.step()
             done = step + 1
@@ -383,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                 break
     finally:
         release(ckpt, shard, hogs)
+        if ckpt0 is not None:
+            ckpt0.close()
     mon.close()
     left = sorted(t.name for t in threading.enumerate() if t.name.startswith("eroica-"))
     print(f"[rank {rank}] done: {done} steps; eroica threads left: {left}; "
