@@ -131,8 +131,21 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
         print(f"eroica diagnose: {exc}", file=sys.stderr)
         return 2
     if not d.windows and d.hang is None:
-        print(f"eroica diagnose: {run_dir} has no window directories with rank-<R>.json files", file=sys.stderr)
-        return 2
+        from eroica.engine.hang import waiting
+
+        said = waiting(run_dir) if run_dir.is_dir() else None
+        if said is None:
+            print(f"eroica diagnose: {run_dir} has no window directories with rank-<R>.json files and no hang "
+                  "snapshot (hang-s*/) or watchdog header (hang-native/)", file=sys.stderr)
+            return 2
+        # a hung job's directory before its first snapshot: what its watchdogs' headers say, no verdict yet
+        text = f"{run_dir}: no window and no hang snapshot yet. {said}\n"
+        if args.output:
+            args.output.write_text(text)
+            print(f"wrote {args.output}")
+        else:
+            sys.stdout.write(text)
+        return NOT_DIAGNOSABLE
     text = render(d, args.format)
     if args.output:
         args.output.write_text(text)

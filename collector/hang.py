@@ -1,14 +1,17 @@
 """The hang watchdog: a thread outside the training thread that notices when a rank has made no step
-for max(hang_factor x the recent median step, hang_floor_seconds) and then records where the
-training thread is, before the collective timeout kills the job.
+for longer than the job's own history explains (eroica.collector.hang_clock: a *suspected* hang
+after 20 s at the default policy, *confirmed* at max(hang_factor x the recent median step,
+hang_floor_seconds, hang_pause_margin x the longest healthy pause)) and then records where the
+training thread is, before the collective timeout kills the job; when the rank steps again, the
+record says the stall *resolved* and how long it lasted.
 
 Where the thread is comes from `sys._current_frames()`, read from this thread: a training thread
 blocked in a collective, a lock, a queue or a sleep has released the GIL, so this thread runs and
 the stuck thread's Python frames are intact (a thread spinning in Python code also yields the GIL
-every few milliseconds). A thread stuck in C while
-holding the GIL stops this thread too, so this thread keeps a dead man's switch: at every tick it
-re-arms `faulthandler.dump_traceback_later` (a C thread that needs no GIL) for the limit plus two
-polls; when this thread cannot run that long, faulthandler writes every thread's stack to
+every few milliseconds). A thread stuck in C while holding the GIL stops this thread too, so this
+thread keeps a dead man's switch: at every tick it re-arms `faulthandler.dump_traceback_later` (a C
+thread that needs no GIL) for the suspicion's limit plus two polls; when this thread cannot run that
+long, faulthandler writes every thread's stack to
 `<run dir>/hang-native/rank-<r>.txt` after a header that names the training thread, its last step and
 the limit, and the engine reads it for the rank that wrote no snapshot. Its C frames come from a
 peer on the same host, whose watchdog runs py-spy on a peer that runs no Python
@@ -31,18 +34,17 @@ import json
 import linecache
 import os
 import socket
-import statistics
 import struct
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from eroica.collector import native_stack
 from eroica.collector.faulttimer import TimerOwner
+from eroica.collector.hang_clock import HangClock
 from eroica.collector.heartbeats import HB_KEY, host_addresses, peers_view
 from eroica.collector.sites import OURS
 from eroica.schema.hang import NATIVE_HEADER
@@ -191,18 +193,18 @@ def _bounded(fn: Callable[[], Any], seconds: float) -> Any:
 
 
 class HangWatch:
-    def __init__(self, rank: int, world_size: int, out_dir: Path | None, store: Any, factor: float,
-                 floor_seconds: float, poll_seconds: float = 1.0, job: str = "",
+    def __init__(self, rank: int, world_size: int, out_dir: Path | None, store: Any, clock: HangClock,
+                 poll_seconds: float = 1.0, job: str = "",
                  send: Callable[[str], Any] | None = None, native: bool = False) -> None:
         self.rank, self.world_size, self.out_dir, self.store = rank, world_size, out_dir, store
-        self.factor, self.floor_seconds, self.poll_seconds, self.job = factor, floor_seconds, poll_seconds, job
+        self.clock, self.poll_seconds, self.job = clock, poll_seconds, job
         self.send = send                    # the sink's submit_hang: the service sees the hang too
         self.collectives = Collectives()
-        self.steps: deque[float] = deque(maxlen=50)
         self.step = 0
         self.last_step_t = time.monotonic()
         self.thread_id: int | None = None
         self.reported_step: int | None = None
+        self.reported_state: str | None = None    # suspected or confirmed, for reported_step
         self.snapshots_written = 0
         self.cpu_seconds = 0.0             # both threads' CPU so far (the overhead benchmark reports it)
         self.store_cpu_seconds = 0.0
@@ -249,9 +251,10 @@ class HangWatch:
         it on a thread of its own, waited for at most EXCEPTION_SECONDS: a stalled file system or
         store must not keep a dying process (and its accelerators) alive."""
         try:
-            if self._stop.is_set() or self.thread_id is None or self.reported_step == self.step:
+            if self._stop.is_set() or self.thread_id is None or (
+                    self.reported_step == self.step and self.reported_state == "confirmed"):
                 return                                # closed, never stepped, or already on record
-            self.reported_step = self.step
+            self.reported_step, self.reported_state = self.step, "confirmed"
             frames = []
             while tb is not None:
                 frames.append(tb.tb_frame)
@@ -264,7 +267,8 @@ class HangWatch:
                         t = threading.Thread(target=lambda: setattr(self, "peers", self._peers()), daemon=True)
                         t.start()
                         t.join(PEERS_WHEN_DYING_SECONDS)
-                    snap = self._snapshot(stalled, frames[-1] if frames else None)
+                    # a collective that failed is no pause: the job cannot step again
+                    snap = self._snapshot(stalled, "confirmed", frames[-1] if frames else None)
                     snap["error"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
                     self._write(snap)
             t = threading.Thread(target=record, name="eroica-hang-exit", daemon=True)
@@ -274,16 +278,16 @@ class HangWatch:
             pass
 
     def stepped(self, step: int, seconds: float | None) -> None:
-        """From the training thread at each step: cheap (a deque append and three assignments)."""
+        """From the training thread at each step: cheap (a deque append and a few assignments)."""
         self.thread_id = threading.get_ident()
         self.step = step
         self.last_step_t = time.monotonic()
         if seconds is not None:
-            self.steps.append(seconds)
+            self.clock.add(step, seconds)
 
     def limit_seconds(self) -> float:
-        med = statistics.median(self.steps) if len(self.steps) >= 3 else 0.0
-        return max(self.factor * med, self.floor_seconds)
+        """The confirmed hang's limit (eroica.collector.hang_clock)."""
+        return self.clock.confirm_after()
 
     def close(self) -> None:
         self._stop.set()
@@ -295,6 +299,9 @@ class HangWatch:
         for t in (self._thread, self._store_thread):     # both threads end with the Monitor
             if t.is_alive() and threading.current_thread() is not t:
                 t.join(timeout=2 * self.poll_seconds + 1)
+        if self._snap is not None:      # the training loop got past the stall to the Monitor's close: over
+            with contextlib.suppress(Exception):
+                self._resolved()
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
@@ -311,7 +318,7 @@ class HangWatch:
     def _arm_native(self) -> None:
         """Re-arm the dead man's switch (see the module's doc): one small pwrite and one re-arm per
         tick. After a dump, once the rank steps again, the file goes back to its header."""
-        if not self.native or self.thread_id is None or len(self.steps) < 3 or self._stop.is_set():
+        if not self.native or self.thread_id is None or not self.clock.ready or self._stop.is_set():
             return
         if self._native_owner.user_armed:                  # the job's own code uses the timer: it is theirs
             self._disarm_native()
@@ -327,14 +334,13 @@ class HangWatch:
                 fd = self._native_fd = os.open(self._native_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             elif self._native_step != self.step and os.fstat(fd).st_size > NATIVE_HEADER:
                 os.ftruncate(fd, NATIVE_HEADER)         # a dump from a stall the rank came out of
-            limit = self.limit_seconds()
+            limit = self.clock.suspect_after()         # the switch fires at the suspicion's limit
             header = json.dumps({
                 "schema": "eroica.hang-native/v1", "job": self.job[:120], "rank": self.rank,
                 "world_size": self.world_size, "host": socket.gethostname()[:64], "pid": os.getpid(),
                 "thread": f"0x{self.thread_id:016x}",
                 "last_step": self.step, "last_step_wall_time": time.time() - (time.monotonic() - self.last_step_t),
-                "limit_seconds": round(limit, 2), "fires_after_seconds": round(limit + 2 * self.poll_seconds, 2),
-                "median_step_seconds": round(statistics.median(self.steps), 4)})
+                **self.clock.as_fields(), "fires_after_seconds": round(limit + 2 * self.poll_seconds, 2)})
             os.pwrite(fd, header.encode()[:NATIVE_HEADER - 1].ljust(NATIVE_HEADER - 1) + b"\n", 0)
             os.lseek(fd, 0, os.SEEK_END)
             self._native_step = self.step
@@ -370,18 +376,36 @@ class HangWatch:
         now = time.monotonic()
         self._sample(now)
         stalled = now - self.last_step_t
-        if self.thread_id is None or len(self.steps) < 3:
+        if self.thread_id is None or not self.clock.ready:
             return
-        limit = self.limit_seconds()
+        if self._snap is not None and self.reported_step != self.step:
+            self._resolved()
+        limit = self.clock.suspect_after()
         self.want_peers = stalled > limit / 2
-        if stalled > limit and self.reported_step != self.step:
-            self.reported_step = self.step
-            self._snap = self._snapshot(stalled)
+        state = self.clock.state(stalled)
+        if state is not None and (self.reported_step != self.step or (state, self.reported_state) == (
+                "confirmed", "suspected")):
+            self.reported_step, self.reported_state = self.step, state
+            self._snap = self._snapshot(stalled, state)
             self._write(self._snap)
         elif self._snap is not None and self.reported_step == self.step and self.peers_at > self._snap["wall_time"]:
             self._snap = {**self._snap, "peers": self.peers, "peers_wall_time": self.peers_at}
             self._write(self._snap, quiet=True)          # the peers as the store saw them after the stall
             self._dump_silent_peers(limit)
+
+    def _resolved(self) -> None:
+        """The rank stepped again after a snapshot: its record says the stall is over and how long it lasted."""
+        snap, self._snap, self.reported_state = self._snap, None, None
+        assert snap is not None
+        if snap.get("error"):
+            return                                       # a failed collective does not come back
+        resumed = time.time() - (time.monotonic() - self.last_step_t)
+        started = snap["wall_time"] - snap["stalled_seconds"]
+        self._write({**snap, "state": "resolved", "resolved_wall_time": resumed,
+                     "resolved_after_seconds": round(max(0.0, resumed - started), 2), "resumed_step": self.step},
+                    quiet=True)
+        print(f"eroica [rank {self.rank}]: stepped again after {resumed - started:.0f} s: the suspected hang at step "
+              f"{snap['last_step']} resolved", file=sys.stderr, flush=True)
 
     def _dump_silent_peers(self, limit: float) -> None:
         """A snapshot for each peer of this host that runs no Python, read with py-spy
@@ -393,7 +417,8 @@ class HangWatch:
             path = native_stack.claim(self.out_dir, r)
             if self.out_dir is not None and path is None:
                 continue                                 # a peer on this host already has it
-            snap = native_stack.snapshot_for(r, view, self.rank, self.world_size, self.job, limit)
+            snap = native_stack.snapshot_for(r, view, self.rank, self.world_size, self.job, self.clock.confirm_after(),
+                                             limit)
             if path is not None:
                 tmp = path.with_name(f".{path.name}.tmp")
                 tmp.write_text(json.dumps(snap, indent=1))
@@ -422,7 +447,7 @@ class HangWatch:
         """Each peer of a bounded sample as this rank sees it through the store (heartbeats.peers_view)."""
         return peers_view(self.store, self.rank, self.world_size) if self.store is not None else {}
 
-    def _snapshot(self, stalled: float, frame: Any = None) -> dict[str, Any]:
+    def _snapshot(self, stalled: float, state: str, frame: Any = None) -> dict[str, Any]:
         frame = frame if frame is not None else sys._current_frames().get(self.thread_id or -1)
         if not hasattr(self, "_last"):
             self._sample(time.monotonic())
@@ -435,9 +460,8 @@ class HangWatch:
         return {
             "schema": "eroica.hang/v1", "job": self.job, "rank": self.rank, "world_size": self.world_size,
             "host": socket.gethostname(), "pid": os.getpid(), "wall_time": time.time(),
-            "last_step": self.step, "stalled_seconds": round(stalled, 2), "error": None,
-            "limit_seconds": round(self.limit_seconds(), 2),
-            "median_step_seconds": round(statistics.median(self.steps), 4) if self.steps else None,
+            "last_step": self.step, "stalled_seconds": round(stalled, 2), "error": None, "state": state,
+            **self.clock.as_fields(),
             "stack": _frames(frame) if frame is not None else [],
             "stack_gap": None if frame is not None else "the training thread was not found",
             "seq": self.collectives.seq(), "last_entered": self.collectives.entered,
@@ -459,5 +483,6 @@ class HangWatch:
         tmp.replace(d / f"rank-{self.rank}.hang.json")
         self.snapshots_written += 1
         if not quiet:
-                print(f"eroica [rank {self.rank}]: no step for {snap['stalled_seconds']:.0f} s (limit "
-                  f"{snap['limit_seconds']:.0f} s): snapshot in {d}", file=sys.stderr, flush=True)
+            print(f"eroica [rank {self.rank}]: no step for {snap['stalled_seconds']:.3g} s: {snap['state']} hang "
+                  f"(suspected after {snap['suspect_after_seconds']:.3g} s, confirmed after "
+                  f"{snap['limit_seconds']:.3g} s): snapshot in {d}", file=sys.stderr, flush=True)

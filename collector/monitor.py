@@ -18,6 +18,7 @@ from eroica.collector.critical import Execution
 from eroica.collector.detector import StepTimeDetector
 from eroica.collector.gather import PatternGather, scope_of
 from eroica.collector.hang import HangWatch
+from eroica.collector.hang_clock import hang_clock
 from eroica.collector.hooks.loader import TimedLoader
 from eroica.collector.host_sampler import open_sampler
 from eroica.collector.jobinfo import device_of, dist_info, framework_config, job_name
@@ -157,8 +158,7 @@ class Monitor:
             sites.install_loader_sites()
             if self.policy.hang_enabled:
                 self._hang = HangWatch(self.rank, self.world_size, self.out_dir, raw if job_store is not None else None,
-                                       self.policy.hang_factor, self.policy.hang_floor_seconds,
-                                       self.policy.hang_poll_seconds, self.job_name,
+                                       hang_clock(self.policy), self.policy.hang_poll_seconds, self.job_name,
                                        self._sink.submit_hang if self._sink is not None else None,
                                        native=self.policy.hang_native_dump)
                 self._hang.start()

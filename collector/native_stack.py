@@ -92,8 +92,9 @@ def silent_peers(peers: dict[str, dict[str, Any]], limit_seconds: float) -> list
 
 
 def snapshot_for(rank: int, view: dict[str, Any], by_rank: int, world_size: int, job: str,
-                 limit_seconds: float) -> dict[str, Any]:
-    """The hang snapshot of silent peer `rank`, as this rank reads it (py-spy) and sees it (the store)."""
+                 limit_seconds: float, suspect_after_seconds: float | None = None) -> dict[str, Any]:
+    """The hang snapshot of silent peer `rank`, as this rank reads it (py-spy) and sees it (the store);
+    `limit_seconds`: the confirmed hang's limit, `suspect_after_seconds`: the suspicion's."""
     pid = int(view["pid"])
     threads, gap = dump(pid)
     thread = main_thread(threads or [], pid)
@@ -105,6 +106,8 @@ def snapshot_for(rank: int, view: dict[str, Any], by_rank: int, world_size: int,
         "schema": HANG_SCHEMA, "job": job, "rank": rank, "world_size": world_size, "host": view.get("host"),
         "pid": pid, "wall_time": time.time(), "last_step": int(view.get("step") or 0), "stalled_seconds": age,
         "limit_seconds": round(limit_seconds, 2), "error": None, "stack": stack,
+        "state": "confirmed" if age > limit_seconds else "suspected",
+        "suspect_after_seconds": round(limit_seconds if suspect_after_seconds is None else suspect_after_seconds, 2),
         "stack_gap": None if stack else (gap or "py-spy saw no Python frame of the training thread"),
         "seq": None, "last_entered": None, "last_completed": None, "nics": {}, "peers": {},
         "native": True, "read_by_rank": by_rank, "owns_gil": None if thread is None else thread.get("owns_gil"),

@@ -127,11 +127,19 @@ class TriggerPolicy(BaseModel):
     )
     min_world_size: int = Field(1, ge=1, description="jobs with fewer ranks are not watched by the detector")
     hang_enabled: bool = Field(True, description="the hang watchdog (a thread outside the training thread)")
+    hang_suspect_seconds: float = Field(
+        20.0, gt=0, description="hang: no step for this long (and for hang_suspect_factor x the recent median step) is "
+        "a suspected hang: every rank records where it stands, and the verdict's confidence follows how far the stall "
+        "exceeds the job's own longest healthy pause so far")
+    hang_suspect_factor: float = Field(
+        5.0, gt=1.0, description="hang: a suspicion waits at least this many times the recent median step")
     hang_factor: float = Field(
-        20.0, gt=1.0, description="hang: no step for this many times the recent median step ...")
+        20.0, gt=1.0, description="hang: confirmed after no step for this many times the recent median step ...")
     hang_floor_seconds: float = Field(
-        300.0, gt=0, description="... and for at least this long (a checkpoint or evaluation pause shorter than "
-        "this is not a hang)")
+        300.0, gt=0, description="... and for at least this long ...")
+    hang_pause_margin: float = Field(
+        1.5, ge=1.0, description="... and for this many times the job's longest healthy pause so far (its longest "
+        "step: a checkpoint, an evaluation pass), so a pause the job has made before is never confirmed as a hang")
     hang_poll_seconds: float = Field(1.0, gt=0, le=10.0, description="how often the watchdog looks")
     hang_native_dump: bool = Field(
         True, description="hang: arm faulthandler's C thread as a dead man's switch, so a training thread that "

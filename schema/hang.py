@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, StringConstra
 from eroica.schema.patterns import MAX_STEP, MAX_WORLD_SIZE
 
 HANG_SCHEMA: Final = "eroica.hang/v1"
+#: a rank's stall as its watchdog judged it (eroica.collector.hang_clock); a snapshot that does not say
+#: was written at the confirmed limit (the only one there was)
+HangStage = Literal["suspected", "confirmed", "resolved"]
 NATIVE_HEADER: Final = 512                 # bytes of JSON header before faulthandler's text
 MAX_INT = 2**31 - 1
 Step = Field(ge=0, le=MAX_STEP)
@@ -85,8 +88,18 @@ class HangSnapshot(_Part):
     wall_time: float = Field(ge=0, lt=1e11)
     last_step: int = Step
     stalled_seconds: float = Field(ge=0, lt=1e9)
-    limit_seconds: float = Field(ge=0, lt=1e9)
+    limit_seconds: float = Field(ge=0, lt=1e9)                 # the confirmed hang's limit
     median_step_seconds: float | None = Field(None, ge=0, lt=1e9)
+    state: HangStage = "confirmed"
+    suspect_after_seconds: float | None = Field(None, ge=0, lt=1e9)
+    # the job's longest healthy pause this rank saw (its longest step so far) and the step it ended
+    longest_pause_seconds: float | None = Field(None, ge=0, lt=1e9)
+    longest_pause_step: int | None = Field(None, ge=0, le=MAX_STEP)
+    steps_seen: int | None = Field(None, ge=0, le=MAX_STEP)
+    # resolved: the rank stepped again, at this time, after a stall of this long
+    resolved_wall_time: float | None = Field(None, ge=0, lt=1e11)
+    resolved_after_seconds: float | None = Field(None, ge=0, lt=1e9)
+    resumed_step: int | None = Field(None, ge=0, le=MAX_STEP)
     error: str | None = Field(None, max_length=4000)
     stack: list[Frame] = Field(max_length=200)
     stack_gap: str | None = Field(None, max_length=1000)
@@ -101,6 +114,7 @@ class HangSnapshot(_Part):
     # a rank that ran no Python (its training thread held the GIL in C code) has no snapshot of its own:
     # a peer on its host read it with py-spy and wrote this one for it (eroica.collector.native_stack)
     native: bool = False
+    faulthandler: bool = False              # read from faulthandler's dump (the dead man's switch fired)
     read_by_rank: int | None = Field(None, ge=0, lt=MAX_WORLD_SIZE)
     owns_gil: bool | None = None
     native_frames: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=64)
@@ -160,11 +174,22 @@ class HangFinding(Frozen):
     category: Category
     ranks: list[NonNegativeInt]
     where: HangFrame | None
+    # prior_confidence (the deciding rule's, or the taxonomy's fallback) x pause_factor
     confidence: float = Field(ge=0, le=1)
     summary: str
     evidence: list[str]
     stalled_seconds: float
-    limit_seconds: float
+    limit_seconds: float                               # the confirmed hang's limit
     states: list[HangRankState]
     hosts: list[str] = Field(default_factory=list)     # the culprits' hosts
+    state: HangStage = "confirmed"
+    rule_id: str | None = None                         # the rule that decided (None: the taxonomy's fallback)
+    prior_confidence: float = Field(1.0, ge=0, le=1)
+    # how far the stall exceeds the job's longest healthy pause (eroica.engine.hang.pause_factor); 1 once confirmed
+    pause_factor: float = Field(1.0, ge=0, le=1)
+    suspect_after_seconds: float | None = None
+    longest_pause_seconds: float | None = None         # the job's longest healthy pause before the stall
+    longest_pause_step: int | None = None
+    resolved_after_seconds: float | None = None        # resolved: how long the stall lasted
+    last_step: int | None = None                       # the step the ranks stand at (the slowest's)
 

@@ -20,6 +20,7 @@ import pytest
 from polling import until
 
 from eroica.collector.hang import EXCEPTION_SECONDS, HangWatch
+from eroica.collector.hang_clock import HangClock
 from eroica.collector.heartbeats import ADDRS_MAX, HB_KEY, PEERS_MAX, host_addresses, peer_sample, peers_view
 
 ORIGINAL_LATER = faulthandler.dump_traceback_later
@@ -32,13 +33,18 @@ def _restore_excepthook():  # type: ignore[no-untyped-def]
     sys.excepthook = hook
 
 
+def clock(floor_seconds: float) -> HangClock:
+    """Suspected and confirmed at the same limit (10 x the median step, at least `floor_seconds`)."""
+    return HangClock(floor_seconds, 10.0, 10.0, floor_seconds, 1.0)
+
+
 def stepped(w: HangWatch, n: int = 5) -> None:
     for i in range(n):
         w.stepped(i + 1, 0.001)
 
 
 def test_a_dying_process_waits_a_bounded_time_for_its_snapshot_on_a_stalled_file_system(tmp_path: Path) -> None:
-    w = HangWatch(0, 1, tmp_path, None, factor=10.0, floor_seconds=300, poll_seconds=0.05)
+    w = HangWatch(0, 1, tmp_path, None, clock=clock(300), poll_seconds=0.05)
     w.start()
     stepped(w)
     d = tmp_path / "hang-s000005"
@@ -63,7 +69,7 @@ def test_a_dying_process_waits_a_bounded_time_for_its_snapshot_on_a_stalled_file
 
 def test_the_exception_hook_is_put_back_at_close() -> None:
     before = sys.excepthook
-    w = HangWatch(0, 1, None, None, factor=10.0, floor_seconds=300, poll_seconds=0.05)
+    w = HangWatch(0, 1, None, None, clock=clock(300), poll_seconds=0.05)
     w.start()
     assert sys.excepthook is not before
     w.close()
@@ -71,7 +77,7 @@ def test_the_exception_hook_is_put_back_at_close() -> None:
 
 
 def test_a_jobs_own_faulthandler_timer_is_left_to_it(tmp_path: Path) -> None:
-    w = HangWatch(0, 1, tmp_path, None, factor=10.0, floor_seconds=5, poll_seconds=0.05, native=True)
+    w = HangWatch(0, 1, tmp_path, None, clock=clock(5), poll_seconds=0.05, native=True)
     w.start()
     stepped(w)
     until((tmp_path / "hang-native" / "rank-0.txt").exists, 10, "the watchdog's switch armed")
@@ -118,7 +124,7 @@ def test_a_stalled_rank_of_a_10000_rank_job_reads_its_peers_in_a_few_round_trips
     assert counted.calls <= 2 * (PEERS_MAX // 16) + 16, counted.calls      # before: 2 per rank, 20,000
     small = peer_sample(1, 4)
     assert small == [0, 2, 3]
-    w = HangWatch(3, world, None, None, factor=10.0, floor_seconds=300, poll_seconds=1.0)
+    w = HangWatch(3, world, None, None, clock=clock(300), poll_seconds=1.0)
     assert w._peers_every >= 19                       # and a big job's stalled ranks look less often
 
 
@@ -139,6 +145,6 @@ def test_a_heartbeat_carries_its_hosts_addresses_collective_interface_first(monk
     got = host_addresses()
     assert got[0] == mine and len(got) <= ADDRS_MAX and not any(a.startswith("127.") for a in got)
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=5))
-    w = HangWatch(1, 2, None, store, factor=10.0, floor_seconds=300, poll_seconds=1.0)
+    w = HangWatch(1, 2, None, store, clock=clock(300), poll_seconds=1.0)
     w._heartbeat()
     assert peers_view(store, 0, 2)["1"]["addrs"] == got

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from eroica.collector.hang import HangWatch
+from eroica.collector.hang_clock import HangClock
 from eroica.engine.hang import localize, localize_snapshots, native_snapshot, render
 
 TORCH_WAIT = {"file": "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", "line": 979,
@@ -90,7 +91,7 @@ def test_flight_recorder_sizes_show_a_mismatch_inside_ddp(tmp_path: Path) -> Non
 
 def test_the_dead_mans_switch_dumps_a_thread_that_holds_the_gil(tmp_path: Path) -> None:
     import ctypes
-    w = HangWatch(0, 1, tmp_path, None, factor=10.0, floor_seconds=0.3, poll_seconds=0.05, native=True)
+    w = HangWatch(0, 1, tmp_path, None, clock=HangClock(0.3, 10.0, 10.0, 0.3, 1.0), poll_seconds=0.05, native=True)
     w.start()
     for i in range(5):
         w.stepped(i + 1, 0.001)
@@ -100,15 +101,15 @@ def test_the_dead_mans_switch_dumps_a_thread_that_holds_the_gil(tmp_path: Path) 
     ctypes.PyDLL(None).usleep(1_200_000)           # C code holding the GIL: the watchdog cannot run
     w.close()
     n = native_snapshot(tmp_path / "hang-native" / "rank-0.txt")
-    assert n is not None and n["last_step"] == 5 and n["stalled_seconds"] > 0.3
-    assert n["stack"][0]["function"] == "test_the_dead_mans_switch_dumps_a_thread_that_holds_the_gil"
-    assert "PyDLL" in n["stack"][0]["code"]
+    assert n is not None and n.last_step == 5 and n.stalled_seconds > 0.3
+    assert n.stack[0].function == "test_the_dead_mans_switch_dumps_a_thread_that_holds_the_gil"
+    assert "PyDLL" in n.stack[0].code
     f = localize_snapshots([n])
     assert f is not None and (f.root_cause, f.ranks) == ("hang_user_code", [0]) and "GIL" in f.states[0].detail
 
 
 def test_the_switch_leaves_nothing_behind_when_it_never_fired(tmp_path: Path) -> None:
-    w = HangWatch(0, 1, tmp_path, None, factor=10.0, floor_seconds=5, poll_seconds=0.05, native=True)
+    w = HangWatch(0, 1, tmp_path, None, clock=HangClock(5, 10.0, 10.0, 5, 1.0), poll_seconds=0.05, native=True)
     w.start()
     for i in range(5):
         w.stepped(i + 1, 0.001)
@@ -149,7 +150,7 @@ class Broken:
 
 
 def test_the_watchdog_fails_open_and_writes_what_it_can(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    w = HangWatch(0, 2, tmp_path, Broken(), factor=10.0, floor_seconds=0.3, poll_seconds=0.05)
+    w = HangWatch(0, 2, tmp_path, Broken(), clock=HangClock(0.3, 10.0, 10.0, 0.3, 1.0), poll_seconds=0.05)
     w.start()
     for i in range(5):                     # a few quick steps from this (the training) thread
         w.stepped(i + 1, 0.001)
@@ -161,7 +162,8 @@ def test_the_watchdog_fails_open_and_writes_what_it_can(tmp_path: Path, capsys) 
     assert snap_["last_step"] == 5 and snap_["stack"] and snap_["stack"][0]["function"]
     assert all("store gone" in v["error"] for v in snap_["peers"].values())   # recorded, never raised
     assert not [t for t in threading.enumerate() if t.name == "eroica-hang" and t.is_alive()]
-    w2 = HangWatch(0, 1, Path("/proc/not-writable"), None, factor=10.0, floor_seconds=0.2, poll_seconds=0.05)
+    w2 = HangWatch(0, 1, Path("/proc/not-writable"), None, clock=HangClock(0.2, 10.0, 10.0, 0.2, 1.0),
+                   poll_seconds=0.05)
     w2.start()
     for i in range(4):
         w2.stepped(i + 1, 0.001)
