@@ -57,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 900)")
     p.add_argument("--alerts", type=Path, help="an alert file (eroica.alerts/v1): Alertmanager, webhook and Slack "
                                               "routes by category; see eroica.service.alerts")
+    p.add_argument("--hang-alert-on", choices=("confirmed", "suspected"), default="confirmed",
+                   help="a hung job's issue, and its alert, opens when the hang is confirmed (at the policy's limit, "
+                   "300 s by default) or already when it is suspected (20 s without a step, at >= 0.5 confidence: "
+                   "the stall well past the job's own longest pause). Default: %(default)s")
     p.set_defaults(func=run)
 
 
@@ -176,7 +180,7 @@ def _run(args: argparse.Namespace) -> int:
                         parse_processes=args.parse_processes,
                         job_tokens=job_tokens, allowed_hosts=[*args.allowed_host, *_bind_names(args.host)],
                         diagnosis_timeout_seconds=args.diagnosis_timeout_seconds,
-                        watch_reconcile_seconds=args.watch_reconcile_seconds)
+                        watch_reconcile_seconds=args.watch_reconcile_seconds, hang_alert_on=args.hang_alert_on)
     print(f"eroica serve: http://{args.host}:{args.port}/ ({url.split('@')[-1]})", flush=True)
     # the request threads hand the GIL over every 0.5 ms instead of 5: a thread holding the database's
     # write turn gets back to it between its statements without waiting behind another request's

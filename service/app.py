@@ -24,7 +24,7 @@ from eroica.engine.errors import RunDirError
 from eroica.engine.load import parse_doc
 from eroica.schema.diagnosis import Diagnosis
 from eroica.schema.patterns import PatternsDoc
-from eroica.service import pages, store, traces
+from eroica.service import hangs, pages, store, traces
 from eroica.service.bulk import BulkIngested, prepare, split_lines, write
 from eroica.service.db import make_engine, migrate
 from eroica.service.errors import Invalid, ServiceError
@@ -50,6 +50,7 @@ class Settings:
     watch: list[Path] = field(default_factory=list)
     watch_reconcile_seconds: float = 300.0   # inotify tells at once; a full scan of the roots this often
     knowledge_dirs: list[str] = field(default_factory=list)
+    hang_alert_on: str = "confirmed"         # a hang's issue (and alert) opens when it is confirmed, or suspected
     workers: int = 1
     poll_seconds: float = 0.5
     job_silent_seconds: float = 900.0        # a run that sent nothing this long ended (killed without closing)
@@ -70,6 +71,8 @@ class Settings:
             raise ValueError(f"drain_min_jobs must be at least 1, got {self.drain_min_jobs}")
         if self.diagnosis_timeout_seconds <= 0 or self.max_attempts < 1:
             raise ValueError("diagnosis_timeout_seconds must be positive and max_attempts at least 1")
+        if self.hang_alert_on not in hangs.ALERT_ON:
+            raise ValueError(f"hang_alert_on must be one of {', '.join(hangs.ALERT_ON)}, got {self.hang_alert_on!r}")
         if self.read_token and self.token is None:
             raise ValueError("read_token needs a token: without one, reads would be silently open")
         if not 0.5 <= self.drain_min_confidence <= 1:
@@ -168,6 +171,8 @@ class Service:
         s = self.settings
         while not self._stop.is_set():
             try:
+                if self._localize_hang():          # a hung job waits for nobody: before any window
+                    continue
                 store.mark_ready(self.eng, s.grace_seconds)
                 pk = store.claim(self.eng, s.name, lease_seconds=self.lease_seconds, max_attempts=s.max_attempts)
                 if pk is None:
@@ -180,6 +185,28 @@ class Service:
             except Exception as exc:   # one bad window or a database hiccup never stops the loop
                 log.warning("eroica serve: dispatch failed: %r", exc)
                 self._stop.wait(s.poll_seconds)
+
+    def _localize_hang(self) -> bool:
+        """Localize one job whose hang snapshots changed, in the diagnosis worker (eroica.service.hangs);
+        whether there was one."""
+        assert self.diagnoser is not None
+        s = self.settings
+        got = hangs.claim(self.eng, s.name, self.lease_seconds)
+        if got is None:
+            return False
+        job_id, _ = got
+        try:
+            version, text = self.diagnoser.run_hang(s.db_url, job_id, s.diagnosis_timeout_seconds)
+            f = hangs.store_verdict(self.eng, job_id, s.name, version, text, s.hang_alert_on)
+            if f is not None:
+                self.metrics.hang(f)
+                log.info("eroica serve: hang of %s: %s %s on ranks %s (%.2f)", job_id, f.state, f.root_cause,
+                         f.ranks, f.confidence)
+        except Exception as exc:
+            log.warning("eroica serve: the hang of %s could not be localized: %r", job_id, exc)
+            hangs.release(self.eng, job_id, s.name)
+            self._stop.wait(s.poll_seconds)
+        return True
 
     def _diagnose(self, pk: int) -> None:
         """Diagnose one claimed window and store the result; whatever goes wrong on the way (the

@@ -190,6 +190,19 @@ hangs = sa.Table(   # each rank's newest hang snapshot (the watchdog's; revision
     sa.Column("at", sa.Float, nullable=False),
 )
 
+hang_verdicts = sa.Table(   # each job's hang verdict, made by the diagnosis worker (revision 0014)
+    "hang_verdicts", meta,
+    sa.Column("job_id", sa.String(128), sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("done_version", sa.Integer, nullable=False),
+    sa.Column("claimed_by", sa.String(255)),
+    sa.Column("claimed_until", sa.Float),
+    sa.Column("state", sa.String(16)),
+    sa.Column("body", sa.JSON),
+    sa.Column("first_at", sa.Float, nullable=False),
+    sa.Column("at", sa.Float),
+)
+
 raw_traces = sa.Table(   # the kept raw traces of a job's windows, its newest few (revision 0013)
     "raw_traces", meta,
     sa.Column("job_id", sa.String(128), sa.ForeignKey("jobs.id"), primary_key=True),

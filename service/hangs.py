@@ -1,7 +1,12 @@
-"""Hangs in the service: each rank's watchdog posts its snapshot (`POST /v1/jobs/{id}/hang`); the
-service keeps the newest per rank, localizes the job's latest hang with the engine
-(eroica.engine.hang) on every snapshot, and opens or updates the issue its culprit ranks name, so
-the alert goes out while the job still waits (before the collective timeout kills it)."""
+"""Hangs in the service: each rank's watchdog posts its snapshot (`POST /v1/jobs/{id}/hang`) when it
+suspects a hang, again when it confirms it, and when the rank steps again (resolved). The API thread
+only stores it (the newest per rank) and marks the job's verdict out of date; the dispatch loop
+hands the job to the diagnosis worker, as it does a window, before any window (a hung job waits for
+nobody): the worker localizes the hang with the same compiled knowledge as the windows
+(eroica.engine.hang), and the verdict is stored once and served from the store.
+
+A verdict at or above CONFIDENT that names ranks goes into the job's issues (and so out as an alert)
+when it is confirmed, or already when it is suspected if the service is told to (`hang_alert_on`)."""
 
 from __future__ import annotations
 
@@ -12,16 +17,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from eroica.engine.hang import latest, localize_snapshots
-from eroica.engine.rules.layers import KnowledgeSpec, compiled_once
-from eroica.engine.taxonomy import load_taxonomy
 from eroica.schema.hang import HangFinding
-from eroica.service.db import hangs, reading, writing
+from eroica.service.db import hang_verdicts, hangs, reading, writing
 from eroica.service.inputs import parse_hang
 from eroica.service.lifecycle import fold_finding
 from eroica.service.runs import touch_run, upsert
 
 CONFIDENT = 0.5
+ALERT_ON = ("confirmed", "suspected")
 
 
 def parse(body: bytes) -> dict[str, Any]:
@@ -30,35 +33,99 @@ def parse(body: bytes) -> dict[str, Any]:
     return parse_hang(body).model_dump(mode="json", by_alias=True)
 
 
-def add(eng: sa.Engine, job_id: str, doc: dict[str, Any], name: str | None = None,
-        now: float | None = None, knowledge_dirs: Sequence[str] = ()) -> HangFinding | None:
-    """Keep the rank's snapshot, localize the job's latest hang, fold a confident verdict into its issue.
-    A snapshot whose world size is not the run's is refused (422, `world_size`). `knowledge_dirs`: the
-    site knowledge the service diagnoses with (its hang rules, overrides and root causes)."""
+def add(eng: sa.Engine, job_id: str, doc: dict[str, Any], name: str | None = None, now: float | None = None) -> None:
+    """Keep the rank's snapshot and mark the job's verdict out of date (the worker makes it). A
+    snapshot whose world size is not the run's is refused (422, `world_size`)."""
     now = time.time() if now is None else now
-    with writing(eng) as c:                 # the write: short, the engine is not run holding it
+    with writing(eng) as c:
         touch_run(c, job_id, name, int(doc["world_size"]), doc.get("host"), now, "world_size")
         upsert(c, hangs, {"job_id": job_id, "rank": doc["rank"], "wall_time": float(doc["wall_time"]), "body": doc,
                           "at": now}, ["job_id", "rank"])
-    f = current(eng, job_id, knowledge_dirs)
-    if f is not None and f.ranks and f.confidence >= CONFIDENT:
+        bumped = c.execute(sa.update(hang_verdicts).where(hang_verdicts.c.job_id == job_id)
+                           .values(version=hang_verdicts.c.version + 1)).rowcount
+        if not bumped:
+            c.execute(sa.insert(hang_verdicts).values(job_id=job_id, version=1, done_version=0, first_at=now))
+
+
+def claim(eng: sa.Engine, who: str, lease_seconds: float, now: float | None = None) -> tuple[str, int] | None:
+    """A job whose verdict is out of date and that no other replica is localizing: (job, the snapshots'
+    version now), claimed for `lease_seconds`; None when there is none."""
+    now = time.time() if now is None else now
+    t = hang_verdicts.c
+    free = sa.or_(t.claimed_until.is_(None), t.claimed_until < now)
+    with reading(eng) as c:
+        rows = c.execute(sa.select(t.job_id, t.version).where(t.version > t.done_version, free)
+                         .order_by(t.first_at).limit(8)).all()
+    for job_id, version in rows:
         with writing(eng) as c:
-            _issue(c, job_id, f, now)
+            got = c.execute(sa.update(hang_verdicts).where(t.job_id == job_id, t.version > t.done_version, free)
+                            .values(claimed_by=who, claimed_until=now + lease_seconds)).rowcount
+        if got:
+            return str(job_id), int(version)
+    return None
+
+
+def snapshots(eng: sa.Engine, job_id: str) -> tuple[list[dict[str, Any]], int]:
+    """The job's stored snapshots and the version they make."""
+    with reading(eng) as c:
+        docs = [r.body for r in c.execute(sa.select(hangs.c.body).where(hangs.c.job_id == job_id))]
+        version = c.execute(sa.select(hang_verdicts.c.version).where(hang_verdicts.c.job_id == job_id)).scalar()
+    return docs, int(version or 0)
+
+
+def localize_stored(db_url: str, job_id: str, knowledge_dirs: Sequence[str]) -> tuple[int, str | None]:
+    """In the diagnosis worker: the job's verdict as JSON (None: no snapshot) and the snapshots'
+    version it is of, localized with the knowledge the windows are diagnosed with."""
+    from eroica.engine.hang import localize_documents
+    from eroica.engine.rules.layers import KnowledgeSpec, compiled_once
+    from eroica.engine.taxonomy import load_taxonomy
+    from eroica.service.db import make_engine
+
+    eng = make_engine(db_url)
+    try:
+        docs, version = snapshots(eng, job_id)
+    finally:
+        eng.dispose()
+    spec = KnowledgeSpec(tuple(Path(d) for d in knowledge_dirs))
+    f = localize_documents(docs, compiled_once(spec), load_taxonomy(site_dirs=list(spec.site_dirs))) if docs else None
+    return version, f.model_dump_json() if f is not None else None
+
+
+def store_verdict(eng: sa.Engine, job_id: str, who: str, version: int, text: str | None, alert_on: str = "confirmed",
+                  now: float | None = None) -> HangFinding | None:
+    """Store the verdict the worker made of the snapshots' `version` (a newer snapshot leaves the job
+    out of date: it is localized again), and fold it into the job's issues when it is confident and
+    confirmed (or suspected, with alert_on="suspected")."""
+    now = time.time() if now is None else now
+    f = HangFinding.model_validate_json(text) if text is not None else None
+    t = hang_verdicts.c
+    with writing(eng) as c:
+        c.execute(sa.update(hang_verdicts).where(t.job_id == job_id, t.claimed_by == who).values(
+            done_version=sa.func.max(t.done_version, version) if c.dialect.name == "sqlite"
+            else sa.func.greatest(t.done_version, version),
+            claimed_by=None, claimed_until=None, state=f.state if f else None,
+            body=f.model_dump(mode="json") if f else None, at=now))
+        if f is not None and f.ranks and f.confidence >= CONFIDENT and (
+                f.state == "confirmed" or (f.state == "suspected" and alert_on == "suspected")):
+            where = f"{f.where.function} ({f.where.file}:{f.where.line})" if f.where else None
+            fold_finding(c, job_id, f.root_cause, f.category, sorted(f.ranks), where, f.confidence, now,
+                         why=f"hang ({f.state}): {f.summary[:300]}", resend=False)
     return f
 
 
-def current(eng: sa.Engine, job_id: str, knowledge_dirs: Sequence[str] = ()) -> HangFinding | None:
-    """The job's latest hang, localized with the same knowledge as its windows (the one compile path)."""
+def release(eng: sa.Engine, job_id: str, who: str) -> None:
+    """Give a claimed job back after a failed localization (it is tried again at the next poll)."""
+    with writing(eng) as c:
+        c.execute(sa.update(hang_verdicts).where(hang_verdicts.c.job_id == job_id, hang_verdicts.c.claimed_by == who)
+                  .values(claimed_by=None, claimed_until=None))
+
+
+def current(eng: sa.Engine, job_id: str) -> tuple[HangFinding | None, bool]:
+    """The job's stored verdict, and whether snapshots came after it (a newer one is being made)."""
+    t = hang_verdicts.c
     with reading(eng) as c:
-        snaps = [r.body for r in c.execute(sa.select(hangs.c.body).where(hangs.c.job_id == job_id))]
-    if not snaps:
-        return None
-    spec = KnowledgeSpec(tuple(Path(d) for d in knowledge_dirs))
-    return localize_snapshots(latest(snaps), compiled_once(spec), load_taxonomy(site_dirs=list(spec.site_dirs)))
-
-
-def _issue(c: sa.Connection, job_id: str, f: HangFinding, now: float) -> None:
-    """The hang into the job's issues, through the same fold as a window's findings."""
-    where = f"{f.where.function} ({f.where.file}:{f.where.line})" if f.where else None
-    fold_finding(c, job_id, f.root_cause, f.category, sorted(f.ranks), where, f.confidence, now,
-                 why=f"hang: {f.summary[:300]}", resend=False)
+        row = c.execute(sa.select(t.body, t.version, t.done_version).where(t.job_id == job_id)).first()
+    if row is None:
+        return None, False
+    f = HangFinding.model_validate(row.body) if row.body is not None else None
+    return f, row.version > row.done_version

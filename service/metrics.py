@@ -24,6 +24,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from eroica.schema.diagnosis import Diagnosis
+from eroica.schema.hang import HangFinding
 from eroica.service.db import issues, reading, windows
 from eroica.service.fleet import week_summary
 
@@ -102,6 +103,8 @@ class ServiceMetrics:
                              registry=r)
         self.fixed = Counter("eroica_findings_recovered", "Issues closed as recovered by the job's own step series",
                              ["root_cause"], registry=r)
+        self.hangs = Counter("eroica_hang_verdicts", "Hang verdicts stored, by stage (suspected, confirmed, "
+                             "resolved) and root cause", ["state", "root_cause"], registry=r)
         if shared:
             MultiProcessCollector(self.registry, path=shared)
         self.registry.register(_Queue(eng))
@@ -117,6 +120,9 @@ class ServiceMetrics:
             for f in wd.findings:
                 if f.confidence >= 0.5:
                     self.findings.labels(root_cause=f.root_cause, category=f.category.value).inc()
+
+    def hang(self, f: HangFinding) -> None:
+        self.hangs.labels(state=f.state, root_cause=f.root_cause).inc()
 
     def recovered(self, eng: sa.Engine, iid: int) -> None:
         with reading(eng) as c:

@@ -132,8 +132,9 @@ def api_router(svc: Service) -> APIRouter:
 
     @r.post("/jobs/{job_id}/hang", status_code=201, openapi_extra=_body("HangSnapshot"))
     async def post_hang(job_id: JobId, request: Request) -> dict[str, Any]:
-        """A rank's hang snapshot (its watchdog saw no step for too long): kept, and the job's hang
-        localized now, while the job still waits; a confident verdict opens or updates its issue."""
+        """A rank's hang snapshot (its watchdog suspected or confirmed a hang, or saw it resolve): kept;
+        the diagnosis worker localizes the job's hang next, before any window, and the verdict is
+        served by `GET /v1/jobs/{id}/hang` (a confident confirmed one opens or updates its issue)."""
         valid_job_id(job_id)
         name = job_name(request)
         raw = await job_body(request, svc.settings.max_body_bytes)
@@ -141,16 +142,18 @@ def api_router(svc: Service) -> APIRouter:
         def work() -> dict[str, Any]:
             doc = hangs.parse(raw)
             may_write(eng, principal_of(request), job_id, name)
-            f = hangs.add(eng, job_id, doc, name=name, knowledge_dirs=svc.settings.knowledge_dirs)
-            return {"status": "stored", "hang": f.model_dump(mode="json") if f is not None else None}
+            hangs.add(eng, job_id, doc, name=name)
+            return {"status": "stored", "verdict": f"/v1/jobs/{job_id}/hang"}
         return await run_in_threadpool(work)
 
     @r.get("/jobs/{job_id}/hang")
     def get_hang(job_id: JobId) -> dict[str, Any]:
-        f = hangs.current(eng, store.valid_job_id(job_id), svc.settings.knowledge_dirs)
+        """The job's stored hang verdict; `pending`: snapshots came after it and a newer one is being made."""
+        f, pending = hangs.current(eng, store.valid_job_id(job_id))
         if f is None:
-            raise NotFound(f"no hang snapshot for job {job_id!r}", "job")
-        return f.model_dump(mode="json")
+            raise NotFound(f"no hang verdict for job {job_id!r}" + (" yet: its snapshots are being localized"
+                                                                     if pending else ""), "job")
+        return {**f.model_dump(mode="json"), "pending": pending}
 
     @r.post("/jobs/{job_id}/end", openapi_extra=_body())
     async def end_job(job_id: JobId, request: Request) -> dict[str, str]:

@@ -153,8 +153,7 @@ class Watcher:
                 store.add_steps(self.svc.eng, job, s.first_step, s.last_step, s.median_seconds, s.p90_seconds,
                                 s.world_size, name=name)
             elif kind == "hang":
-                hangs.add(self.svc.eng, job, hangs.parse(body), name=name,
-                          knowledge_dirs=self.svc.settings.knowledge_dirs)
+                hangs.add(self.svc.eng, job, hangs.parse(body), name=name)
             elif kind == "end":
                 store.end_job(self.svc.eng, job, "job")
             elif kind == "traces":

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any
 
 
 class DiagnosisTimeout(Exception):
@@ -119,12 +120,22 @@ class Diagnoser:
         """The diagnosis's JSON of a stored window (`diagnose_stored`, with this pool's knowledge);
         WorkerDied or DiagnosisTimeout (the pool rebuilt either way), or the engine's own exception."""
         args = (db_url, window_pk, window_id, history, self.knowledge_dirs, self.parse_processes)
+        self.in_flight = window_pk
+        return self._result(diagnose_stored, args, timeout)
+
+    def run_hang(self, db_url: str, job_id: str, timeout: float) -> tuple[int, str | None]:
+        """A job's hang verdict as JSON and the snapshots' version it is of (eroica.service.hangs.
+        localize_stored), made in the pool as a window's diagnosis is; the same failures."""
+        from eroica.service.hangs import localize_stored
+
+        return self._result(localize_stored, (db_url, job_id, self.knowledge_dirs), timeout)
+
+    def _result(self, fn: Any, args: tuple[Any, ...], timeout: float) -> Any:
         try:
-            fut = self.pool.submit(diagnose_stored, *args)
+            fut = self.pool.submit(fn, *args)
         except (BrokenProcessPool, RuntimeError):       # it broke between two windows: rebuild and go on
             self.restart()
-            fut = self.pool.submit(diagnose_stored, *args)
-        self.in_flight = window_pk
+            fut = self.pool.submit(fn, *args)
         try:
             return fut.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
