@@ -19,7 +19,7 @@ from pathlib import Path
 
 from eroica.cli.policy_cmd import load_policy
 from eroica.collector import boot
-from eroica.collector.hang import FR_DEFAULT, FR_ENV
+from eroica.collector.hang_probe import FR_DEFAULT, FR_ENV
 from eroica.collector.policy import TriggerPolicy
 
 BOOTSTRAP = Path(boot.__file__).parent / "bootstrap"

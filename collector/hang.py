@@ -28,13 +28,9 @@ Everything here fails open: an error is one line on stderr and the watchdog stop
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import functools
 import json
-import linecache
 import os
 import socket
-import struct
 import sys
 import threading
 import time
@@ -45,151 +41,21 @@ from typing import Any
 from eroica.collector import native_stack
 from eroica.collector.faulttimer import TimerOwner
 from eroica.collector.hang_clock import HangClock
+from eroica.collector.hang_probe import (
+    Collectives,
+    bounded,
+    cpu_seconds,
+    flight_recorder,
+    frames_of,
+    read_nics,
+)
 from eroica.collector.heartbeats import HB_KEY, host_addresses, peers_view
-from eroica.collector.sites import OURS
 from eroica.schema.hang import NATIVE_HEADER
 
-FR_ENV = "TORCH_FR_BUFFER_SIZE"            # torch's Flight Recorder: set before init_process_group
-FR_DEFAULT = "2000"                        # entries; `eroica run` and the lab set it when the user did not
-FR_TAIL = 8
-MAX_FRAMES = 40
 EXCEPTION_SECONDS = 3.0                    # a dying process waits at most this long for its snapshot
 # ... and this long of it for the store's view of its peers: a living store answers in milliseconds;
 # a dead one (its host's agent exited) would only delay the snapshot while the agent stops the rank
 PEERS_WHEN_DYING_SECONDS = 0.75
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "barrier", "all_to_all_single", "all_to_all", "reduce", "gather", "scatter",
-               "send", "recv", "all_gather_object", "broadcast_object_list")
-
-
-class Collectives:
-    """The last collective this rank entered and completed through torch.distributed's Python API,
-    with the default group's sequence number (which every collective of the group advances, DDP's
-    own all-reduces included)."""
-
-    def __init__(self) -> None:
-        self.entered: dict[str, Any] | None = None
-        self.completed: dict[str, Any] | None = None
-        self._pg: Any = None
-
-    def seq(self) -> int | None:
-        try:
-            if self._pg is None:
-                from torch.distributed import distributed_c10d
-                self._pg = distributed_c10d._get_default_group()
-            return int(self._pg._get_sequence_number_for_group())
-        except Exception:
-            return None
-
-    def install(self) -> None:
-        """Wrap the module-level collectives once (idempotent); a call costs two dict writes."""
-        try:
-            import torch.distributed as dist
-            from torch.distributed import distributed_c10d as c10d
-        except Exception:
-            return
-        for name in COLLECTIVES:
-            fn = getattr(c10d, name, None)
-            if fn is None or getattr(fn, "_eroica_hang", False):
-                continue
-            wrapped = self._wrap(name, fn)
-            setattr(c10d, name, wrapped)
-            if getattr(dist, name, None) is fn:
-                setattr(dist, name, wrapped)
-
-    def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        me = self
-
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            rec = None
-            try:
-                t = args[0] if args else None
-                shape = list(getattr(t, "shape", [])) if t is not None and hasattr(t, "shape") else None
-                caller = sys._getframe(1)
-                rec = {"op": name, "seq": me.seq(), "shape": shape, "dtype": str(getattr(t, "dtype", "")) or None,
-                       "file": caller.f_code.co_filename, "line": caller.f_lineno, "function": caller.f_code.co_name,
-                       "wall_time": time.time()}
-                me.entered = rec
-            except Exception:
-                pass
-            out = fn(*args, **kwargs)
-            if rec is not None:
-                me.completed = rec
-            return out
-        call._eroica_hang = True  # type: ignore[attr-defined]
-        return call
-
-
-def _frames(frame: Any) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    while frame is not None and len(out) < MAX_FRAMES:
-        code = frame.f_code
-        if code.co_filename.startswith(OURS):         # eroica's own wrappers are not where the rank is
-            frame = frame.f_back
-            continue
-        out.append({"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name,
-                    "code": linecache.getline(code.co_filename, frame.f_lineno).strip()[:160]})
-        frame = frame.f_back
-    return out                                           # innermost first
-
-
-def _link_state(name: str) -> str:
-    """up or down, from the interface's flags in this process's network namespace (SIOCGIFFLAGS;
-    /sys/class/net shows the namespace /sys was mounted in, which may not be the process's)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            raw = fcntl.ioctl(s.fileno(), 0x8913, struct.pack("256s", name[:15].encode()))
-        flags = struct.unpack("H", raw[16:18])[0]
-        return "up" if flags & 0x1 and flags & 0x40 else "down"      # IFF_UP and IFF_RUNNING
-    except OSError:
-        return "unknown"
-
-
-def _nics() -> dict[str, dict[str, Any]]:
-    """Every interface's byte counters and link state (this network namespace)."""
-    out: dict[str, dict[str, Any]] = {}
-    try:
-        for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
-            name, _, rest = line.partition(":")
-            f = rest.split()
-            name = name.strip()
-            state = _link_state(name)
-            out[name] = {"rx_bytes": int(f[0]), "tx_bytes": int(f[8]), "operstate": state}
-    except (OSError, ValueError, IndexError):
-        pass
-    return out
-
-
-def flight_recorder() -> list[dict[str, Any]] | None:
-    """The last collectives torch's Flight Recorder holds for this process (gloo and NCCL alike, when
-    TORCH_FR_BUFFER_SIZE was set before the process group): every collective, DDP's own included,
-    with its sequence id, operation and input sizes. None when it is off or unreadable."""
-    try:
-        if int(os.environ.get(FR_ENV) or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or 0) <= 0:
-            return None
-        import torch._C._distributed_c10d as c10d
-        entries = json.loads(c10d._dump_fr_trace_json(True, False)).get("entries") or []  # type: ignore[attr-defined]
-        return [{"seq": e.get("collective_seq_id"), "op": str(e.get("profiling_name", "")).partition(":")[2] or
-                 e.get("profiling_name"), "sizes": e.get("input_sizes"), "state": e.get("state"),
-                 "pg": (e.get("process_group") or [None])[0]} for e in entries[-FR_TAIL:]]
-    except Exception:
-        return None
-
-
-def _cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-def _bounded(fn: Callable[[], Any], seconds: float) -> Any:
-    """fn() on a thread of its own, or None when it does not answer in time (a snapshot must not
-    wait on a lock inside torch)."""
-    box: list[Any] = []
-    t = threading.Thread(target=lambda: box.append(fn()), daemon=True)
-    t.start()
-    t.join(seconds)
-    return box[0] if box else None
 
 
 class HangWatch:
@@ -381,17 +247,38 @@ class HangWatch:
         if self._snap is not None and self.reported_step != self.step:
             self._resolved()
         limit = self.clock.suspect_after()
-        self.want_peers = stalled > limit / 2
+        self.want_peers = stalled > self.clock.early_after() / 2
         state = self.clock.state(stalled)
+        apart = None
+        if state is None and stalled > self.clock.early_after() and self.reported_step != self.step:
+            apart = self._peers_apart(stalled)
+            state = "suspected" if apart else None
         if state is not None and (self.reported_step != self.step or (state, self.reported_state) == (
                 "confirmed", "suspected")):
             self.reported_step, self.reported_state = self.step, state
             self._snap = self._snapshot(stalled, state)
+            self._snap["suspected_because"] = apart or (f"no step for {stalled:.1f} s (suspected after "
+                                                        f"{limit:.1f} s)")
             self._write(self._snap)
         elif self._snap is not None and self.reported_step == self.step and self.peers_at > self._snap["wall_time"]:
             self._snap = {**self._snap, "peers": self.peers, "peers_wall_time": self.peers_at}
             self._write(self._snap, quiet=True)          # the peers as the store saw them after the stall
             self._dump_silent_peers(limit)
+
+    def _peers_apart(self, stalled: float) -> str | None:
+        """Why this stall is a suspicion already: the peers' heartbeats, read since the stall began, say
+        they stand at another collective sequence number than this rank (so one rank has not entered a
+        collective the others wait in); None when they do not, or have not been read yet."""
+        peers = self.peers or {}
+        if not peers or self.peers_at < time.time() - stalled:
+            return None
+        mine = self.collectives.seq()
+        theirs = {int(r): v.get("seq") for r, v in peers.items() if isinstance(v, dict) and v.get("seq") is not None}
+        other = sorted(r for r, s in theirs.items() if s != mine)
+        if mine is None or not other:
+            return None
+        return (f"after {stalled:.1f} s without a step this rank stands at collective #{mine} and "
+                f"{len(other)} of {len(theirs)} peer(s) at another (rank {other[0]}: #{theirs[other[0]]})")
 
     def _resolved(self) -> None:
         """The rank stepped again after a snapshot: its record says the stall is over and how long it lasted."""
@@ -428,7 +315,7 @@ class HangWatch:
                     self.send(json.dumps(snap))
 
     def _sample(self, now: float) -> None:
-        nics, cpu = _nics(), _cpu_seconds()
+        nics, cpu = read_nics(), cpu_seconds()
         self._last = (now, nics, cpu)
         if self._prev is None or now - self._prev[0] >= 3 * self.poll_seconds:
             self._prev = self._last
@@ -441,7 +328,7 @@ class HangWatch:
                 self._addrs = host_addresses()
             self.store.set(HB_KEY.format(rank=self.rank), json.dumps(
                 {"step": self.step, "wall_time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
-                 "addrs": self._addrs}))
+                 "addrs": self._addrs, "seq": self.collectives.seq()}))
 
     def _peers(self) -> dict[str, dict[str, Any]]:
         """Each peer of a bounded sample as this rank sees it through the store (heartbeats.peers_view)."""
@@ -462,10 +349,10 @@ class HangWatch:
             "host": socket.gethostname(), "pid": os.getpid(), "wall_time": time.time(),
             "last_step": self.step, "stalled_seconds": round(stalled, 2), "error": None, "state": state,
             **self.clock.as_fields(),
-            "stack": _frames(frame) if frame is not None else [],
+            "stack": frames_of(frame) if frame is not None else [],
             "stack_gap": None if frame is not None else "the training thread was not found",
             "seq": self.collectives.seq(), "last_entered": self.collectives.entered,
-            "last_completed": self.collectives.completed, "flight_recorder": _bounded(flight_recorder, 2.0),
+            "last_completed": self.collectives.completed, "flight_recorder": bounded(flight_recorder, 2.0),
             "process_cpu_ratio": round((cpu1 - cpu0) / dt, 3), "nics": nic,
             "peers": self.peers if self.peers is not None else {},
         }

@@ -4,7 +4,11 @@ A rank that has not stepped for `suspect_after` (max(hang_suspect_factor x the r
 hang_suspect_seconds): 20 s at the default policy for any job whose step is under 4 s) records where
 it stands as a *suspected* hang; after `confirm_after` (max(hang_factor x the median,
 hang_floor_seconds, hang_pause_margin x the longest healthy pause so far)) it records it again as
-*confirmed*; when it steps again, the record says *resolved* and how long the stall lasted.
+*confirmed*; when it steps again, the record says *resolved* and how long the stall lasted. When
+the peers stand at another collective than this rank (their sequence numbers, from their
+heartbeats in the job's store), the suspicion comes already at `early_after` (a quarter of
+hang_suspect_seconds: 5 s at the default policy): one rank has not entered the collective the
+others wait in, or ran ahead of them.
 
 The healthy pauses are the job's own: every step this rank has made since the watchdog started,
 its longest kept with the step it ended (a checkpoint, an evaluation pass, a recompilation, a slow
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from eroica.collector.policy import TriggerPolicy
 
+EARLY_SHARE = 0.25       # a suspicion on the peers' evidence comes after this share of hang_suspect_seconds
 RECENT_STEPS = 50        # the median step is the recent one (a job slows down; a hang's limit follows it)
 MIN_STEPS = 3            # fewer measured steps: no median, the watchdog does not judge yet
 
@@ -58,6 +63,11 @@ class HangClock:
 
     def suspect_after(self) -> float:
         return min(max(self.suspect_factor * self.median(), self.suspect_seconds), self.confirm_after())
+
+    def early_after(self) -> float:
+        """When the peers standing at another collective make a stall a suspicion already."""
+        early = max(self.suspect_factor * self.median(), EARLY_SHARE * self.suspect_seconds)
+        return min(early, self.suspect_after())
 
     def state(self, stalled_seconds: float) -> str | None:
         """None (not a hang yet), "suspected" or "confirmed", for a stall of this many seconds."""

@@ -92,7 +92,8 @@ def peers_view(store: Any, rank: int, world: int) -> dict[str, dict[str, Any]]:
                     alive = False
                 except OSError:
                     alive = True
-            out[str(r)] = {"step": hb.get("step"), "heartbeat_age_seconds": round(time.time() - hb["wall_time"], 1),
-                           "host": hb.get("host"), "pid": hb.get("pid"), "process_alive": alive,
+            out[str(r)] = {"step": hb.get("step"), "seq": hb.get("seq"),
+                           "heartbeat_age_seconds": round(time.time() - hb["wall_time"], 1), "host": hb.get("host"),
+                           "pid": hb.get("pid"), "process_alive": alive,
                            "addrs": [str(a)[:64] for a in hb.get("addrs") or []][:ADDRS_MAX]}
     return out

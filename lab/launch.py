@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eroica.collector.hang import FR_DEFAULT, FR_ENV
+from eroica.collector.hang_probe import FR_DEFAULT, FR_ENV
 from eroica.lab.errors import FaultSetupError
 from eroica.lab.netns import RankNetworks
 from eroica.lab.netns import available as netns_available

@@ -54,12 +54,14 @@ def test_a_healthy_pause_is_never_a_confirmed_hang(tmp_path: Path, args: list[st
     f = localize(tmp_path)
     assert f is None or (f.state == "resolved" and f.resolved_after_seconds is not None), f
     if "--ckpt0-every" in args or "--eval-every" in args:
-        assert len(pauses) >= 2, f"the periodic pause was not suspected: {states}"
+        # (a noise step on four ranks sharing two cores may be suspected too, and resolve: not counted)
+        periodic = [snaps for d, snaps in sorted(pauses.items()) if int(d.removeprefix("hang-s")) % 20 == 19]
+        assert len(periodic) >= 2, f"the periodic pause was not suspected: {states}"
         # the first pause stood out from the job's steps; each later one is one the job has made before
-        verdicts = [localize_documents(snaps) for _, snaps in sorted(pauses.items())]
+        verdicts = [localize_documents(snaps) for snaps in periodic]
         assert all(v is not None and v.confidence < 0.5 for v in verdicts[1:]), verdicts
-    if "--first-step-seconds" in args:
-        assert not pauses, states            # the watchdog judges no stall before the job's first steps
+    if "--first-step-seconds" in args:      # the watchdog judges no stall before the job's first steps
+        assert not [d for d in pauses if int(d.removeprefix("hang-s")) <= 3], states
 
 
 def test_the_service_records_a_healthy_pause_as_resolved_and_sends_nothing(tmp_path: Path) -> None:
