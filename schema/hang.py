@@ -67,6 +67,7 @@ class Nic(_Part):
 
 class PeerView(_Part):
     step: int | None = Field(None, ge=0, le=MAX_STEP)
+    seq: int | None = Field(None, ge=0, le=2**62)     # its default group's collective sequence number
     heartbeat: None = None
     heartbeat_age_seconds: float | None = None
     host: str | None = Field(None, max_length=255)
@@ -91,6 +92,7 @@ class HangSnapshot(_Part):
     limit_seconds: float = Field(ge=0, lt=1e9)                 # the confirmed hang's limit
     median_step_seconds: float | None = Field(None, ge=0, lt=1e9)
     state: HangStage = "confirmed"
+    suspected_because: str | None = Field(None, max_length=1000)  # the stall's length, or the peers' collectives
     suspect_after_seconds: float | None = Field(None, ge=0, lt=1e9)
     # the job's longest healthy pause this rank saw (its longest step so far) and the step it ended
     longest_pause_seconds: float | None = Field(None, ge=0, lt=1e9)
