@@ -144,6 +144,8 @@ def test_a_suspected_hang_is_a_finding_and_opens_no_issue_until_confirmed(client
     assert (h["state"], h["root_cause"], h["ranks"]) == ("suspected", "hang_dataloader", [1])
     assert h["confidence"] >= 0.5 and h["pause_factor"] == 1.0 and h["rule_id"] == "hang.dataloader"
     assert client.get("/v1/issues?job=job-sus", headers=AUTH).json() == []
+    page = client.get("/jobs/job-sus", headers=AUTH).text                 # the job's page says it too
+    assert "Hang: suspected" in page and "hang_dataloader" in page and "pause 1.00" in page
     assert client.post(url, content=snap(1, 94, LOADER, **{**SUSPECTED, "state": "confirmed",
                                                            "stalled_seconds": 301.0}), headers=AUTH).status_code == 201
     assert verdict(client, url, lambda h: h["state"] == "confirmed")["ranks"] == [1]
