@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import AUTH
+from service_support import AUTH, PG, PG_WHY
 
 TORCH_WAIT = {"file": "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", "line": 979,
               "function": "_engine_run_backward", "code": ""}
@@ -181,3 +181,37 @@ def test_told_to_the_service_alerts_on_a_confident_suspicion(tmp_path) -> None: 
         verdict(client, hung_job(client, "job-early", **SUSPECTED))
         (issue,) = client.get("/v1/issues?job=job-early", headers=AUTH).json()
         assert (issue["root_cause"], issue["ranks"], issue["state"]) == ("hang_dataloader", "1", "open")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(not PG,
+                                                                                               reason=PG_WHY))])
+def test_two_replicas_localize_each_change_of_a_hang_once(tmp_path, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """Snapshots stored through one replica; whichever replica's worker claims the job localizes it,
+    and the verdict of the last change is stored once for both to serve."""
+    import sqlalchemy as sa
+    from service_support import database
+
+    from eroica.service import hangs as service_hangs
+    from eroica.service.app import Service, Settings
+    from eroica.service.db import hang_verdicts
+
+    with database(kind, tmp_path) as url:
+        a = Service(Settings(db_url=url, poll_seconds=0.05, name="replica-a"))
+        b = Service(Settings(db_url=url, poll_seconds=0.05, name="replica-b"))
+        a.start()
+        b.start()
+        try:
+            for body in (snap(0, 96, [TORCH_WAIT, BACKWARD]), snap(1, 94, LOADER), snap(2, 96, [TORCH_WAIT, BACKWARD]),
+                         snap(3, 96, [TORCH_WAIT, BACKWARD])):
+                service_hangs.add(a.eng, "job-r", service_hangs.parse(body))
+            deadline, f, pending = time.time() + 90, None, True
+            while time.time() < deadline and (f is None or pending):
+                f, pending = service_hangs.current(b.eng, "job-r")
+                time.sleep(0.1)
+            assert f is not None and not pending and (f.root_cause, f.ranks) == ("hang_dataloader", [1])
+            with a.eng.connect() as c:
+                row = c.execute(sa.select(hang_verdicts)).one()
+            assert (row.version, row.done_version, row.claimed_by) == (4, 4, None)
+        finally:
+            a.stop()
+            b.stop()
