@@ -147,6 +147,11 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
             sys.stdout.write(text)
         return NOT_DIAGNOSABLE
     text = render(d, args.format)
+    if d.hang is not None and args.format in ("text", "md") and run_dir.is_dir():
+        from eroica.engine.hang import liveness
+
+        if (now := liveness(run_dir, d.hang)) is not None:     # the report is of the snapshots; this line of now
+            text += f"\n{now}\n"
     if args.output:
         args.output.write_text(text)
         print(f"wrote {args.output}")

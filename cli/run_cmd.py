@@ -96,8 +96,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in forward.items():
             signal.signal(s, h)
-    found = sorted(Path(out).glob("*/rank-*.json")) if Path(out).is_dir() else []
+    from eroica.schema.files import is_pattern_file
+
+    found = [p for p in Path(out).glob("*/*") if is_pattern_file(p)] if Path(out).is_dir() else []
     windows = len({p.parent for p in found})
-    print(f"eroica run: the command exited {rc}; {windows} window(s) in {out}"
-          + (f": eroica diagnose {out}" if windows else ""), file=sys.stderr, flush=True)
+    hangs = len(list(Path(out).glob("hang-s*"))) if Path(out).is_dir() else 0
+    said = f"{windows} window(s)" + (f" and {hangs} stall(s) with hang snapshots" if hangs else "")
+    print(f"eroica run: the command exited {rc}; {said} in {out}"
+          + (f": eroica diagnose {out}" if windows or hangs else ""), file=sys.stderr, flush=True)
     return rc

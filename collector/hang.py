@@ -58,6 +58,20 @@ EXCEPTION_SECONDS = 3.0                    # a dying process waits at most this 
 PEERS_WHEN_DYING_SECONDS = 0.75
 
 
+AGED_SECONDS = 15.0     # a peer's heartbeat this old says it is gone (the engine's hang_states.GONE_SECONDS)
+
+
+def _view(peers: dict[str, Any] | None) -> list[tuple[Any, ...]]:
+    """What a view of the peers says that the verdict reads (not the heartbeats' ages, which grow)."""
+    out = []
+    for r, v in sorted((peers or {}).items()):
+        v = v if isinstance(v, dict) else {}
+        age = v.get("heartbeat_age_seconds")
+        out.append((r, v.get("step"), v.get("seq"), v.get("process_alive"), "error" in v, age is None,
+                    isinstance(age, (int, float)) and age > AGED_SECONDS))
+    return out
+
+
 class HangWatch:
     def __init__(self, rank: int, world_size: int, out_dir: Path | None, store: Any, clock: HangClock,
                  poll_seconds: float = 1.0, job: str = "",
@@ -260,9 +274,14 @@ class HangWatch:
             self._snap["suspected_because"] = apart or (f"no step for {stalled:.1f} s (suspected after "
                                                         f"{limit:.1f} s)")
             self._write(self._snap)
-        elif self._snap is not None and self.reported_step == self.step and self.peers_at > self._snap["wall_time"]:
+        elif self._snap is not None and self.reported_step == self.step and \
+                self.peers_at > self._snap.get("peers_wall_time", self._snap["wall_time"]):
+            # the peers as the store saw them after the stall: written (and sent) again only when what it
+            # says of them changed (a peer stepped, died, went silent), not at every look
+            changed = _view(self.peers) != _view(self._snap["peers"])
             self._snap = {**self._snap, "peers": self.peers, "peers_wall_time": self.peers_at}
-            self._write(self._snap, quiet=True)          # the peers as the store saw them after the stall
+            if changed:
+                self._write(self._snap, quiet=True)
             self._dump_silent_peers(limit)
 
     def _peers_apart(self, stalled: float) -> str | None:

@@ -124,19 +124,26 @@ def native_snapshot(path: Path) -> HangSnapshot | None:
         return None
 
 
+def began(s: HangSnapshot) -> float:
+    """When the rank's stall began: its last step's wall time."""
+    return s.wall_time - s.stalled_seconds
+
+
 def latest(snaps: Sequence[HangSnapshot]) -> list[HangSnapshot]:
-    """Every rank's newest snapshot within CLUSTER_SECONDS of the newest of all: one hang. A rank's
-    resolution that came before the newest stall began belongs to an earlier pause: left out."""
+    """Every rank's newest snapshot of the newest stall: those whose stall began within CLUSTER_SECONDS
+    of the latest stall's beginning (a rank confirming a hang 300 s after the others suspected it is
+    the same hang). A rank's resolution that came before the newest stall began belongs to an earlier
+    pause: left out."""
     if not snaps:
         return []
-    newest = max(s.wall_time for s in snaps)
+    newest = max(began(s) for s in snaps)
     last: dict[int, HangSnapshot] = {}
     for s in sorted(snaps, key=lambda s: s.wall_time):
-        if s.wall_time >= newest - CLUSTER_SECONDS:
+        if began(s) >= newest - CLUSTER_SECONDS:
             last[s.rank] = s
-    began = max((s.wall_time - s.stalled_seconds for s in last.values() if s.state != "resolved"), default=None)
-    return [last[r] for r in sorted(last) if began is None or last[r].state != "resolved"
-            or (last[r].resolved_wall_time or 0.0) >= began]
+    start = max((began(s) for s in last.values() if s.state != "resolved"), default=None)
+    return [last[r] for r in sorted(last) if start is None or last[r].state != "resolved"
+            or (last[r].resolved_wall_time or 0.0) >= start]
 
 
 def stage(snaps: Sequence[HangSnapshot]) -> HangStage:
@@ -185,6 +192,8 @@ def localize_snapshots(snaps: list[HangSnapshot], rules: Sequence[RuleIR] | None
     pauses = [(s.longest_pause_seconds, s.longest_pause_step) for s in snaps if s.longest_pause_seconds is not None]
     longest, longest_step = max(pauses, key=lambda p: p[0]) if pauses else (None, None)
     factor = pause_factor(hang_stage, stalled, longest)
+    first = min((s for s in snaps if s.suspected_because), key=lambda s: s.wall_time, default=None)
+    because = first.suspected_because if first is not None else None
     ev = [f"rank {s.rank}: {s.state.replace('_', ' ')}" + (f", in {s.collective}" if s.collective else "")
           + (f" ({s.detail})" if s.detail else "") for s in st]
 
@@ -205,7 +214,8 @@ def localize_snapshots(snaps: list[HangSnapshot], rules: Sequence[RuleIR] | None
                                       default=None),
             longest_pause_seconds=longest, longest_pause_step=longest_step,
             resolved_after_seconds=max(resolved) if hang_stage == "resolved" and resolved else None,
-            last_step=min(s.last_step for s in snaps))
+            last_step=min(s.last_step for s in snaps), stalled_since=min(began(s) for s in snaps),
+            suspected_because=because)
     best = _conclusions(st, _rules() if rules is None else tuple(rules))
     if not best:
         return finding(resolution.fallback_cause, [], resolution.fallback_confidence, resolution.fallback_summary, None)
@@ -274,6 +284,29 @@ def waiting(run_dir: Path, now: float | None = None) -> str | None:
             "by then ran no Python (its dead man's switch writes hang-native/) or its process is gone")
 
 
+def liveness(run_dir: Path, f: HangFinding, now: float | None = None) -> str | None:
+    """What a run directory says now of a hang that has not resolved: how long since the ranks' last
+    step, and whether their watchdogs still run (their headers in `hang-native/` are rewritten at every
+    poll while the process lives): a job killed after its snapshots keeps its last verdict, which this
+    line dates. None for a resolved hang or without a beginning."""
+    if f.state == "resolved" or f.stalled_since is None:
+        return None
+    now = time.time() if now is None else now
+    line = f"now: no step for {now - f.stalled_since:.0f} s (since step {f.last_step})"
+    written = []
+    for h in Path(run_dir).glob("hang-native/rank-*.txt"):
+        try:
+            written.append(h.stat().st_mtime)
+        except OSError:
+            continue
+    if written:
+        age = now - max(written)
+        line += (f"; the ranks' watchdogs still run (their headers were written {age:.0f} s ago)" if age < 30 else
+                 f"; no watchdog has written for {age:.0f} s: the job's processes are gone (killed or ended), and "
+                 "this verdict is what they saw last")
+    return line
+
+
 def confidence_line(f: HangFinding) -> str:
     by = f"decided by {f.rule_id}" if f.rule_id else "no hang rule concluded: the taxonomy's fallback"
     return f"confidence: prior {f.prior_confidence:.2f} x pause {f.pause_factor:.2f} = {f.confidence:.2f}; {by}"
@@ -283,15 +316,16 @@ def _headline(f: HangFinding) -> str:
     pause = (f"the job's longest healthy pause so far was {f.longest_pause_seconds:.1f} s"
              + (f" (step {f.longest_pause_step})" if f.longest_pause_step is not None else "")
              if f.longest_pause_seconds is not None else "")
+    why = f"suspected: {f.suspected_because}" if f.suspected_because else \
+        f"suspected after {f.suspect_after_seconds or f.limit_seconds:.0f} s"
     if f.state == "resolved":
-        return (f"Resolved: the job stepped again after {f.stalled_seconds:.0f} s without a step (suspected after "
-                f"{f.suspect_after_seconds or f.limit_seconds:.0f} s){'; ' + pause if pause else ''}. While it "
-                f"waited: {f.summary}")
+        return (f"Resolved: the job stepped again after {f.stalled_seconds:.0f} s without a step ({why})"
+                f"{'; ' + pause if pause else ''}. While it waited: {f.summary}")
     if f.state == "suspected":
-        return (f"Suspected: no step for {f.stalled_seconds:.0f} s (suspected after "
-                f"{f.suspect_after_seconds or 0:.0f} s; confirmed at {f.limit_seconds:.0f} s)"
-                f"{'; ' + pause if pause else ''}. {f.summary}")
-    return f"No step for {f.stalled_seconds:.0f} s (the limit was {f.limit_seconds:.0f} s). {f.summary}"
+        return (f"Suspected: no step for {f.stalled_seconds:.0f} s when the snapshots were taken ({why}; "
+                f"confirmed at {f.limit_seconds:.0f} s){'; ' + pause if pause else ''}. {f.summary}")
+    first = f"; first {why}" if f.suspected_because else ""
+    return f"No step for {f.stalled_seconds:.0f} s (the limit was {f.limit_seconds:.0f} s{first}). {f.summary}"
 
 
 def render(f: HangFinding, fmt: str = "text") -> str:

@@ -69,7 +69,7 @@ def _open(s: HangSnapshot) -> CollectiveCall | None:
 def _current(s: HangSnapshot) -> str:
     """The collective the rank stands in: an explicit one still open, else where its thread waits."""
     if (ent := _open(s)) is not None:
-        return f"{ent.op} {ent.shape} at {Path(ent.file).name}:{ent.line}"
+        return f"{ent.op}{f' {ent.shape}' if ent.shape is not None else ''} at {Path(ent.file).name}:{ent.line}"
     if any("/torch/autograd/" in f.file for f in s.stack):
         return "backward (DDP's gradient all-reduce)"
     u = user_frame(s.stack)

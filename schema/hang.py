@@ -194,4 +194,6 @@ class HangFinding(Frozen):
     longest_pause_step: int | None = None
     resolved_after_seconds: float | None = None        # resolved: how long the stall lasted
     last_step: int | None = None                       # the step the ranks stand at (the slowest's)
+    stalled_since: float | None = None                 # the wall time of that step: the stall's beginning
+    suspected_because: str | None = None               # the first suspicion's reason (the stall, or the peers)
 

@@ -197,8 +197,8 @@ class Service:
         job_id, _ = got
         try:
             version, text = self.diagnoser.run_hang(s.db_url, job_id, s.diagnosis_timeout_seconds)
-            f = hangs.store_verdict(self.eng, job_id, s.name, version, text, s.hang_alert_on)
-            if f is not None:
+            f, changed = hangs.store_verdict(self.eng, job_id, s.name, version, text, s.hang_alert_on)
+            if f is not None and changed:
                 self.metrics.hang(f)
                 log.info("eroica serve: hang of %s: %s %s on ranks %s (%.2f)", job_id, f.state, f.root_cause,
                          f.ranks, f.confidence)

@@ -200,6 +200,7 @@ hang_verdicts = sa.Table(   # each job's hang verdict, made by the diagnosis wor
     sa.Column("state", sa.String(16)),
     sa.Column("body", sa.JSON),
     sa.Column("first_at", sa.Float, nullable=False),
+    sa.Column("changed_at", sa.Float, nullable=False),
     sa.Column("at", sa.Float),
 )
 

@@ -5,11 +5,17 @@ hands the job to the diagnosis worker, as it does a window, before any window (a
 nobody): the worker localizes the hang with the same compiled knowledge as the windows
 (eroica.engine.hang), and the verdict is stored once and served from the store.
 
-A verdict at or above CONFIDENT that names ranks goes into the job's issues (and so out as an alert)
-when it is confirmed, or already when it is suspected if the service is told to (`hang_alert_on`)."""
+The worker waits SETTLE_SECONDS after a job's newest snapshot (the ranks of one stall write theirs
+within a second of each other), so a verdict is not made of the first rank's snapshot alone. A
+verdict is folded into the job's issues, and counted, only when what it says changed (its stage,
+cause, ranks). One at or above CONFIDENT that names ranks opens the culprit's issue (and so the
+alert) when it is confirmed, or already when it is suspected if the service is told to
+(`hang_alert_on`); when the hang resolves (the job stepped again), its issue is closed as recovered
+and the alert resolves."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,13 +24,15 @@ from typing import Any
 import sqlalchemy as sa
 
 from eroica.schema.hang import HangFinding
-from eroica.service.db import hang_verdicts, hangs, reading, writing
+from eroica.service.db import hang_verdicts, hangs, issues, reading, writing
+from eroica.service.errors import ServiceError
 from eroica.service.inputs import parse_hang
-from eroica.service.lifecycle import fold_finding
+from eroica.service.lifecycle import OPEN_STATES, fold_finding, transition
 from eroica.service.runs import touch_run, upsert
 
 CONFIDENT = 0.5
 ALERT_ON = ("confirmed", "suspected")
+SETTLE_SECONDS = 1.0
 
 
 def parse(body: bytes) -> dict[str, Any]:
@@ -42,19 +50,23 @@ def add(eng: sa.Engine, job_id: str, doc: dict[str, Any], name: str | None = Non
         upsert(c, hangs, {"job_id": job_id, "rank": doc["rank"], "wall_time": float(doc["wall_time"]), "body": doc,
                           "at": now}, ["job_id", "rank"])
         bumped = c.execute(sa.update(hang_verdicts).where(hang_verdicts.c.job_id == job_id)
-                           .values(version=hang_verdicts.c.version + 1)).rowcount
+                           .values(version=hang_verdicts.c.version + 1, changed_at=now)).rowcount
         if not bumped:
-            c.execute(sa.insert(hang_verdicts).values(job_id=job_id, version=1, done_version=0, first_at=now))
+            c.execute(sa.insert(hang_verdicts).values(job_id=job_id, version=1, done_version=0, first_at=now,
+                                                      changed_at=now))
 
 
-def claim(eng: sa.Engine, who: str, lease_seconds: float, now: float | None = None) -> tuple[str, int] | None:
-    """A job whose verdict is out of date and that no other replica is localizing: (job, the snapshots'
-    version now), claimed for `lease_seconds`; None when there is none."""
+def claim(eng: sa.Engine, who: str, lease_seconds: float, now: float | None = None,
+          settle_seconds: float = SETTLE_SECONDS) -> tuple[str, int] | None:
+    """A job whose verdict is out of date, whose newest snapshot is `settle_seconds` old and that no
+    other replica is localizing: (job, the snapshots' version now), claimed for `lease_seconds`;
+    None when there is none."""
     now = time.time() if now is None else now
     t = hang_verdicts.c
     free = sa.or_(t.claimed_until.is_(None), t.claimed_until < now)
     with reading(eng) as c:
-        rows = c.execute(sa.select(t.job_id, t.version).where(t.version > t.done_version, free)
+        rows = c.execute(sa.select(t.job_id, t.version).where(t.version > t.done_version, free,
+                                                              t.changed_at <= now - settle_seconds)
                          .order_by(t.first_at).limit(8)).all()
     for job_id, version in rows:
         with writing(eng) as c:
@@ -67,9 +79,9 @@ def claim(eng: sa.Engine, who: str, lease_seconds: float, now: float | None = No
 
 def snapshots(eng: sa.Engine, job_id: str) -> tuple[list[dict[str, Any]], int]:
     """The job's stored snapshots and the version they make."""
-    with reading(eng) as c:
-        docs = [r.body for r in c.execute(sa.select(hangs.c.body).where(hangs.c.job_id == job_id))]
+    with reading(eng) as c:     # the version first: a snapshot stored in between is localized again
         version = c.execute(sa.select(hang_verdicts.c.version).where(hang_verdicts.c.job_id == job_id)).scalar()
+        docs = [r.body for r in c.execute(sa.select(hangs.c.body).where(hangs.c.job_id == job_id))]
     return docs, int(version or 0)
 
 
@@ -91,26 +103,43 @@ def localize_stored(db_url: str, job_id: str, knowledge_dirs: Sequence[str]) -> 
     return version, f.model_dump_json() if f is not None else None
 
 
+def _says(f: HangFinding | None) -> tuple[object, ...]:
+    return (f.state, f.root_cause, tuple(f.ranks), f.confidence >= CONFIDENT) if f is not None else ()
+
+
 def store_verdict(eng: sa.Engine, job_id: str, who: str, version: int, text: str | None, alert_on: str = "confirmed",
-                  now: float | None = None) -> HangFinding | None:
+                  now: float | None = None) -> tuple[HangFinding | None, bool]:
     """Store the verdict the worker made of the snapshots' `version` (a newer snapshot leaves the job
-    out of date: it is localized again), and fold it into the job's issues when it is confident and
-    confirmed (or suspected, with alert_on="suspected")."""
+    out of date: it is localized again); when it says something new, fold it into the job's issues
+    (confident and confirmed, or suspected with alert_on="suspected"), or close the hang's issue as
+    recovered when the hang resolved. The verdict, and whether it said something new."""
     now = time.time() if now is None else now
     f = HangFinding.model_validate_json(text) if text is not None else None
     t = hang_verdicts.c
     with writing(eng) as c:
+        before = c.execute(sa.select(t.body).where(t.job_id == job_id)).scalar()
+        changed = _says(HangFinding.model_validate(before) if before else None) != _says(f)
         c.execute(sa.update(hang_verdicts).where(t.job_id == job_id, t.claimed_by == who).values(
             done_version=sa.func.max(t.done_version, version) if c.dialect.name == "sqlite"
             else sa.func.greatest(t.done_version, version),
             claimed_by=None, claimed_until=None, state=f.state if f else None,
             body=f.model_dump(mode="json") if f else None, at=now))
-        if f is not None and f.ranks and f.confidence >= CONFIDENT and (
+        if changed and f is not None and f.ranks and f.confidence >= CONFIDENT and (
                 f.state == "confirmed" or (f.state == "suspected" and alert_on == "suspected")):
             where = f"{f.where.function} ({f.where.file}:{f.where.line})" if f.where else None
             fold_finding(c, job_id, f.root_cause, f.category, sorted(f.ranks), where, f.confidence, now,
-                         why=f"hang ({f.state}): {f.summary[:300]}", resend=False)
-    return f
+                         hosts=f.hosts, why=f"hang ({f.state}): {f.summary[:300]}", resend=False)
+        opened: list[int] = []
+        if changed and f is not None and f.state == "resolved":
+            opened = list(c.execute(sa.select(issues.c.id).where(
+                issues.c.job_id == job_id, issues.c.root_cause == f.root_cause,
+                issues.c.ranks == ",".join(map(str, sorted(f.ranks))), issues.c.state.in_(OPEN_STATES))).scalars())
+    for iid in opened:            # the job stepped again: the hang is over, and so is its alert
+        with contextlib.suppress(ServiceError):
+            transition(eng, iid, "recovered", "eroica", now=now, why=(
+                f"the hang resolved: the job stepped again after {f.stalled_seconds:.0f} s without a step"
+                if f is not None else "the hang resolved"))
+    return f, changed
 
 
 def release(eng: sa.Engine, job_id: str, who: str) -> None:

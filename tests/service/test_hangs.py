@@ -146,8 +146,8 @@ def test_a_suspected_hang_is_a_finding_and_opens_no_issue_until_confirmed(client
     assert client.get("/v1/issues?job=job-sus", headers=AUTH).json() == []
     page = client.get("/jobs/job-sus", headers=AUTH).text                 # the job's page says it too
     assert "Hang: suspected" in page and "hang_dataloader" in page and "pause 1.00" in page
-    assert client.post(url, content=snap(1, 94, LOADER, **{**SUSPECTED, "state": "confirmed",
-                                                           "stalled_seconds": 301.0}), headers=AUTH).status_code == 201
+    confirmed = {**SUSPECTED, "state": "confirmed", "stalled_seconds": 301.0, "wall_time": 1001.0 + 279.0}
+    assert client.post(url, content=snap(1, 94, LOADER, **confirmed), headers=AUTH).status_code == 201
     assert verdict(client, url, lambda h: h["state"] == "confirmed")["ranks"] == [1]
     (issue,) = client.get("/v1/issues?job=job-sus", headers=AUTH).json()
     assert (issue["root_cause"], issue["ranks"]) == ("hang_dataloader", "1")
@@ -181,6 +181,12 @@ def test_told_to_the_service_alerts_on_a_confident_suspicion(tmp_path) -> None: 
         verdict(client, hung_job(client, "job-early", **SUSPECTED))
         (issue,) = client.get("/v1/issues?job=job-early", headers=AUTH).json()
         assert (issue["root_cause"], issue["ranks"], issue["state"]) == ("hang_dataloader", "1", "open")
+        # the job stepped again (a long checkpoint, not a hang): the issue closes, and its alert resolves
+        url = hung_job(client, "job-early", **{**SUSPECTED, "state": "resolved", "resolved_wall_time": 1010.0,
+                                               "resolved_after_seconds": 32.0, "resumed_step": 31})
+        assert verdict(client, url, lambda h: h["state"] == "resolved")["resolved_after_seconds"] == 32.0
+        (issue,) = client.get("/v1/issues?job=job-early", headers=AUTH).json()
+        assert issue["state"] == "recovered" and "stepped again after 32 s" in issue["history"][-1]["why"]
 
 
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(not PG,

@@ -24,6 +24,7 @@ def upgrade() -> None:
         sa.Column("state", sa.String(16)),                        # suspected, confirmed, resolved
         sa.Column("body", sa.JSON),                               # the HangFinding
         sa.Column("first_at", sa.Float, nullable=False),          # the first snapshot's arrival
+        sa.Column("changed_at", sa.Float, nullable=False),        # the newest snapshot's arrival
         sa.Column("at", sa.Float),                                # the verdict's
     )
 

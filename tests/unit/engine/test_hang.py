@@ -12,7 +12,7 @@ import pytest
 
 from eroica.collector.hang import HangWatch
 from eroica.collector.hang_clock import HangClock
-from eroica.engine.hang import localize, localize_snapshots, native_snapshot, render
+from eroica.engine.hang import latest, localize, localize_snapshots, native_snapshot, render
 
 TORCH_WAIT = {"file": "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", "line": 979,
               "function": "_engine_run_backward", "code": "return Variable._execution_engine.run_backward("}
@@ -356,3 +356,52 @@ def test_a_sites_hang_rule_and_override_apply_to_hangs_as_to_windows(tmp_path: P
     assert d.hang is not None and (d.hang.root_cause, d.hang.ranks, d.hang.confidence) == (
         "hang_metrics_lock", [2], 0.95)
     assert d.hang.category == "software" and "known deadlock" in d.hang.summary
+
+
+def test_a_rank_confirming_300_s_after_the_others_suspected_is_the_same_hang() -> None:
+    """The snapshots are clustered by when the stall began, not when they were written: the first rank
+    to confirm, 300 s after every rank suspected, does not leave the others out of the verdict."""
+    from eroica.schema.hang import HangSnapshot
+
+    loader = [{"file": "/job/data.py", "line": 12, "function": "collate", "code": "ev.wait()"},
+              {"file": "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", "line": 700,
+               "function": "__next__", "code": ""}]
+    why = "after 5.0 s without a step this rank stands at collective #96 and 1 of 3 peer(s) at another"
+    sus = dict(state="suspected", stalled_seconds=5.0, limit_seconds=300.0, suspect_after_seconds=20.0,
+               longest_pause_seconds=0.2, suspected_because=why)
+    docs = [snap(0, 96, [TORCH_WAIT, BACKWARD], **sus), snap(1, 94, loader, **sus),
+            snap(2, 96, [TORCH_WAIT, BACKWARD], **sus),
+            snap(3, 96, [TORCH_WAIT, BACKWARD], **{**sus, "state": "confirmed", "stalled_seconds": 301.0,
+                                                   "wall_time": 1003.0 + 296.0})]
+    f = localize_snapshots(latest([HangSnapshot.model_validate(d) for d in docs]))
+    assert f is not None and (f.state, f.root_cause, f.ranks) == ("confirmed", "hang_dataloader", [1]), f
+    assert f.stalled_since is not None and abs(f.stalled_since - 995.0) < 3
+    assert f.suspected_because == why and why in render(f)
+
+
+def test_diagnose_says_how_long_the_ranks_have_not_stepped_and_whether_their_watchdogs_still_run(
+        tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The report is of the snapshots (taken when the hang was suspected); a line says what is true now,
+    and that a job killed after its snapshots left only what it saw last. Before any snapshot, the
+    watchdogs' headers alone: what they say, exit 3 (no verdict yet), never 2."""
+    import os
+
+    from eroica.cli.main import main
+    from eroica.schema.hang import NATIVE_HEADER
+
+    native = tmp_path / "hang-native"
+    native.mkdir()
+    head = {"rank": 0, "world_size": 4, "thread": "0x1", "last_step": 30, "last_step_wall_time": time.time() - 12,
+            "limit_seconds": 300.0, "suspect_after_seconds": 20.0}
+    (native / "rank-0.txt").write_bytes(json.dumps(head).encode().ljust(NATIVE_HEADER - 1) + b"\n")
+    assert main(["diagnose", str(tmp_path)]) == 3
+    said = capsys.readouterr().out
+    assert "1 of 4 rank(s) keep a watchdog header" in said and "stepped 12 s ago (step 30)" in said, said
+    run(tmp_path, [waiting(0), waiting(1), snap(2, 94, [TORCH_WAIT, BACKWARD]), waiting(3)])
+    assert main(["diagnose", str(tmp_path)]) == 0
+    said = capsys.readouterr().out
+    assert "the ranks' watchdogs still run" in said and "now: no step for" in said, said
+    old = time.time() - 120
+    os.utime(native / "rank-0.txt", (old, old))
+    assert main(["diagnose", str(tmp_path)]) == 0
+    assert "the job's processes are gone" in capsys.readouterr().out
