@@ -75,10 +75,12 @@ def _view(peers: dict[str, Any] | None) -> list[tuple[Any, ...]]:
 class HangWatch:
     def __init__(self, rank: int, world_size: int, out_dir: Path | None, store: Any, clock: HangClock,
                  poll_seconds: float = 1.0, job: str = "",
-                 send: Callable[[str], Any] | None = None, native: bool = False) -> None:
+                 send: Callable[[str], Any] | None = None, native: bool = False,
+                 flush: Callable[[float], Any] | None = None) -> None:
         self.rank, self.world_size, self.out_dir, self.store = rank, world_size, out_dir, store
         self.clock, self.poll_seconds, self.job = clock, poll_seconds, job
         self.send = send                    # the sink's submit_hang: the service sees the hang too
+        self.flush = flush                  # the sink's flush: a dying process's snapshot goes out before it exits
         self.collectives = Collectives()
         self.step = 0
         self.last_step_t = time.monotonic()
@@ -141,6 +143,8 @@ class HangWatch:
                 tb = tb.tb_next
             stalled = time.monotonic() - self.last_step_t
 
+            t0 = time.monotonic()
+
             def record() -> None:
                 with contextlib.suppress(Exception):
                     if self.store is not None:        # what the store says of the peers, if it answers soon
@@ -151,6 +155,8 @@ class HangWatch:
                     snap = self._snapshot(stalled, "confirmed", frames[-1] if frames else None)
                     snap["error"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
                     self._write(snap)
+                    if self.flush is not None:     # the process exits next: its snapshot must leave first
+                        self.flush(max(0.0, EXCEPTION_SECONDS - 0.25 - (time.monotonic() - t0)))
             t = threading.Thread(target=record, name="eroica-hang-exit", daemon=True)
             t.start()
             t.join(EXCEPTION_SECONDS)

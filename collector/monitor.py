@@ -160,7 +160,8 @@ class Monitor:
                 self._hang = HangWatch(self.rank, self.world_size, self.out_dir, raw if job_store is not None else None,
                                        hang_clock(self.policy), self.policy.hang_poll_seconds, self.job_name,
                                        self._sink.submit_hang if self._sink is not None else None,
-                                       native=self.policy.hang_native_dump)
+                                       native=self.policy.hang_native_dump,
+                                       flush=self._sink.flush if self._sink is not None else None)
                 self._hang.start()
             self._win.sampler = open_sampler(os.getpid(), threading.get_native_id(), self.policy.sampler_scope)
             self.gaps.extend(self._win.sampler.gaps)
