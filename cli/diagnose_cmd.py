@@ -151,7 +151,7 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
         from eroica.engine.hang import liveness
 
         if (now := liveness(run_dir, d.hang)) is not None:     # the report is of the snapshots; this line of now
-            text += f"\n{now}\n"
+            text = text.rstrip("\n") + f"\n\n{now}\n"
     if args.output:
         args.output.write_text(text)
         print(f"wrote {args.output}")

@@ -302,7 +302,7 @@ class HangWatch:
         other = sorted(r for r, s in theirs.items() if s != mine)
         if mine is None or not other:
             return None
-        return (f"after {stalled:.1f} s without a step this rank stands at collective #{mine} and "
+        return (f"after {stalled:.1f} s without a step rank {self.rank} stands at collective #{mine} and "
                 f"{len(other)} of {len(theirs)} peer(s) at another (rank {other[0]}: #{theirs[other[0]]})")
 
     def _resolved(self) -> None:

@@ -316,13 +316,13 @@ def _headline(f: HangFinding) -> str:
     pause = (f"the job's longest healthy pause so far was {f.longest_pause_seconds:.1f} s"
              + (f" (step {f.longest_pause_step})" if f.longest_pause_step is not None else "")
              if f.longest_pause_seconds is not None else "")
-    why = f"suspected: {f.suspected_because}" if f.suspected_because else \
-        f"suspected after {f.suspect_after_seconds or f.limit_seconds:.0f} s"
+    because = f.suspected_because or f"suspected after {f.suspect_after_seconds or f.limit_seconds:.0f} s"
+    why = f"suspected: {because}" if f.suspected_because else because
     if f.state == "resolved":
         return (f"Resolved: the job stepped again after {f.stalled_seconds:.0f} s without a step ({why})"
                 f"{'; ' + pause if pause else ''}. While it waited: {f.summary}")
     if f.state == "suspected":
-        return (f"Suspected: no step for {f.stalled_seconds:.0f} s when the snapshots were taken ({why}; "
+        return (f"Suspected: no step for {f.stalled_seconds:.0f} s when the snapshots were taken ({because}; "
                 f"confirmed at {f.limit_seconds:.0f} s){'; ' + pause if pause else ''}. {f.summary}")
     first = f"; first {why}" if f.suspected_because else ""
     return f"No step for {f.stalled_seconds:.0f} s (the limit was {f.limit_seconds:.0f} s{first}). {f.summary}"

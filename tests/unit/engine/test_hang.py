@@ -366,7 +366,7 @@ def test_a_rank_confirming_300_s_after_the_others_suspected_is_the_same_hang() -
     loader = [{"file": "/job/data.py", "line": 12, "function": "collate", "code": "ev.wait()"},
               {"file": "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", "line": 700,
                "function": "__next__", "code": ""}]
-    why = "after 5.0 s without a step this rank stands at collective #96 and 1 of 3 peer(s) at another"
+    why = "after 5.0 s without a step rank 0 stands at collective #96 and 1 of 3 peer(s) at another"
     sus = dict(state="suspected", stalled_seconds=5.0, limit_seconds=300.0, suspect_after_seconds=20.0,
                longest_pause_seconds=0.2, suspected_because=why)
     docs = [snap(0, 96, [TORCH_WAIT, BACKWARD], **sus), snap(1, 94, loader, **sus),
