@@ -115,7 +115,12 @@ def healthy(tmp: Path, url: str) -> dict[str, Any]:
         out[name] = {"pauses suspected": len(list(run.glob("hang-s*"))),
                      "snapshots resolved": states.count("resolved"), "confirmed": states.count("confirmed")}
     time.sleep(5)                                  # the service's last verdicts
-    out["issues opened by the service"] = len(_get(f"{url}/v1/issues") or [])
+    out["issues opened by the service for these jobs"] = len(
+        [i for i in _get(f"{url}/v1/issues") or [] if str(i.get("job_id", "")).startswith("ok-")])
+    verdicts = [(_get(f"{url}/v1/jobs/{j['id']}/hang") or {}) for j in _get(f"{url}/v1/jobs") or []
+                if str(j["id"]).startswith("ok-")]
+    out["the service's verdicts"] = sorted(f"{v.get('state')} {v.get('root_cause')} {v.get('confidence')}"
+                                           for v in verdicts if v)
     return out
 
 
