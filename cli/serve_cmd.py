@@ -59,8 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                               "routes by category; see eroica.service.alerts")
     p.add_argument("--hang-alert-on", choices=("confirmed", "suspected"), default="confirmed",
                    help="a hung job's issue, and its alert, opens when the hang is confirmed (at the policy's limit, "
-                   "300 s by default) or already when it is suspected (20 s without a step, at >= 0.5 confidence: "
-                   "the stall well past the job's own longest pause). Default: %(default)s")
+                   "300 s by default) or already when it is suspected (20 s without a step, 5 s when the peers wait "
+                   "in a collective the rank never entered, at >= 0.5 confidence: the stall well past the job's own "
+                   "longest pause; a job's first long checkpoint can be one, and its issue closes when the job "
+                   "steps again). Default: %(default)s")
     p.set_defaults(func=run)
 
 

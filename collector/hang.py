@@ -276,9 +276,11 @@ class HangWatch:
         if state is not None and (self.reported_step != self.step or (state, self.reported_state) == (
                 "confirmed", "suspected")):
             self.reported_step, self.reported_state = self.step, state
+            before = self._snap if self._snap is not None and self._snap["last_step"] == self.step else None
             self._snap = self._snapshot(stalled, state)
-            self._snap["suspected_because"] = apart or (f"no step for {stalled:.1f} s (suspected after "
-                                                        f"{limit:.1f} s)")
+            # a confirmation keeps why (and when) the same stall was first suspected
+            self._snap["suspected_because"] = before["suspected_because"] if before is not None else (
+                apart or f"no step for {stalled:.1f} s (suspected after {limit:.1f} s)")
             self._write(self._snap)
         elif self._snap is not None and self.reported_step == self.step and \
                 self.peers_at > self._snap.get("peers_wall_time", self._snap["wall_time"]):

@@ -99,3 +99,20 @@ def test_the_peers_at_another_collective_make_a_stall_a_suspicion_early(tmp_path
         assert took >= 8, took
         assert snap["suspected_because"].startswith("no step for")
     assert snap["peers"]["1"]["seq"] == peer_seq
+
+
+def test_a_confirmation_keeps_why_the_stall_was_first_suspected(tmp_path: Path) -> None:
+    w = HangWatch(0, 1, tmp_path, None, clock=HangClock(0.3, 5.0, 20.0, 1.0, 1.5), poll_seconds=0.05)
+    w.start()
+    try:
+        for step in range(1, 6):
+            w.stepped(step, 0.001)
+
+        def confirmed() -> dict | None:  # type: ignore[type-arg]
+            f = tmp_path / "hang-s000005" / "rank-0.hang.json"
+            snap = json.loads(f.read_text()) if f.exists() else None
+            return snap if snap and snap["state"] == "confirmed" else None
+        snap = until(confirmed, 10, "a confirmed snapshot")
+    finally:
+        w.close()
+    assert snap["stalled_seconds"] > 1.0 and "(suspected after 0.3 s)" in snap["suspected_because"], snap
