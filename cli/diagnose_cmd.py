@@ -105,6 +105,15 @@ def run(args: argparse.Namespace) -> int:
             tmp.cleanup()
 
 
+def _emit(args: argparse.Namespace, text: str) -> None:
+    """The report to `-o FILE`, or to stdout."""
+    if args.output:
+        args.output.write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+
+
 def _run(args: argparse.Namespace, run_dir: Path) -> int:
     from eroica.engine.diagnose import DiagnoseOptions, diagnose
     from eroica.engine.errors import EngineError, RuleError
@@ -139,12 +148,7 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
                   "snapshot (hang-s*/) or watchdog header (hang-native/)", file=sys.stderr)
             return 2
         # a hung job's directory before its first snapshot: what its watchdogs' headers say, no verdict yet
-        text = f"{run_dir}: no window and no hang snapshot yet. {said}\n"
-        if args.output:
-            args.output.write_text(text)
-            print(f"wrote {args.output}")
-        else:
-            sys.stdout.write(text)
+        _emit(args, f"{run_dir}: no window and no hang snapshot yet. {said}\n")
         return NOT_DIAGNOSABLE
     text = render(d, args.format)
     if d.hang is not None and args.format in ("text", "md") and run_dir.is_dir():
@@ -152,11 +156,7 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
 
         if (now := liveness(run_dir, d.hang)) is not None:     # the report is of the snapshots; this line of now
             text = text.rstrip("\n") + f"\n\n{now}\n"
-    if args.output:
-        args.output.write_text(text)
-        print(f"wrote {args.output}")
-    else:
-        sys.stdout.write(text)
+    _emit(args, text)
     lost = [w.window for w in d.windows if not w.diagnosable]
     if lost:   # the report is written; the exit code says that no verdict could be reached
         print(f"eroica diagnose: not diagnosable: {', '.join(lost)} (too few ranks reported)", file=sys.stderr)

@@ -50,15 +50,12 @@ from eroica.collector.hang_probe import (
     read_nics,
 )
 from eroica.collector.heartbeats import HB_KEY, host_addresses, peers_view
-from eroica.schema.hang import NATIVE_HEADER
+from eroica.schema.hang import GONE_SECONDS, NATIVE_HEADER
 
 EXCEPTION_SECONDS = 3.0                    # a dying process waits at most this long for its snapshot
 # ... and this long of it for the store's view of its peers: a living store answers in milliseconds;
 # a dead one (its host's agent exited) would only delay the snapshot while the agent stops the rank
 PEERS_WHEN_DYING_SECONDS = 0.75
-
-
-AGED_SECONDS = 15.0     # a peer's heartbeat this old says it is gone (the engine's hang_states.GONE_SECONDS)
 
 
 def _view(peers: dict[str, Any] | None) -> list[tuple[Any, ...]]:
@@ -68,7 +65,7 @@ def _view(peers: dict[str, Any] | None) -> list[tuple[Any, ...]]:
         v = v if isinstance(v, dict) else {}
         age = v.get("heartbeat_age_seconds")
         out.append((r, v.get("step"), v.get("seq"), v.get("process_alive"), "error" in v, age is None,
-                    isinstance(age, (int, float)) and age > AGED_SECONDS))
+                    isinstance(age, (int, float)) and age > GONE_SECONDS))
     return out
 
 
@@ -171,9 +168,6 @@ class HangWatch:
         if seconds is not None:
             self.clock.add(step, seconds)
 
-    def limit_seconds(self) -> float:
-        """The confirmed hang's limit (eroica.collector.hang_clock)."""
-        return self.clock.confirm_after()
 
     def close(self) -> None:
         self._stop.set()

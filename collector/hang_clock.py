@@ -13,7 +13,7 @@ others wait in, or ran ahead of them.
 The healthy pauses are the job's own: every step this rank has made since the watchdog started,
 its longest kept with the step it ended (a checkpoint, an evaluation pass, a recompilation, a slow
 first step). The engine weighs a suspicion by how far the stall exceeds that pause
-(eroica.engine.hang_confidence), so a job that checkpoints for a minute is not suspected of much
+(eroica.engine.hang.pause_factor), so a job that checkpoints for a minute is not suspected of much
 until its stall outlasts the minute."""
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from eroica.schema.hang import (
+    GONE_SECONDS,
     CollectiveCall,
     FlightRecord,
     Frame,
@@ -29,7 +30,6 @@ from eroica.schema.hang import (
 
 LIBRARY = ("/torch/", "/eroica/", "/threading.py", "/queue.py", "/selectors.py", "/socket.py", "/contextlib.py",
            "/multiprocessing/", "/site-packages/", "/lib/python3", "<frozen")
-GONE_SECONDS = 15.0       # a heartbeat (every 2 s from a living rank's watchdog) this old: the rank is gone
 RAN_AHEAD = "ran ahead"
 FAILED = "; then its collective failed: "
 # a collective that failed because a peer's connection went away (gloo's words; NCCL's abort)

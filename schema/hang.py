@@ -20,6 +20,9 @@ HANG_SCHEMA: Final = "eroica.hang/v1"
 #: was written at the confirmed limit (the only one there was)
 HangStage = Literal["suspected", "confirmed", "resolved"]
 NATIVE_HEADER: Final = 512                 # bytes of JSON header before faulthandler's text
+# a peer's heartbeat (every 2 s from a living rank's watchdog) this old says the rank is gone: the
+# engine states it so, and a watchdog sends its view of the peers again when one crosses it
+GONE_SECONDS: Final = 15.0
 MAX_INT = 2**31 - 1
 Step = Field(ge=0, le=MAX_STEP)
 

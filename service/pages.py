@@ -23,11 +23,9 @@ from starlette.concurrency import run_in_threadpool
 
 from eroica.engine.render import render
 from eroica.schema.diagnosis import Diagnosis
-from eroica.schema.hang import HangFinding
-from eroica.service import store
+from eroica.service import hangs, store
 from eroica.service.db import (
     findings,
-    hang_verdicts,
     host_counts,
     hosts_of,
     issues,
@@ -155,12 +153,11 @@ def router(svc: Service) -> APIRouter:
                                         .order_by(issues.c.last_seen.desc())).mappings()
                    if i["job_id"] == job_id or job_id in (i["runs"] or [])]
             kept = traces_of(c, job_id)
-            hv = c.execute(sa.select(hang_verdicts.c.body).where(hang_verdicts.c.job_id == job_id)).scalar()
         by_window: dict[int, list[Any]] = {}
         for f in fs:
             by_window.setdefault(f["window_pk"], []).append(f)
         return page("job.html.j2", job=j, windows=ws, by_window=by_window, plot=step_plot(series, ws), issues=iss,
-                    hang=HangFinding.model_validate(hv) if hv else None,
+                    hang=hangs.current(eng, job_id)[0],
                     traces=kept, link_kinds=LINK_KINDS, needs_token=svc.settings.token is not None
                     and principal_of(request).kind not in ("admin", "session"))
 
