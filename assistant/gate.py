@@ -184,7 +184,10 @@ def validation_command(repo: Path, given: str | None) -> str | None:
         return given
     py = repo / "pyproject.toml"
     if py.is_file():
-        import tomllib
+        try:
+            import tomllib
+        except ModuleNotFoundError:         # Python 3.10: the assistant extra installs tomli
+            import tomli as tomllib  # type: ignore[no-redef]
         try:
             cfg = tomllib.loads(py.read_text())
         except (tomllib.TOMLDecodeError, UnicodeDecodeError):

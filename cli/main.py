@@ -41,11 +41,26 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        return f"eroica {version('eroica')} (Python {sys.version.split()[0]})"
+    except PackageNotFoundError:
+        return f"eroica (not installed as a package; Python {sys.version.split()[0]})"
+
+
 def _overview() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eroica", description=DESCRIPTION)
+    """`eroica --help`: every command, and the extra a command needs where this Python lacks it."""
+    from eroica.cli import extras
+
+    p = argparse.ArgumentParser(prog="eroica", description=DESCRIPTION,
+                                epilog="pip install eroica: the collector, `eroica run` and the sink; "
+                                       "eroica[engine] diagnosis and reports, eroica[serve] the service, "
+                                       "eroica[assistant] the drafts, eroica[all] everything.")
+    p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="cmd", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name, (_module, text) in COMMANDS.items():
-        sub.add_parser(name, help=text)
+        sub.add_parser(name, help=text + extras.needs_note(name))
     return p
 
 
@@ -59,8 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in COMMANDS:
         _overview().parse_args(argv)           # --help, or argparse's error naming the valid commands
         return 2
-    args = build_parser(only=cmd).parse_args(argv)
-    return int(args.func(args))
+    try:
+        args = build_parser(only=cmd).parse_args(argv)
+        return int(args.func(args))
+    except ModuleNotFoundError as exc:      # an extra this command needs is not installed
+        from eroica.cli import extras
+
+        extra = extras.extra_of(exc)
+        if extra is None:
+            raise
+        print(extras.explain(cmd, extra, exc.name or "?"), file=sys.stderr)
+        return 2
 
 
 def entry() -> None:

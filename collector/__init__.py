@@ -16,11 +16,12 @@ if TYPE_CHECKING:
     from eroica.schema.patterns import PATTERNS_SCHEMA, PatternsDoc
 
 __all__ = ["Monitor", "TriggerPolicy", "PatternsDoc", "PATTERNS_SCHEMA"]
-_WHERE = {"Monitor": "monitor", "TriggerPolicy": "policy", "PatternsDoc": "facts", "PATTERNS_SCHEMA": "facts"}
+_WHERE = {"Monitor": "eroica.collector.monitor", "TriggerPolicy": "eroica.collector.policy",
+          "PatternsDoc": "eroica.schema.patterns", "PATTERNS_SCHEMA": "eroica.schema.patterns"}
 
 
 def __getattr__(name: str) -> Any:
     """Imported on first use: the engine and the CLI import collector modules without the Monitor's."""
     if name in _WHERE:
-        return getattr(importlib.import_module(f"eroica.collector.{_WHERE[name]}"), name)
+        return getattr(importlib.import_module(_WHERE[name]), name)
     raise AttributeError(f"module 'eroica.collector' has no attribute {name!r}")

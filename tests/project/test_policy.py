@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).parents[2]
@@ -66,3 +66,24 @@ def test_every_taxonomy_id_has_a_runbook_and_the_contract_ids_exist() -> None:
     for k, v in tax.items():
         assert v["category"] in ("hardware", "software"), k
         assert (ROOT / "knowledge" / v["runbook"]).is_file(), f"{k}: runbook {v['runbook']} missing"
+
+
+def test_the_collector_needs_only_the_base_install_at_import() -> None:
+    """`pip install eroica` (no extra) is what runs in a training job: the collector's and the schema's
+    module-level imports are the standard library, the base dependencies and themselves; torch and NVML
+    only inside functions, where their absence is a gap (tests/install/test_wheel.py installs it for real)."""
+    import sys
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = {"pydantic": "pydantic", "numpy": "numpy", "psutil": "psutil", "pyyaml": "yaml", "msgspec": "msgspec"}
+    assert {d.split(">")[0].split("=")[0].split("<")[0] for d in cfg["dependencies"]} == set(base)
+    allowed = set(sys.stdlib_module_names) | set(base.values()) | {"eroica", "__future__"}
+    for folder in ("collector", "schema"):
+        for py in (ROOT / folder).rglob("*.py"):
+            for node in ast.parse(py.read_text()).body:
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                for n in names:
+                    assert n.split(".")[0] in allowed, f"{py}: imports {n} at module level (not in the base install)"
+                    if n.startswith("eroica."):
+                        assert n.split(".")[1] in ("collector", "schema"), f"{py}: imports {n}"
