@@ -51,6 +51,9 @@ class AlertConfig(BaseModel):
     external_url: str = "http://127.0.0.1:8080"
     routes: list[Route] = Field(min_length=1)
     retry_seconds: float = Field(30.0, gt=0)    # a failed delivery is tried again this much later (doubling)
+    # Alertmanager resolves a firing alert at its endsAt unless it is sent again: an open issue's alert to an
+    # alertmanager route is sent again this often, each time ending 4 of these later (as Prometheus does)
+    resend_seconds: float = Field(3600.0, ge=10, le=86400)
 
 
 def load_alerts(path: Path) -> AlertConfig:
@@ -85,7 +88,7 @@ def alert_of(i: dict[str, Any], cfg: AlertConfig, now: float) -> dict[str, Any]:
                         "job_ended": f"by {i.get('job_ended_by')}" if ended else "",
                         "link": i["link_url"] or ""},
         "startsAt": _iso(i["first_seen"]),
-        "endsAt": _iso(now if resolved else now + 4 * 3600),
+        "endsAt": _iso(now if resolved else now + 4 * cfg.resend_seconds),
         "generatorURL": f"{cfg.external_url.rstrip('/')}/jobs/{i['job_id']}",
     }
 
@@ -145,8 +148,25 @@ class Deliverer:
                             .where(issues.c.id == iid)).mappings().one()
         return dict(row)
 
+    def refresh(self, now: float) -> int:
+        """Mark for sending again the open issues whose alert went to an Alertmanager longer than
+        resend_seconds ago (a webhook or Slack gets an alert once per change, never a reminder)."""
+        t = issues.c
+        with reading(self.eng) as c:
+            rows = c.execute(sa.select(t.id, t.category, t.root_cause, t.job_id).join(jobs, jobs.c.id == t.job_id)
+                             .where(t.alert_dirty.is_(False), t.alert_state == "delivered", t.state.notin_(RESOLVED),
+                                    t.alert_sent_at < now - self.cfg.resend_seconds, jobs.c.ended_at.is_(None))
+                             .limit(1000)).mappings().all()
+        stale = [r["id"] for r in rows if (route := self.route(dict(r))) is not None and route.kind == "alertmanager"]
+        if stale:
+            with writing(self.eng) as c:
+                c.execute(issues.update().where(t.id.in_(stale), t.alert_dirty.is_(False))
+                          .values(alert_dirty=True, alert_version=t.alert_version + 1))
+        return len(stale)
+
     def round(self, now: float | None = None) -> int:
         now = time.time() if now is None else now
+        self.refresh(now)
         with reading(self.eng) as c:
             ids = list(c.execute(sa.select(issues.c.id).where(self._due(now)).order_by(issues.c.id)).scalars())
         for iid in ids:

@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 
 from eroica.schema.diagnosis import Diagnosis
 from eroica.schema.hang import HangFinding
-from eroica.service.db import issues, reading, windows
+from eroica.service.db import hang_verdicts, issues, jobs, reading, windows
 from eroica.service.fleet import week_summary
 
 disable_created_metrics()    # no `_created` gauge beside every counter
@@ -82,6 +82,36 @@ class _Loop(Collector):
         yield from (states, stages, hours)
 
 
+class _Hangs(Collector):
+    """Each running job that is hung now (its stored verdict suspected or confirmed), as a series of its own:
+    how long it has gone without a step. A job's series goes when the hang resolves or the job ends, so an
+    alerting rule on it fires while the job is hung and resolves when it is not (deploy/prometheus/). The same
+    on every replica: rules take the max over instances."""
+
+    def __init__(self, eng: sa.Engine) -> None:
+        self.eng = eng
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily("eroica_job_stalled_seconds", "A hung job's seconds without a step (its hang verdict "
+                              "suspected or confirmed; no series when it steps or ends)",
+                              labels=["eroica_job", "state", "root_cause", "ranks"])
+        t = hang_verdicts.c
+        try:
+            with reading(self.eng) as c:
+                rows = c.execute(sa.select(t.job_id, t.state, t.body, t.at).join(jobs, jobs.c.id == t.job_id)
+                                 .where(t.state.in_(("suspected", "confirmed")), jobs.c.ended_at.is_(None))
+                                 .order_by(t.job_id).limit(10_000)).all()
+        except sa.exc.SQLAlchemyError:
+            rows = []
+        now = time.time()
+        for job_id, state, body, at in rows:
+            body = body or {}
+            ranks = ",".join(str(r) for r in sorted(body.get("ranks") or []))
+            stalled = float(body.get("stalled_seconds") or 0.0) + max(0.0, now - float(at or now))
+            g.add_metric([job_id, state, str(body.get("root_cause") or "unknown"), ranks], stalled)
+        yield g
+
+
 class ServiceMetrics:
     def __init__(self, eng: sa.Engine) -> None:
         self.registry = CollectorRegistry()
@@ -109,6 +139,7 @@ class ServiceMetrics:
             MultiProcessCollector(self.registry, path=shared)
         self.registry.register(_Queue(eng))
         self.registry.register(_Loop(eng))
+        self.registry.register(_Hangs(eng))
 
     def ingest_error(self, reason: str) -> None:
         self.errors.labels(reason=reason).inc()

@@ -1,31 +1,25 @@
-"""Alerts to real receivers on 127.0.0.1 (Alertmanager v2, a generic webhook, a Slack incoming
-webhook): routed by category, one alert per issue
-across windows (updated, never a new page), resolved when the issue is closed; a receiver that times
-out never holds up a diagnosis, and the failed delivery is stored, retried and shown."""
+"""Alerts to the real Alertmanager on 127.0.0.1 (Debian's prometheus-alertmanager, read back from its own
+API): routed by category, one alert per issue across windows (updated, never a new page), resolved when the
+issue is closed or the run ends, sent again before Alertmanager would let it lapse. Hand-written receivers
+stand in only where no real one can: a generic webhook and a Slack incoming webhook, and a receiver made slow
+on purpose (a delivery that times out never holds up a diagnosis; a change made while an alert is on the wire
+is sent after it; replicas send each alert once)."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from monitoring_support import active_alerts, alertmanager, needs_alertmanager
 from polling import until
 from service_support import AUTH, LOCAL, TOKEN, Receiver, incident_docs
 
-from eroica.service.alerts import AlertConfig, load_alerts
+from eroica.service.alerts import AlertConfig, Deliverer, load_alerts
 from eroica.service.app import Settings, create_app
-
-
-@pytest.fixture
-def receivers() -> Iterator[tuple[Receiver, Receiver]]:
-    hw, sw = Receiver(), Receiver()
-    yield hw, sw
-    hw.close()
-    sw.close()
 
 
 def app_with(tmp: Path, cfg: AlertConfig) -> TestClient:
@@ -46,35 +40,38 @@ def post_window(c: TestClient, job: str, inc: str, index: int = 0) -> None:
 
 
 
-def test_one_alert_per_issue_routed_by_category_updated_across_windows_then_resolved(
-        tmp_path: Path, receivers: tuple[Receiver, Receiver]) -> None:
-    hw, sw = receivers
-    cfg = AlertConfig.model_validate({"schema": "eroica.alerts/v1", "external_url": "http://eroica.test", "routes": [
-        {"name": "fleet-oncall", "match": {"category": "hardware"}, "kind": "alertmanager", "url": hw.url},
-        {"name": "job-owners", "match": {"category": "software"}, "kind": "alertmanager", "url": sw.url}]})
-    with app_with(tmp_path, cfg) as c:
-        post_window(c, "train-a", "INC-0001", 0)               # dataloader_stall: software
-        post_window(c, "train-b", "INC-0024", 0)               # nic_degraded: hardware
-        until(lambda: sw.got and hw.got)
-        (a,) = sw.got[0]
-        assert a["labels"] == {"alertname": "EroicaFinding", "job": "train-a", "root_cause": "dataloader_stall",
-                               "category": "software", "host": "vm", "ranks": "1", "severity": "warning",
-                               "device": "cpu"}
-        assert a["generatorURL"] == "http://eroica.test/jobs/train-a" and a["annotations"]["state"] == "open"
-        hw_labels = hw.got[0][0]["labels"]
-        assert (hw_labels["root_cause"], hw_labels["severity"]) == ("nic_degraded", "critical")
-        # the same fault in two more windows: the same alert, updated
-        post_window(c, "train-a", "INC-0001", 1)
-        post_window(c, "train-a", "INC-0001", 2)
-        until(lambda: c.get("/v1/issues", params={"job": "train-a"}).json()[0]["windows_total"] == 3)
-        until(lambda: not c.get("/v1/issues", params={"job": "train-a"}).json()[0]["alert_dirty"])
-        (issue,) = c.get("/v1/issues", params={"job": "train-a"}).json()
-        assert {json.dumps(x[0]["labels"], sort_keys=True) for x in sw.got} == {json.dumps(a["labels"], sort_keys=True)}
-        assert sw.got[-1][0]["annotations"]["windows"] == "3"
-        # fixed: resolved (endsAt no later than now)
-        c.post(f"/v1/issues/{issue['id']}/recovered", headers=AUTH, content=json.dumps({"who": "sre"}))
-        until(lambda: sw.got[-1][0]["annotations"]["state"] == "recovered")
-        assert sw.got[-1][0]["endsAt"] <= time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))
+@needs_alertmanager
+def test_one_alert_per_issue_routed_by_category_updated_across_windows_then_resolved(tmp_path: Path) -> None:
+    """Two eroica routes to two real Alertmanagers (the fleet's and the owners'), read back from their APIs."""
+    with alertmanager(tmp_path / "hw") as hw, alertmanager(tmp_path / "sw") as sw:
+        cfg = AlertConfig.model_validate({"schema": "eroica.alerts/v1", "external_url": "http://eroica.test",
+                                          "routes": [
+            {"name": "fleet-oncall", "match": {"category": "hardware"}, "kind": "alertmanager", "url": hw},
+            {"name": "job-owners", "match": {"category": "software"}, "kind": "alertmanager", "url": sw}]})
+        with app_with(tmp_path, cfg) as c:
+            post_window(c, "train-a", "INC-0001", 0)               # dataloader_stall: software
+            post_window(c, "train-b", "INC-0024", 0)               # nic_degraded: hardware
+            until(lambda: active_alerts(sw) and active_alerts(hw))
+            (a,) = active_alerts(sw)
+            assert a["labels"] == {"alertname": "EroicaFinding", "job": "train-a", "root_cause": "dataloader_stall",
+                                   "category": "software", "host": "vm", "ranks": "1", "severity": "warning",
+                                   "device": "cpu"}
+            assert a["generatorURL"] == "http://eroica.test/jobs/train-a" and a["annotations"]["state"] == "open"
+            (b,) = active_alerts(hw)
+            assert (b["labels"]["root_cause"], b["labels"]["severity"]) == ("nic_degraded", "critical")
+            # the same fault in two more windows: the same alert, updated
+            post_window(c, "train-a", "INC-0001", 1)
+            post_window(c, "train-a", "INC-0001", 2)
+            until(lambda: c.get("/v1/issues", params={"job": "train-a"}).json()[0]["windows_total"] == 3)
+            until(lambda: not c.get("/v1/issues", params={"job": "train-a"}).json()[0]["alert_dirty"])
+            (issue,) = c.get("/v1/issues", params={"job": "train-a"}).json()
+            (a3,) = active_alerts(sw)
+            assert a3["labels"] == a["labels"] and a3["annotations"]["windows"] == "3"
+            assert a3["fingerprint"] == a["fingerprint"]
+            # fixed: resolved, so no longer among Alertmanager's alerts; the other route's stays
+            c.post(f"/v1/issues/{issue['id']}/recovered", headers=AUTH, content=json.dumps({"who": "sre"}))
+            until(lambda: not active_alerts(sw))
+            assert [x["labels"]["job"] for x in active_alerts(hw)] == ["train-b"]
 
 
 def test_a_receiver_that_times_out_never_holds_up_diagnosis_and_the_failure_is_stored_and_shown(
@@ -96,26 +93,46 @@ def test_a_receiver_that_times_out_never_holds_up_diagnosis_and_the_failure_is_s
         slow.close()
 
 
-def test_a_runs_end_resolves_its_open_alerts_whether_it_says_so_or_falls_silent(
-        tmp_path: Path, receivers: tuple[Receiver, Receiver]) -> None:
-    am, _ = receivers
-    cfg = AlertConfig.model_validate({"schema": "eroica.alerts/v1", "routes": [
-        {"name": "all", "kind": "alertmanager", "url": am.url}]})
-    app = create_app(Settings(db_url=f"sqlite:///{tmp_path / 'e.db'}", token=TOKEN, grace_seconds=1.0,
-                              poll_seconds=0.1, alerts=cfg, job_silent_seconds=4.0))
-    with TestClient(app, base_url=LOCAL) as c:
-        post_window(c, "said-end", "INC-0001", 0)
-        until(lambda: len(am.got) == 1)
-        assert c.post("/v1/jobs/said-end/end", headers=AUTH).json() == {"status": "ended"}   # rank 0 closed
-        until(lambda: len(am.got) == 2)
-        a = am.got[-1][0]
-        assert a["annotations"]["job_ended"] == "by job" and a["annotations"]["state"] == "open"
-        assert a["endsAt"] <= time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))   # resolved
-        assert c.get("/v1/jobs").json()[0]["ended_by"] == "job"
-        assert c.post("/v1/jobs/nope/end", headers=AUTH).status_code == 404
-        post_window(c, "went-silent", "INC-0001", 0)              # killed without closing: silence ends it
-        until(lambda: any(x[0]["labels"]["job"] == "went-silent" and x[0]["annotations"]["job_ended"]
-                          == "by silence" for x in am.got), 30)
+@needs_alertmanager
+def test_a_runs_end_resolves_its_open_alerts_whether_it_says_so_or_falls_silent(tmp_path: Path) -> None:
+    with alertmanager(tmp_path) as am:
+        cfg = AlertConfig.model_validate({"schema": "eroica.alerts/v1", "routes": [
+            {"name": "all", "kind": "alertmanager", "url": am}]})
+        app = create_app(Settings(db_url=f"sqlite:///{tmp_path / 'e.db'}", token=TOKEN, grace_seconds=1.0,
+                                  poll_seconds=0.1, alerts=cfg, job_silent_seconds=4.0))
+        with TestClient(app, base_url=LOCAL) as c:
+            post_window(c, "said-end", "INC-0001", 0)
+            until(lambda: active_alerts(am, job="said-end"))
+            assert c.post("/v1/jobs/said-end/end", headers=AUTH).json() == {"status": "ended"}   # rank 0 closed
+            until(lambda: not active_alerts(am, job="said-end"))                               # resolved
+            (i,) = c.get("/v1/issues", params={"job": "said-end"}).json()
+            assert i["state"] == "open" and i["alert_state"] == "delivered"
+            assert c.get("/v1/jobs").json()[0]["ended_by"] == "job"
+            assert c.post("/v1/jobs/nope/end", headers=AUTH).status_code == 404
+            post_window(c, "went-silent", "INC-0001", 0)              # killed without closing: silence ends it
+            until(lambda: active_alerts(am, job="went-silent"))
+            until(lambda: not active_alerts(am, job="went-silent"), 30)
+            assert {j["id"]: j["ended_by"] for j in c.get("/v1/jobs").json()}["went-silent"] == "silence"
+
+
+@needs_alertmanager
+def test_an_open_issue_is_sent_again_before_alertmanager_would_let_it_lapse(tmp_path: Path) -> None:
+    """Alertmanager resolves an alert at its endsAt unless it is sent again: eroica sends an open issue's alert
+    again every resend_seconds, each time ending four of them later (a Slack route gets no reminder)."""
+    with alertmanager(tmp_path) as am:
+        cfg = AlertConfig.model_validate({"schema": "eroica.alerts/v1", "resend_seconds": 10, "routes": [
+            {"name": "am", "match": {"category": "software"}, "kind": "alertmanager", "url": am}]})
+        with app_with(tmp_path, cfg) as c:
+            post_window(c, "long", "INC-0001", 0)
+            until(lambda: active_alerts(am, job="long"))
+            until(lambda: not c.get("/v1/issues").json()[0]["alert_dirty"])
+            (first,) = active_alerts(am, job="long")
+            deliverer = Deliverer(c.app.state.svc.eng, cfg, "test")   # type: ignore[attr-defined]
+            assert deliverer.refresh(time.time()) == 0                    # sent just now: nothing to do
+            assert deliverer.refresh(time.time() + 11) == 1
+            until(lambda: active_alerts(am, job="long")[0]["endsAt"] > first["endsAt"])
+            (again,) = active_alerts(am, job="long")
+            assert again["fingerprint"] == first["fingerprint"]          # the same alert, its end moved on
 
 
 def test_a_generic_webhook_and_a_slack_webhook_get_their_own_formats_firing_then_resolved(tmp_path: Path) -> None:

@@ -57,6 +57,10 @@ def test_the_service_localizes_a_hang_from_the_ranks_snapshots_and_opens_its_iss
         "hang_dataloader", [1], "collate", "confirmed")
     (issue,) = [i for i in client.get("/v1/issues?job=job-h", headers=AUTH).json()]
     assert (issue["root_cause"], issue["ranks"], issue["state"]) == ("hang_dataloader", "1", "open")
+    # and the job is hung for Prometheus: a series of its own while it is (deploy/prometheus/eroica-rules.yml)
+    line = next(ln for ln in client.get("/metrics").text.splitlines() if ln.startswith("eroica_job_stalled_seconds{"))
+    assert 'eroica_job="job-h"' in line and 'state="confirmed"' in line and 'root_cause="hang_dataloader"' in line
+    assert 'ranks="1"' in line and float(line.split()[-1]) >= 5.0
     # a second snapshot of the same rank replaces the first; the issue stays one
     assert client.post(url, content=snap(1, 94, LOADER), headers=AUTH).status_code == 201
     verdict(client, url)
