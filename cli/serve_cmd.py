@@ -18,6 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
                    / "eroica", help="where the SQLite database lives (default ~/.local/share/eroica)")
     p.add_argument("--db", help="a database URL instead: postgresql://user@host/db (a fleet) or sqlite:///PATH")
+    p.add_argument("--migrate", action="store_true",
+                   help="bring the database's schema to this version's and exit (an upgrade's first step, a "
+                        "Kubernetes init container; replicas also do it at start, one at a time)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--watch", type=Path, action="append", default=[],
@@ -35,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a Host name clients use to reach the service beyond this machine's own names and "
                         "addresses (a load balancer's, a DNS alias); repeatable; '*' allows any (not advised: "
                         "DNS rebinding)")
+    p.add_argument("--trusted-proxy", action="append", default=[], metavar="ADDR",
+                   help="a reverse proxy (an address or a network, e.g. 10.0.0.0/24) whose X-Forwarded-Proto and "
+                        "X-Forwarded-For are believed: behind one that terminates TLS the session cookie is Secure; "
+                        "repeatable (default: the loopback addresses; others' forwarded headers are ignored)")
     p.add_argument("--insecure-no-token", action="store_true",
                    help="listen beyond this machine without a token (anyone who can reach it can write)")
     p.add_argument("--diagnosis-timeout-seconds", type=float, default=300.0,
@@ -103,7 +110,28 @@ def _serve_one(settings: Any, sock: socket.socket) -> None:
 
     app = create_app(settings)
     freeze_startup()
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", proxy_headers=True,
+                                  forwarded_allow_ips=list(settings.trusted_proxies))).run(sockets=[sock])
+
+
+def _migrate(url: str) -> int:
+    import sqlalchemy as sa
+
+    from eroica.service.db import make_engine, migrate, revision
+
+    eng = make_engine(url)
+    try:
+        before = migrate(eng)
+        after = revision(eng)
+    except sa.exc.SQLAlchemyError as exc:
+        print(f"eroica serve --migrate: {url.split('@')[-1]}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}",
+              file=sys.stderr)
+        return 1
+    finally:
+        eng.dispose()
+    print(f"eroica serve --migrate: {url.split('@')[-1]}: schema {before or 'empty'} -> {after}"
+          + (" (already current)" if before == after else ""), flush=True)
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -111,11 +139,14 @@ def _run(args: argparse.Namespace) -> int:
     from eroica.service.processes import listening_socket, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)     # its plugin list, at every start
     if args.db:
         url = args.db
     else:
         args.data.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{args.data / 'eroica.db'}"
+    if args.migrate:
+        return _migrate(url)
     token = None
     if args.token_file is not None:
         try:
@@ -172,6 +203,15 @@ def _run(args: argparse.Namespace) -> int:
         print("eroica serve: the knowledge has problems (`eroica rules lint` lists the same):\n"
               + "\n".join(exc.problems), file=sys.stderr)
         return 2
+    import ipaddress
+
+    for addr in args.trusted_proxy:
+        try:
+            ipaddress.ip_network(addr, strict=False)
+        except ValueError:
+            print(f"eroica serve: --trusted-proxy {addr!r} is not an address or a network (10.0.0.5, 10.0.0.0/24)",
+                  file=sys.stderr)
+            return 2
     if args.drain_min_jobs < 1:
         print(f"eroica serve: --drain-min-jobs must be at least 1, got {args.drain_min_jobs}", file=sys.stderr)
         return 2
@@ -182,7 +222,8 @@ def _run(args: argparse.Namespace) -> int:
                         parse_processes=args.parse_processes,
                         job_tokens=job_tokens, allowed_hosts=[*args.allowed_host, *_bind_names(args.host)],
                         diagnosis_timeout_seconds=args.diagnosis_timeout_seconds,
-                        watch_reconcile_seconds=args.watch_reconcile_seconds, hang_alert_on=args.hang_alert_on)
+                        watch_reconcile_seconds=args.watch_reconcile_seconds, hang_alert_on=args.hang_alert_on,
+                        **({"trusted_proxies": args.trusted_proxy} if args.trusted_proxy else {}))
     print(f"eroica serve: http://{args.host}:{args.port}/ ({url.split('@')[-1]})", flush=True)
     # the request threads hand the GIL over every 0.5 ms instead of 5: a thread holding the database's
     # write turn gets back to it between its statements without waiting behind another request's

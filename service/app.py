@@ -59,6 +59,9 @@ class Settings:
     drain_min_confidence: float = 0.5
     job_tokens: dict[str, str] = field(default_factory=dict)   # token -> the job names (a glob) it may write
     allowed_hosts: list[str] = field(default_factory=list)     # Host names beyond this machine's own ("*": any)
+    # the reverse proxies whose X-Forwarded-Proto and X-Forwarded-For are believed (addresses or networks): behind
+    # one that terminates TLS, the session cookie is Secure; anyone else's forwarded headers are ignored
+    trusted_proxies: list[str] = field(default_factory=lambda: ["127.0.0.1", "::1"])
     diagnosis_timeout_seconds: float = 300.0  # a diagnosis running longer is ended (its worker too) and retried
     max_attempts: int = 3                    # a window whose diagnosis failed this often fails for good
     parse_processes: int = 0                 # processes parsing a wide window's documents (0: the cores, up to 8)

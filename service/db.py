@@ -314,21 +314,24 @@ def make_engine(url: str) -> sa.Engine:
 MIGRATION_LOCK = 0x65726F696361      # "eroica": PostgreSQL's advisory lock key for schema upgrades
 
 
-def migrate(eng: sa.Engine) -> None:
+def migrate(eng: sa.Engine) -> str | None:
     """Bring the schema to the newest revision in place (a new database gets every revision). On
     PostgreSQL, replicas starting together take turns (an advisory lock held until the upgrade's
     transaction ends): the first upgrades, the others find the schema at head. SQLite's writers are
-    serialized by the database itself."""
+    serialized by the database itself. The revision it found (None: an empty database)."""
     from alembic import command  # only here: a diagnosis worker reading the store needs none of it
     from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     with writing(eng) as conn:
         if eng.dialect.name == "postgresql":
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+        found = MigrationContext.configure(conn).get_current_revision()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+    return found
 
 
 def revision(eng: sa.Engine) -> str | None:
