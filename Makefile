@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-frameworks test-llm lint typecheck bench bench-traces screenshots clean
+.PHONY: dist demo test test-fast test-frameworks test-llm lint typecheck bench bench-traces screenshots clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +38,11 @@ $(LLM_VENV)/.installed:
 
 test-llm: $(STAMP) $(LLM_VENV)/.installed
 	EROICA_LLM_PYTHON=$(LLM_VENV)/bin/python $(BIN)/pytest -q -m llm tests/assistant/test_llm.py
+
+# the wheel and the sdist, as users install them (tests/install/ installs them in clean venvs)
+dist: $(STAMP)
+	rm -rf dist && $(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not e2e and not gpu"
@@ -73,4 +78,4 @@ screenshots: $(STAMP)
 		tests/unit/engine/test_reports.py -k "browser or chromium"
 
 clean:
-	rm -rf $(VENV) $(LLM_VENV) $(HTA_VENV) build *.egg-info runs
+	rm -rf $(VENV) $(LLM_VENV) $(HTA_VENV) build dist *.egg-info runs
