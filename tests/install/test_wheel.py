@@ -136,3 +136,17 @@ def test_all_on_python_3_11_diagnoses_a_real_two_rank_job_attached_with_eroica_r
     # the installed package ran, not the checkout
     where = run([str(bin_ / "python"), "-c", "import eroica.engine, sys; print(eroica.engine.__file__)"], cwd=tmp_path)
     assert str(tmp_path / "venv") in where.stdout
+
+
+@pytest.mark.parametrize("python_version,arch", [("3.14", "x86_64"), ("3.10", "aarch64")])
+def test_the_base_install_is_wheels_only_where_no_interpreter_is_at_hand(
+        dist: dict[str, Path], tmp_path: Path, python_version: str, arch: str) -> None:
+    """Python 3.14 and ARM hosts are not on this machine: pip resolves the wheel's base requirements for them
+    from the registry, binary wheels only (nothing the training image would have to compile)."""
+    platforms = [f"--platform=manylinux_{v}_{arch}" for v in ("2_28", "2_17")] + [f"--platform=manylinux2014_{arch}"]
+    p = run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:",
+             f"--python-version={python_version}", "--implementation=cp", *platforms, "-d", str(tmp_path / "w"),
+             str(dist["wheel"])], cwd=tmp_path, timeout=300)
+    got = sorted(f.name.split("-")[0].lower() for f in (tmp_path / "w").glob("*.whl"))
+    assert {"eroica", "numpy", "pydantic", "pydantic_core", "psutil", "pyyaml", "msgspec"} <= set(got), (got, p.stderr)
+    assert not list((tmp_path / "w").glob("*.tar.gz")), got
