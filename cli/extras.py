@@ -20,7 +20,7 @@ MODULE_EXTRA: dict[str, str] = {
 #: a command -> the extras it needs beyond the base install (the others need none)
 COMMAND_EXTRAS: dict[str, tuple[str, ...]] = {
     "diagnose": ("engine",), "rules": ("engine",), "eval": ("engine",), "draft": ("assistant",),
-    "serve": ("serve",), "demo": ("engine", "torch"), "record": ("engine", "torch"),
+    "serve": ("serve", "engine"), "demo": ("engine", "torch"), "record": ("engine", "torch"),
 }
 #: one module whose presence says an extra is installed
 _PROBE = {"engine": ("durable", "jinja2"), "serve": ("fastapi", "sqlalchemy"), "assistant": ("libcst",),
@@ -35,6 +35,17 @@ def installed(extra: str) -> bool:
 def missing(cmd: str) -> list[str]:
     """The extras `cmd` needs that this Python lacks."""
     return [e for e in COMMAND_EXTRAS.get(cmd, ()) if not installed(e)]
+
+
+def refusal(cmd: str) -> str | None:
+    """Why `cmd` cannot run in this Python (an extra it needs is missing, or the engine cannot import here),
+    said before it starts: a service that started and then failed every window would say it too late."""
+    lacks = missing(cmd)
+    if not lacks:
+        return None
+    if "engine" in lacks and sys.version_info >= ENGINE_PYTHONS:
+        return explain(cmd, "engine", _PROBE["engine"][0])
+    return explain(cmd, lacks[0], next(m for m in _PROBE[lacks[0]] if importlib.util.find_spec(m) is None))
 
 
 def needs_note(cmd: str) -> str:
@@ -57,9 +68,10 @@ def explain(cmd: str, extra: str, module: str) -> str:
     """What to do, in one message: the extra to install, or the Python to use."""
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     if extra == "engine" and sys.version_info >= ENGINE_PYTHONS:
+        wanted = COMMAND_EXTRAS.get(cmd, ("engine",))[0]     # serve and assistant bring the engine
         return (f"eroica {cmd}: the engine (diagnosis and reports) runs on Python 3.10-3.12, and this is Python "
                 f"{py} ({sys.executable}): durable-rules does not import on 3.13 or later. Run `eroica {cmd}` "
-                "from a Python 3.10-3.12 environment with `pip install 'eroica[engine]'`; the collector's files "
+                f"from a Python 3.10-3.12 environment with `pip install 'eroica[{wanted}]'`; the collector's files "
                 "are the same whichever Python wrote them.")
     what = {"engine": "diagnosis and reports", "serve": "the online service", "assistant": "the drafts",
             "torch": "PyTorch (CPU wheel: pip install torch==2.13.0)", "gpu": "NVML"}.get(extra, extra)

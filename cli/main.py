@@ -74,12 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in COMMANDS:
         _overview().parse_args(argv)           # --help, or argparse's error naming the valid commands
         return 2
+    from eroica.cli import extras
+
+    if not {"-h", "--help"} & set(argv) and (why := extras.refusal(cmd)):
+        print(why, file=sys.stderr)
+        return 2
     try:
         args = build_parser(only=cmd).parse_args(argv)
         return int(args.func(args))
     except ModuleNotFoundError as exc:      # an extra this command needs is not installed
-        from eroica.cli import extras
-
         extra = extras.extra_of(exc)
         if extra is None:
             raise

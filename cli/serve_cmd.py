@@ -90,6 +90,7 @@ def _bind_names(host: str) -> list[str]:
 
 
 SWITCH_INTERVAL_SECONDS = 0.0005
+MIN_TOKEN_CHARS = 16
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,6 +147,7 @@ def _run(args: argparse.Namespace) -> int:
         args.data.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{args.data / 'eroica.db'}"
     if args.migrate:
+        logging.getLogger("alembic").setLevel(logging.WARNING)     # its own line says what changed
         return _migrate(url)
     token = None
     if args.token_file is not None:
@@ -157,6 +159,10 @@ def _run(args: argparse.Namespace) -> int:
         if not token:
             print(f"eroica serve: --token-file {args.token_file} is empty", file=sys.stderr)
             return 2
+        if len(token) < MIN_TOKEN_CHARS:
+            print(f"eroica serve: warning: the token in {args.token_file} has {len(token)} characters; anyone who "
+                  f"guesses it can write. Use {MIN_TOKEN_CHARS} or more (python3 -c 'import secrets; "
+                  "print(secrets.token_urlsafe(32))')", file=sys.stderr)
     if args.read_token and token is None:
         print("eroica serve: --read-token needs --token-file (without a token, reads would be silently open)",
               file=sys.stderr)

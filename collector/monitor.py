@@ -260,7 +260,9 @@ class Monitor:
         self._win.record(ex)
 
     def _gap(self, source: str, reason: str) -> None:
-        self.gaps.append(CollectorGap(source=source, reason=reason))
+        gap = CollectorGap(source=source, reason=reason)
+        if gap not in self.gaps:                # the config is read again at each window: said once
+            self.gaps.append(gap)
 
     def _warn(self, where: str, exc: BaseException) -> None:
         if where not in self._warned:
