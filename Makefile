@@ -18,7 +18,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(MAKE) typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=40
 	$(BIN)/eroica eval incidents
 	$(BIN)/eroica eval incidents --drafts
 
