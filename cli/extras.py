@@ -19,7 +19,7 @@ MODULE_EXTRA: dict[str, str] = {
 }
 #: a command -> the extras it needs beyond the base install (the others need none)
 COMMAND_EXTRAS: dict[str, tuple[str, ...]] = {
-    "diagnose": ("engine",), "rules": ("engine",), "eval": ("engine",), "draft": ("assistant",),
+    "diagnose": ("engine",), "rules": ("engine",), "eval": ("engine",), "draft": ("assistant", "engine"),
     "serve": ("serve", "engine"), "demo": ("engine", "torch"), "record": ("engine", "torch"),
 }
 #: one module whose presence says an extra is installed

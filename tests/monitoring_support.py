@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from service_support import free_port
+from service_support import free_port, stop
 
 ROOT = Path(__file__).parents[1]
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -49,12 +49,7 @@ def _process(cmd: list[str], log: Path, ready: str, what: str) -> Iterator[None]
         _wait(ready, proc, log, what)
         yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc)
         out.close()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import shutil
@@ -30,6 +31,39 @@ def incident_docs(inc: str = "INC-0017") -> list[bytes]:
     if files:
         return [f.read_bytes() for f in files]
     return [ln for p in sorted(wdir.glob("pack-*.jsonl")) for ln in p.read_bytes().splitlines() if ln.strip()]
+
+
+def window_docs(inc: str, index: int) -> list[bytes]:
+    """An incident's first window as the `index`-th window of a job (its id and steps moved on), gzip'd as the
+    sink sends each document."""
+    out = []
+    for d in incident_docs(inc):
+        doc = json.loads(d)
+        w = doc["window"]
+        span = w["end_step"] - w["start_step"]
+        w.update(window_id=f"w{index:03d}-s{30 + 40 * index}", start_step=30 + 40 * index,
+                 end_step=30 + 40 * index + span)
+        out.append(gzip.compress(json.dumps(doc).encode()))
+    return out
+
+
+#: frames of a hang snapshot: a rank waiting in the backward's all-reduce, and one stuck in its loader's collate
+TORCH_WAIT = {"file": "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", "line": 979,
+              "function": "_engine_run_backward", "code": ""}
+BACKWARD = {"file": "/job/train.py", "line": 40, "function": "main", "code": "loss.backward()"}
+LOADER = [{"file": "/job/data.py", "line": 12, "function": "collate", "code": "ev.wait()"},
+          {"file": "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", "line": 700,
+           "function": "__next__", "code": ""}]
+
+
+def stop(p: subprocess.Popen, seconds: float = 20) -> None:  # type: ignore[type-arg]
+    """A server process the test started: asked to stop, then killed."""
+    p.terminate()
+    try:
+        p.wait(seconds)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(5)
 
 
 def changed_doc(inc: str = "INC-0017", **change: object) -> bytes:
@@ -154,11 +188,7 @@ def serve(tmp: Path, *args: str, host: str = "127.0.0.1") -> Iterator[str]:
                 time.sleep(0.2)
         yield url
     finally:
-        p.terminate()
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
+        stop(p)
         log.close()
 
 

@@ -7,7 +7,6 @@ again. Everything is read back from Alertmanager's and Prometheus' own APIs."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import time
 import urllib.error
@@ -28,16 +27,10 @@ from monitoring_support import (
     targets,
 )
 from polling import until
-from service_support import SERVE_TOKEN, incident_docs, serve
+from service_support import BACKWARD, LOADER, SERVE_TOKEN, TORCH_WAIT, serve, window_docs
 
 pytestmark = [needs_prometheus, needs_alertmanager]
 AUTH = {"Authorization": f"Bearer {SERVE_TOKEN}"}
-WAIT = {"file": "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", "line": 979,
-        "function": "_engine_run_backward", "code": ""}
-MAIN = {"file": "/job/train.py", "line": 40, "function": "main", "code": "loss.backward()"}
-LOADER = [{"file": "/job/data.py", "line": 12, "function": "collate", "code": "ev.wait()"},
-          {"file": "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", "line": 700,
-           "function": "__next__", "code": ""}]
 
 
 def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> Any:
@@ -59,14 +52,8 @@ def hang_state(base: str, job: str) -> str | None:
 
 
 def post_window(base: str, job: str, inc: str, index: int) -> None:
-    for d in incident_docs(inc):
-        doc = json.loads(d)
-        w = doc["window"]
-        span = w["end_step"] - w["start_step"]
-        w.update(window_id=f"w{index:03d}-s{30 + 40 * index}", start_step=30 + 40 * index,
-                 end_step=30 + 40 * index + span)
-        post(base + "/v1/patterns", gzip.compress(json.dumps(doc).encode()),
-             {"X-Eroica-Job": job, "Content-Encoding": "gzip"})
+    for body in window_docs(inc, index):
+        post(base + "/v1/patterns", body, {"X-Eroica-Job": job, "Content-Encoding": "gzip"})
 
 
 def post_hang(base: str, job: str, state: str, stalled: float, t0: float) -> None:
@@ -75,7 +62,7 @@ def post_hang(base: str, job: str, state: str, stalled: float, t0: float) -> Non
     for rank in range(4):
         snap = {"schema": "eroica.hang/v1", "rank": rank, "world_size": 4, "wall_time": t0 + stalled + rank * 0.01,
                 "host": "node-1", "last_step": 30, "stalled_seconds": stalled, "limit_seconds": 300.0,
-                "stack": LOADER if rank == 1 else [WAIT, MAIN], "seq": 94 if rank == 1 else 96,
+                "stack": LOADER if rank == 1 else [TORCH_WAIT, BACKWARD], "seq": 94 if rank == 1 else 96,
                 "last_entered": None, "last_completed": None, "error": None, "nics": {"eth0": {"operstate": "up"}},
                 "peers": {}, "state": state}
         if state == "resolved":

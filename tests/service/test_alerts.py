@@ -7,7 +7,6 @@ is sent after it; replicas send each alert once)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from monitoring_support import active_alerts, alertmanager, needs_alertmanager
 from polling import until
-from service_support import AUTH, LOCAL, TOKEN, Receiver, incident_docs
+from service_support import AUTH, LOCAL, TOKEN, Receiver, incident_docs, window_docs
 
 from eroica.service.alerts import AlertConfig, Deliverer, load_alerts
 from eroica.service.app import Settings, create_app
@@ -28,14 +27,8 @@ def app_with(tmp: Path, cfg: AlertConfig) -> TestClient:
 
 
 def post_window(c: TestClient, job: str, inc: str, index: int = 0) -> None:
-    for d in incident_docs(inc):
-        doc = json.loads(d)
-        w = doc["window"]
-        span = w["end_step"] - w["start_step"]
-        w.update(window_id=f"w{index:03d}-s{30 + 40 * index}", start_step=30 + 40 * index,
-                 end_step=30 + 40 * index + span)
-        r = c.post("/v1/patterns", content=gzip.compress(json.dumps(doc).encode()),
-                   headers={**AUTH, "X-Eroica-Job": job, "Content-Encoding": "gzip"})
+    for body in window_docs(inc, index):
+        r = c.post("/v1/patterns", content=body, headers={**AUTH, "X-Eroica-Job": job, "Content-Encoding": "gzip"})
         assert r.status_code == 201, r.text
 
 

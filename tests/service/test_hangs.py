@@ -12,14 +12,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import AUTH, PG, PG_WHY
-
-TORCH_WAIT = {"file": "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", "line": 979,
-              "function": "_engine_run_backward", "code": ""}
-BACKWARD = {"file": "/job/train.py", "line": 40, "function": "main", "code": "loss.backward()"}
-LOADER = [{"file": "/job/data.py", "line": 12, "function": "collate", "code": "ev.wait()"},
-          {"file": "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", "line": 700,
-           "function": "__next__", "code": ""}]
+from service_support import AUTH, BACKWARD, LOADER, PG, PG_WHY, TORCH_WAIT
 
 
 def snap(rank: int, seq: int, stack: list[dict[str, Any]], **kw: Any) -> bytes:
