@@ -23,8 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "Kubernetes init container; replicas also do it at start, one at a time)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--watch", type=Path, action="append", default=[],
-                   help="a run root to watch for RUN_DIR/<window>/rank-R.json and packed files; repeatable")
+    p.add_argument("--watch", action="append", default=[], metavar="ROOT[=GLOB]",
+                   help="a run root to watch for RUN_DIR/<window>/rank-R.json, packed files and sink spools; "
+                        "repeatable. Its files are untrusted input: only regular files inside it, within "
+                        "--max-body-bytes; ROOT=GLOB lets it write only jobs whose id and name match GLOB (as a "
+                        "job token), and never a job another writer created")
     p.add_argument("--watch-reconcile-seconds", type=float, default=300.0,
                    help="with --watch: new files are seen at once (inotify); the whole roots are scanned this "
                         "often too, for what inotify missed (default 300)")
@@ -184,7 +187,9 @@ def _run(args: argparse.Namespace) -> int:
         if token is None:
             print("eroica serve: --job-token-file needs --token-file (the service's own token)", file=sys.stderr)
             return 2
-    missing = [str(w) for w in args.watch if not w.is_dir()]
+    from eroica.service.watch import parse_root
+
+    missing = [str(w) for w in args.watch if not parse_root(w)[0].is_dir()]
     if missing:
         print(f"eroica serve: --watch {', '.join(missing)}: not a directory", file=sys.stderr)
         return 2

@@ -47,7 +47,7 @@ class Settings:
     read_token: bool = False
     max_body_bytes: int = 8 * 1024 * 1024    # after decompression
     grace_seconds: float = 30.0              # a window with missing ranks is diagnosed this long after its last one
-    watch: list[Path] = field(default_factory=list)
+    watch: list[Path | str] = field(default_factory=list)     # ROOT or "ROOT=GLOB" (service/watch.py)
     watch_reconcile_seconds: float = 300.0   # inotify tells at once; a full scan of the roots this often
     knowledge_dirs: list[str] = field(default_factory=list)
     hang_alert_on: str = "confirmed"         # a hang's issue (and alert) opens when it is confirmed, or suspected
@@ -127,6 +127,12 @@ class Service:
         if self.diagnoser is not None:
             self.diagnoser.close()
         self.eng.dispose()
+
+    def writer_refusal(self, job_id: str, writer: str) -> str | None:
+        """Why `writer` (a watched root) may not write `job_id`: another writer created it (None: it may)."""
+        from eroica.service.runs import claim_writer
+
+        return claim_writer(self.eng, job_id, writer)
 
     def accept(self, job_id: str, body: bytes, where: str, name: str | None = None) -> store.Ingested:
         """Validate and store one document (the API and the watcher both come here). Blocking: the

@@ -204,6 +204,13 @@ hang_verdicts = sa.Table(   # each job's hang verdict, made by the diagnosis wor
     sa.Column("at", sa.Float),
 )
 
+job_writers = sa.Table(    # the writer that created each job, other than the service's token (revision 0015)
+    "job_writers", meta,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("writer", sa.String(300), nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+)
+
 raw_traces = sa.Table(   # the kept raw traces of a job's windows, its newest few (revision 0013)
     "raw_traces", meta,
     sa.Column("job_id", sa.String(128), sa.ForeignKey("jobs.id"), primary_key=True),

@@ -22,7 +22,7 @@ from eroica.service.fleet import drain_list, host_ranking, week_summary
 from eroica.service.guard import NDJSON, Principal, decode_body, principal_of, read_limited, unpack_body
 from eroica.service.inputs import MAX_INT, TransitionIn, refusal
 from eroica.service.lifecycle import export_false_positive, state_of, transition
-from eroica.service.runs import JOB_ID, NAME_HEADER, name_of, valid_job_id
+from eroica.service.runs import JOB_ID, NAME_HEADER, claim_writer, name_of, valid_job_id
 
 if TYPE_CHECKING:
     from eroica.service.app import Service
@@ -52,15 +52,19 @@ def job_name(request: Request) -> str | None:
 
 
 def may_write(eng: sa.Engine, who: Principal, job_id: str, name: str | None) -> None:
-    """A job's own token may write only jobs whose name matches it (the run's stored name when the
-    request names none)."""
+    """A job's own token may write only jobs whose id and name match its glob (the run's stored name when the
+    request names none; the sink's id is `<name>.<run>`), and only a job it created (or nobody did)."""
     if who.kind != "job":
         return
     with reading(eng) as c:
         stored = name_of(c, job_id)
-    effective = name or stored or job_id
-    if not who.may_write_job(effective) or (stored is not None and not who.may_write_job(stored)):
-        raise Forbidden(f"this job token may not write job {effective!r}", "authorization")
+    for what, value in (("id", job_id), ("name", name), ("stored name", stored)):
+        if value is not None and not who.may_write_job(value):
+            raise Forbidden(f"this job token may not write job {job_id!r}: its {what} {value!r} does not match the "
+                            f"token's scope {who.jobs!r}", "authorization")
+    why = claim_writer(eng, job_id, who.writer)
+    if why is not None:
+        raise Forbidden(why, "authorization")
 
 
 WINDOW_COLUMNS = ("pk", "job_id", "window_id", "world_size", "start_step", "end_step", "trigger", "status",

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from eroica.service.db import job_hosts, jobs
+from eroica.service.db import job_hosts, job_writers, jobs, writing
 from eroica.service.errors import Conflict, Invalid, Malformed
 
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -59,6 +59,21 @@ def insert_ignore(c: sa.Connection, table: sa.Table, values: dict[str, Any], key
     stmt = dialect.insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
     # RETURNING, not rowcount: psycopg reports -1 for an INSERT that did nothing
     return c.execute(stmt.returning(table.c[keys[0]])).first() is not None
+
+
+def claim_writer(eng: sa.Engine, job_id: str, writer: str, now: float | None = None) -> str | None:
+    """Bind `job_id` to `writer` (a job token's fingerprint, a watched root) if no such writer has it yet; the
+    refusal when another one has (None: this writer may write it). The service's own token claims nothing."""
+    with writing(eng) as c:
+        dialect = postgresql if c.dialect.name == "postgresql" else sqlite
+        c.execute(dialect.insert(job_writers).values(job_id=job_id, writer=writer[:300],
+                                                     at=time.time() if now is None else now)
+                  .on_conflict_do_nothing(index_elements=["job_id"]))
+        owner = c.execute(sa.select(job_writers.c.writer).where(job_writers.c.job_id == job_id)).scalar_one()
+    if owner == writer[:300]:
+        return None
+    return (f"job {job_id!r} was created by another writer (a {owner.split(':', 1)[0]}); only that one, or the "
+            "service's token, may write it")
 
 
 def insert_or_get(c: sa.Connection, table: sa.Table, values: dict[str, Any], keys: list[str], id_col: str) -> int:

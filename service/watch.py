@@ -3,6 +3,11 @@ as the collectors write them (atomically: a temporary dot-file, then a rename), 
 job's sink spooled when it could not reach the service (`RUN_DIR/.spool/rank-R/`), which is then
 ingested and removed.
 
+A watched root is read as untrusted input: only regular files inside it (no symlink is followed out of it, no
+FIFO, device or socket is opened), each no larger than the body limit before and after decompression; and its
+writers are scoped like a job token: a root given as `ROOT=GLOB` writes only jobs whose id and name match the
+glob, and never a job another writer created (`service/runs.py`).
+
 The file system tells (inotify, through watchdog): a new or renamed file is ingested within a
 moment, and a quiet root costs nothing. inotify can lose events (its queue overflows, a new
 directory's first files land before its watch exists, network file systems send none), so a slow
@@ -12,20 +17,24 @@ path under its root. Re-reading a file is harmless: ingestion is idempotent."""
 
 from __future__ import annotations
 
-import gzip
+import fnmatch
+import json
 import logging
 import os
 import queue
 import re
+import stat
 import threading
 import time
+import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from pydantic import ValidationError
 
-from eroica.collector.sink import read_meta, spooled_kind
+from eroica.collector.sink import spooled_kind
 from eroica.schema.raw_trace import RawTraceHeader, pack
 from eroica.schema.steps import StepSeriesSummary
 from eroica.service import hangs, store, traces
@@ -51,10 +60,70 @@ def is_window_file(f: Path) -> bool:
                                       or n.startswith("pack-") and n.endswith(".jsonl"))
 
 
+class Unsafe(Exception):
+    """A file of a watched root that is not read: why."""
+
+
+def read_inside(f: Path, root: Path, limit: int) -> bytes:
+    """The bytes of `f`, a regular file inside `root`, at most `limit` of them. Refused without reading: a
+    path whose directory leads out of the root (a symlinked directory), a symlink (O_NOFOLLOW), a FIFO, a
+    device or a socket (opened non-blocking, so a FIFO with no writer does not wait, then refused by its
+    type), and a file over the limit (by its size, and again by what is read: it may grow)."""
+    if not f.parent.resolve().is_relative_to(root):
+        raise Unsafe(f"its directory leads out of the watched root {root}")
+    try:
+        fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Unsafe("a symlink (not followed)" if os.path.islink(f) else f"cannot open: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unsafe("not a regular file")
+        if st.st_size > limit:
+            raise Unsafe(f"{st.st_size} bytes, over the limit of {limit} (serve --max-body-bytes)")
+        chunks, n = [], 0
+        while n <= limit:
+            b = os.read(fd, min(1 << 20, limit + 1 - n))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+        if n > limit:
+            raise Unsafe(f"over the limit of {limit} bytes as it was read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def gunzip_bounded(data: bytes, limit: int) -> bytes:
+    """A gzip member decompressed to at most `limit` bytes (a bomb stops there)."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise Unsafe(f"not gzip: {exc}") from exc
+    if len(out) > limit:
+        raise Unsafe(f"over {limit} bytes once decompressed")
+    if not d.eof:
+        raise Unsafe("a truncated gzip stream")
+    return out
+
+
+def parse_root(spec: str | Path) -> tuple[Path, str]:
+    """`ROOT` or `ROOT=GLOB`: the directory and the job ids and names it may write ("*": any)."""
+    text = str(spec)
+    root, _, glob = text.partition("=") if "=" in text else (text, "", "*")
+    return Path(root).resolve(), glob or "*"
+
+
 class Watcher:
-    def __init__(self, svc: Service, roots: list[Path], reconcile_seconds: float = 300.0) -> None:
-        self.svc, self.roots, self.reconcile_seconds = svc, [Path(r).resolve() for r in roots], reconcile_seconds
+    def __init__(self, svc: Service, roots: Sequence[Path | str], reconcile_seconds: float = 300.0) -> None:
+        self.svc, self.reconcile_seconds = svc, reconcile_seconds
+        self.scopes = dict(parse_root(r) for r in roots)
+        self.roots = list(self.scopes)
+        self.limit = int(getattr(svc.settings, "max_body_bytes", 8 * 1024 * 1024))
         self.seen: dict[Path, tuple[int, int]] = {}
+        self.refused: set[Path] = set()
         self.scans = 0
         self.events: queue.Queue[Path] = queue.Queue(maxsize=100_000)
         self.overflowed = False
@@ -66,6 +135,19 @@ class Watcher:
 
     def _root_of(self, f: Path) -> Path | None:
         return next((r for r in self.roots if f.is_relative_to(r)), None)
+
+    def _refuse(self, f: Path, why: str) -> None:
+        if f not in self.refused and len(self.refused) < 100_000:
+            self.refused.add(f)
+            log.warning("eroica serve: %s: %s: not read", f, why)
+
+    def _writer(self, root: Path, job: str, name: str | None) -> str | None:
+        """Why this root may not write `job` (None: it may): its scope, then the job's creator."""
+        glob = self.scopes[root]
+        for what in (job, *([name] if name else [])):
+            if not fnmatch.fnmatchcase(what, glob):
+                return f"job {what!r} is outside the scope {glob!r} of the watched root {root}"
+        return self.svc.writer_refusal(job, f"watch:{root}")
 
     # ---------------------------------------------------------------- one file
     def consider(self, f: Path) -> int:
@@ -82,21 +164,28 @@ class Watcher:
         if job is None:
             return 0
         try:
-            st = f.stat()
+            st = f.lstat()
         except OSError:
+            return 0
+        if not stat.S_ISREG(st.st_mode):        # a symlink, a FIFO, a device: never opened
+            self._refuse(f, "not a regular file")
             return 0
         key = (st.st_size, st.st_mtime_ns)
         if self.seen.get(f) == key:
             return 0
         self.seen[f] = key
+        why = self._writer(root, job, None)
+        if why is not None:
+            self._refuse(f, why)
+            return 0
         t = TRACE_FILE.match(f.name)
         if t is not None:
-            if not self._trace(job, f, int(t.group(1))):
+            if not self._trace(job, f, int(t.group(1)), root):
                 del self.seen[f]                  # its job is not known yet: the next scan tries again
             return 0
-        return self._ingest(job, f)
+        return self._ingest(job, f, root)
 
-    def _trace(self, job: str, f: Path, rank: int) -> bool:
+    def _trace(self, job: str, f: Path, rank: int, root: Path) -> bool:
         """A kept raw trace beside the window's documents, stored for the job's page; False when the
         job is not known yet (its world size comes from its documents)."""
         with reading(self.svc.eng) as c:
@@ -104,19 +193,24 @@ class Watcher:
         if world is None:
             return False
         try:
-            body = f.read_bytes()
+            body = read_inside(f, root, self.limit)
             head, packed = traces.parse(pack(RawTraceHeader(window_id=f.parent.name, rank=rank, world_size=world),
                                              body))
             traces.add(self.svc.eng, job, head, packed, len(body))
         except ServiceError as exc:
             log.warning("eroica serve: %s: %s (%s)", f, exc.message, exc.field)
+        except Unsafe as exc:
+            log.warning("eroica serve: %s: %s: not read", f, exc)
         except (OSError, ValueError) as exc:
             log.warning("eroica serve: %s: %r", f, exc)
         return True
 
-    def _ingest(self, job: str, f: Path) -> int:
+    def _ingest(self, job: str, f: Path, root: Path) -> int:
         try:
-            text = f.read_bytes()
+            text = read_inside(f, root, self.limit)
+        except Unsafe as exc:
+            log.warning("eroica serve: %s: %s: not read", f, exc)
+            return 0
         except OSError as exc:
             log.warning("eroica serve: %s: %r", f, exc)
             return 0
@@ -133,14 +227,27 @@ class Watcher:
     def _spooled(self, f: Path) -> int:
         """One item a job's sink spooled: stored as the API would (its kind is in its name, its job
         in the spool's meta.json), then removed; a refused one is removed too (it would be again)."""
-        meta = read_meta(f.parent)
-        if meta is None or not JOB_ID.match(meta["job_id"]):
+        root = self._root_of(f)
+        if root is None:
+            return 0
+        try:
+            meta = json.loads(read_inside(f.parent / "meta.json", root, 64 * 1024))
+        except (Unsafe, OSError, ValueError) as exc:
+            self._refuse(f, f"its spool's meta.json: {exc}")
+            return 0
+        if not isinstance(meta, dict) or not isinstance(meta.get("job_id"), str) or not JOB_ID.match(meta["job_id"]):
             return 0
         job, name = meta["job_id"], meta.get("job_name") or None
+        if not isinstance(name, (str, type(None))):
+            return 0
+        why = self._writer(root, job, name)
+        if why is not None:                       # left in place: the service's log says why, once
+            self._refuse(f, why)
+            return 0
         kind = spooled_kind(f)
         stored = 0
         try:
-            body = gzip.decompress(f.read_bytes())
+            body = gunzip_bounded(read_inside(f, root, self.limit), self.limit)
             if kind == "patterns":
                 stored = int(self.svc.accept(job, body, str(f), name=name).created)
             elif kind == "batch":
@@ -161,7 +268,10 @@ class Watcher:
                 traces.add(self.svc.eng, job, head, packed, len(body), name=name)
         except ServiceError as exc:
             log.warning("eroica serve: spooled %s: %s (%s): removed", f, exc.message, exc.field)
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        except Unsafe as exc:
+            log.warning("eroica serve: spooled %s: %s: not read", f, exc)
+            return 0
+        except OSError as exc:
             log.warning("eroica serve: spooled %s: %r", f, exc)
             return 0
         try:

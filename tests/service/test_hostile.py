@@ -217,12 +217,36 @@ def test_a_job_token_writes_only_its_own_jobs_and_no_run_changes_its_name(tmp_pa
         assert (r.status_code, r.json()["field"]) == (409, "x-eroica-job-name")
         r = c.post("/v1/jobs/run-b/end", content=b"{}", headers=a)
         assert r.status_code == 403
-        # its own jobs: yes; the issues' API: no
-        assert c.post("/v1/patterns", content=d1, headers={**a, "X-Eroica-Job": "run-a",
+        # its own jobs (the sink's id is `<name>.<run>`): yes; the issues' API: no
+        assert c.post("/v1/patterns", content=d1, headers={**a, "X-Eroica-Job": "team-a-llm.run-a",
                                                           "X-Eroica-Job-Name": "team-a-llm"}).status_code == 201
         assert c.post("/v1/issues/1/ack", content=b'{"who": "a"}', headers=a).status_code == 403
         (b,) = [j for j in c.get("/v1/jobs").json() if j["id"] == "run-b"]
         assert (b["name"], b["ended_at"]) == ("team-b-llm", None)
+
+
+def test_a_job_token_cannot_take_another_teams_run_id_and_a_run_is_bound_to_its_creator(tmp_path: Path) -> None:
+    """Team a's token posting to `team-b.<run>` under its own name was taken (201), and team b's own token was
+    then refused on its own run, the 403 naming the wrong job; and two tokens whose scopes overlap could write
+    each other's runs."""
+    team_a, team_b, ops = "team-a-token-0123456789", "team-b-token-0123456789", "ops-token-0123456789ab"
+    app = create_app(Settings(db_url=f"sqlite:///{tmp_path / 'j.db'}", token=TOKEN,
+                              job_tokens={team_a: "team-a*", team_b: "team-b*", ops: "team-*"}), start=False)
+    with TestClient(app, base_url=LOCAL) as c:
+        d0, d1 = incident_docs("INC-0017")[:2]
+
+        def post(tok: str, job: str, name: str, doc: bytes = d0) -> Any:
+            return c.post("/v1/patterns", content=doc, headers={"Authorization": f"Bearer {tok}", "X-Eroica-Job": job,
+                                                                 "X-Eroica-Job-Name": name})
+
+        r = post(team_a, "team-b.run-1", "team-a")
+        assert r.status_code == 403 and "'team-b.run-1'" in r.json()["error"] and "its id" in r.json()["error"]
+        assert post(team_b, "team-b.run-1", "team-b").status_code == 201          # team b's own run is its own
+        r = post(ops, "team-b.run-1", "team-b", d1)                               # in scope, but not its run
+        assert r.status_code == 403 and "created by another writer" in r.json()["error"], r.json()
+        assert post(team_b, "team-b.run-1", "team-b", d1).status_code == 201
+        assert c.post("/v1/patterns", content=d1, headers={**AUTH, "X-Eroica-Job": "team-b.run-1",     # stored once
+                                                            "X-Eroica-Job-Name": "team-b"}).status_code == 200
 
 
 def test_serve_refuses_to_listen_open_beyond_the_machine_or_to_open_reads_silently(tmp_path: Path) -> None:
