@@ -5,7 +5,6 @@ could not send before the job exited, in the order it was made, each item to its
 from __future__ import annotations
 
 import argparse
-import gzip
 from pathlib import Path
 
 from eroica.cli.fastpath import resume_collection
@@ -21,7 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", type=Path, help="trace files (.json or .json.gz) or directories of them; "
                                                       "for spool, run directories")
     p.add_argument("-o", "--output", type=Path, help="the run directory to write (kineto)")
-    p.add_argument("--server", help="spool: the service's URL (default: the one the job's sink used)")
+    p.add_argument("--server", help="spool: the service's URL (default: $EROICA_SINK; never the URL a spool's "
+                                    "meta.json names, which anyone who can write the run directory can write)")
     p.add_argument("--token-file", type=Path, help="spool: the service's token (default: $EROICA_SINK_TOKEN)")
     p.add_argument("--rank", action="append", default=[], metavar="FILE=N",
                    help="the rank of a file that has no distributedInfo and no rank in its name")
@@ -84,11 +84,14 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok and not failed else (1 if ok else 2)
 
 
+SPOOL_ITEM_MAX_BYTES = 64 << 20        # a spooled item once decompressed (the service's body limit is 8 MiB)
+
+
 def run_spool(args: argparse.Namespace) -> int:
     """Replay every rank's spool under each run directory; 0 when all of it was taken."""
     import os
 
-    from eroica.collector.sink import post_item, read_meta, spooled_kind
+    from eroica.collector.sink import ENV, gunzip_at_most, post_item, read_meta, spooled_kind
 
     token = os.environ.get("EROICA_SINK_TOKEN")
     if args.token_file is not None:
@@ -102,20 +105,29 @@ def run_spool(args: argparse.Namespace) -> int:
     if not spools:
         print(f"eroica ingest spool: nothing spooled under {', '.join(str(p / '.spool') for p in args.paths)}")
         return 0
+    # where the token goes is the operator's to say (--server, or the sink's EROICA_SINK), never a meta.json
+    # (anyone who can write the run directory can write one)
+    url = args.server or os.environ.get(ENV)
+    if not url:
+        named = sorted({str((read_meta(s) or {}).get("url")) for s in spools} - {"None"})
+        print("eroica ingest spool: give --server URL (or set EROICA_SINK): the service to send the spool to"
+              + (f" (its meta.json names {', '.join(named)[:300]}; a meta.json is not trusted with the token)"
+                 if named else ""))
+        return 2
     for spool in spools:
         meta = read_meta(spool)
-        url = args.server or (meta or {}).get("url")
-        if meta is None or not url:
-            print(f"{spool}: no meta.json naming its job and service (spooled by an older eroica?): "
-                  "give --server and send it again from a newer one")
+        if meta is None:
+            print(f"{spool}: no meta.json naming its job (spooled by an older eroica?): kept")
             left += len(list(spool.glob("*.json.gz")))
             continue
+        if meta.get("url") and str(meta["url"]).rstrip("/") != url.rstrip("/"):
+            print(f"{spool}: spooled for {str(meta['url'])[:200]}, sent to {url} (--server)")
         items = sorted(f for f in spool.glob("*.json.gz") if spooled_kind(f) is not None)
         for i, f in enumerate(items, 1):
             kind = str(spooled_kind(f))
             try:
-                body = gzip.decompress(f.read_bytes())
-            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                body = gunzip_at_most(f.read_bytes(), SPOOL_ITEM_MAX_BYTES)
+            except (OSError, ValueError) as exc:
                 print(f"[{i}/{len(items)}] {f}: unreadable ({exc}); kept")
                 left += 1
                 continue

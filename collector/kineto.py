@@ -31,11 +31,14 @@ import msgspec
 from eroica.collector.classify import classify_op, kernel_name
 from eroica.collector.critical import Execution, device_first
 from eroica.collector.errors import TraceError
+from eroica.collector.sink import gunzip_at_most
 from eroica.collector.summarize import WindowRecord, summarize
 from eroica.schema.patterns import Category, CollectorGap, JobInfo, PatternsDoc
 
 CHUNK = 1 << 20
-FAST_MAX_BYTES = 1 << 30          # bytes on disk; above, the stream keeps memory flat
+FAST_MAX_BYTES = 256 << 20        # bytes decoded at once, after decompression; above, the stream keeps memory flat
+MAX_VALUE_CHARS = 64 << 20        # one JSON value (an event, a metadata key) read by the stream, at most
+_SPACE = re.compile(r"[ \t\r\n]*")
 PARALLEL_MIN_BYTES = 1 << 16      # below, forking workers costs more than it saves
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
@@ -61,6 +64,9 @@ class _Stream:
     def _fill(self) -> bool:
         if self.eof:
             return False
+        if len(self.buf) - self.pos > MAX_VALUE_CHARS:      # one value that never ends: memory stays bounded
+            raise TraceError(f"{self.path}: a JSON value over {MAX_VALUE_CHARS >> 20} MB near byte "
+                             f"{self.read_total + self.pos}: not an event of a Chrome trace")
         chunk = self.fh.read(CHUNK)
         if not chunk:
             self.eof = True
@@ -72,8 +78,8 @@ class _Stream:
 
     def peek(self) -> str:
         while True:
-            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
-                self.pos += 1
+            m = _SPACE.match(self.buf, self.pos)                    # it always matches (maybe nothing)
+            self.pos = m.end() if m is not None else self.pos
             if self.pos < len(self.buf):
                 return self.buf[self.pos]
             if not self._fill():
@@ -160,10 +166,13 @@ def _fast(path: Path) -> tuple[dict[str, Any], _Rank] | None:
         if path.stat().st_size > FAST_MAX_BYTES:
             return None
         raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b" and int.from_bytes(raw[-4:], "little") > FAST_MAX_BYTES:
+            return None                   # gzip's own record of its size (mod 4 GiB): too big to decode at once
         if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+            # bounded: what is too big once decompressed goes to the stream, whose memory stays flat
+            raw = gunzip_at_most(raw, FAST_MAX_BYTES)
         t = _DECODER.decode(raw)
-    except (msgspec.ValidationError, msgspec.DecodeError, EOFError, gzip.BadGzipFile):
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError):
         return None
     if t.traceEvents is None:
         return None

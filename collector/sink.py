@@ -24,6 +24,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -302,6 +303,21 @@ def post_item(url: str, job_id: str, job_name: str | None, token: str | None, ki
     path = route_of(job_id, kind)
     req = urllib.request.Request(url.rstrip("/") + path, data=gzip.compress(body, 1), headers=headers, method="POST")
     return post_with_retry(req, attempts, timeout, f"{url.rstrip('/')}{path}")
+
+
+def gunzip_at_most(data: bytes, limit: int) -> bytes:
+    """One gzip member decompressed to at most `limit` bytes; ValueError past it (a bomb stops there), for a
+    stream that is not gzip, or one cut short."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise ValueError(f"not gzip: {exc}") from exc
+    if len(out) > limit:
+        raise ValueError(f"over {limit} bytes once decompressed")
+    if not d.eof:
+        raise ValueError("a truncated gzip stream")
+    return out
 
 
 def read_meta(spool: Path) -> dict[str, Any] | None:

@@ -38,7 +38,10 @@ def pack(header: RawTraceHeader, trace_json: bytes) -> bytes:
 def unpack(body: bytes) -> tuple[RawTraceHeader, dict[str, Any]]:
     """The header (validated) and the trace (a JSON object with a `traceEvents` list); ValueError
     (pydantic's ValidationError is one) naming what is wrong otherwise."""
-    doc = json.loads(body)
+    try:
+        doc = json.loads(body)
+    except RecursionError:         # nested deeper than the parser's stack: no trace is
+        raise ValueError("the upload is not JSON eroica reads: nested too deep") from None
     if not isinstance(doc, dict):
         raise ValueError("a raw trace upload is a JSON object")
     trace = doc.pop(TRACE_KEY, None)

@@ -44,6 +44,12 @@ class Route(BaseModel):
     timeout_seconds: float = Field(5.0, gt=0, le=60)
     attempts: int = Field(3, ge=1, le=10)
 
+    @property
+    def longest_seconds(self) -> float:
+        """The longest one delivery can take: every attempt's timeout and the backoff between them
+        (0.5 s, doubling: eroica.collector.sink.post_with_retry)."""
+        return self.attempts * self.timeout_seconds + 0.5 * (2 ** (self.attempts - 1) - 1)
+
 
 class AlertConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -119,6 +125,9 @@ class Deliverer:
 
     def __init__(self, eng: sa.Engine, cfg: AlertConfig, name: str = "eroica") -> None:
         self.eng, self.cfg, self.name = eng, cfg, name[:64]
+        # the claim outlives the slowest route's longest delivery twice over: another replica never sends an
+        # alert that is still on the wire (10 attempts of 60 s and their backoff: 855 s)
+        self.claim_seconds = max(self.CLAIM_SECONDS, 2 * max(r.longest_seconds for r in cfg.routes))
 
     def route(self, i: dict[str, Any]) -> Route | None:
         keys = {"category": i["category"], "root_cause": i["root_cause"], "job": i["job_id"]}
@@ -139,7 +148,7 @@ class Deliverer:
         """This replica's claim on the issue's alert, and the issue as claimed; None when another has it."""
         with writing(self.eng) as c:
             got = c.execute(issues.update().where(issues.c.id == iid, self._due(now)).values(
-                alert_claimed_by=self.name, alert_claim_until=now + self.CLAIM_SECONDS)).rowcount
+                alert_claimed_by=self.name, alert_claim_until=now + self.claim_seconds)).rowcount
             if not got:
                 return None
             row = c.execute(sa.select(issues, jobs.c.ended_at.label("job_ended_at"),

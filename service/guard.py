@@ -43,8 +43,12 @@ log = logging.getLogger("eroica.service")
 COOKIE = "eroica_session"
 SESSION_SECONDS = 12 * 3600
 PUBLIC_READS = ("/healthz", "/metrics", "/login")
-FORMS = re.compile(r"/issues/[0-9]+/act|/login")
-JOB_WRITES = re.compile(r"/v1/patterns|/v1/jobs/[^/]+/(?:steps|hang|end)")
+FORMS = re.compile(r"/issues/[0-9]+/act|/login|/logout")
+#: on every response: no type sniffing, never framed by another page (clickjacking), no full URL to other sites
+SECURITY_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
+                    (b"content-security-policy", b"frame-ancestors 'none'"), (b"referrer-policy", b"same-origin")]
+JOB_WRITES = re.compile(r"/v1/patterns|/v1/jobs/[^/]+/(?:steps|hang|end|traces)")
+JOB_READS = re.compile(r"/v1/jobs/([^/]+)(?:/[^/]+)*")      # a job token reads its own jobs only
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -176,14 +180,19 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        async def secured(message: Any) -> None:    # every response carries the security headers
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
+            await send(message)
+
         refusal, principal = self.check(scope)
         if refusal is not None:
             status, message, fld = refusal
             log.warning("eroica serve: %s %s refused (%d): %s", scope["method"], scope["path"], status, message)
-            await _respond(send, status, message, fld, scope)
+            await _respond(secured, status, message, fld, scope)
             return
         scope.setdefault("state", {})["principal"] = principal or Principal("anonymous")
-        await self.app(scope, receive, send)
+        await self.app(scope, receive, secured)
 
     def check(self, scope: Scope) -> tuple[tuple[int, str, str] | None, Principal | None]:
         h = Headers(scope=scope)
@@ -215,6 +224,11 @@ class Guard:
             return (401, "missing or wrong bearer token", "authorization"), None
         if write and principal is not None and principal.kind == "job" and not JOB_WRITES.fullmatch(path):
             return (403, "a job's token may only send its job's documents", "authorization"), None
+        if not write and principal is not None and principal.kind == "job" and path not in PUBLIC_READS:
+            m = JOB_READS.fullmatch(path)
+            if m is None or not principal.may_write_job(urllib.parse.unquote(m.group(1))):
+                return (403, f"a job's token reads only its own jobs (/v1/jobs/<id> within {principal.jobs!r}); the "
+                             "fleet's jobs, issues and pages need the service's token", "authorization"), None
         if write and principal is not None and principal.kind == "session" and not form:
             return (401, "the API's writes need the bearer token (a session is for the pages)", "authorization"), None
         return None, principal

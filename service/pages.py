@@ -111,7 +111,8 @@ def router(svc: Service) -> APIRouter:
     eng = svc.eng
 
     def page(name: str, http_status: int = 200, **kw: Any) -> HTMLResponse:
-        return HTMLResponse(_ENV.get_template(name).render(http_status=http_status, **kw), status_code=http_status)
+        return HTMLResponse(_ENV.get_template(name).render(http_status=http_status, sessions=svc.settings.token
+                                                           is not None, **kw), status_code=http_status)
 
     @r.get("/", response_class=HTMLResponse)
     def fleet() -> HTMLResponse:
@@ -195,6 +196,16 @@ def router(svc: Service) -> APIRouter:
         resp = RedirectResponse(nxt, status_code=303)
         resp.set_cookie(COOKIE, request.app.state.access.session_value(), max_age=SESSION_SECONDS, httponly=True,
                         samesite="strict", secure=request.url.scheme == "https", path="/")
+        return resp
+
+    @r.post("/logout", response_model=None)
+    async def logout(request: Request) -> Response:
+        """The session cookie cleared in this browser (a session is signed, not stored: it ends at its expiry
+        everywhere else)."""
+        await read_limited(request, 8192)
+        resp = RedirectResponse("/login", status_code=303)
+        resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict",
+                           secure=request.url.scheme == "https")
         return resp
 
     @r.get("/hosts", response_class=HTMLResponse)

@@ -37,7 +37,7 @@ def parse(body: bytes) -> tuple[RawTraceHeader, bytes]:
     except ValidationError as exc:
         raise refusal(exc) from exc
     except ValueError as exc:      # not JSON, or no Chrome trace
-        kind = Malformed if isinstance(exc, json.JSONDecodeError) else Invalid
+        kind = Malformed if isinstance(exc, json.JSONDecodeError) or "nested too deep" in str(exc) else Invalid
         raise kind(str(exc)[:300], "trace") from exc
     return head, gzip.compress(json.dumps(trace, separators=(",", ":")).encode(), 6)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import os
 import socket
 import threading
 import time
@@ -243,8 +244,17 @@ def test_eroica_ingest_spool_sends_what_a_job_left_behind_after_it_exited(tmp_pa
     assert sink.submit('{"n": 1}') and sink.submit_steps(0, 19, 0.1, 0.12, 4) and sink.submit_end()
     assert sink.close(30)                                # the job exits with its spool full
     eroica = str(Path(sys.executable).parent / "eroica")
+    # the spool's meta.json names where it was going; the token is sent only where the operator says
+    meta = json.loads((run / ".spool" / "rank-0" / "meta.json").read_text())
+    assert meta["url"] == f"http://127.0.0.1:{port}"
+    (run / ".spool" / "rank-0" / "meta.json").write_text(json.dumps({**meta, "url": "http://attacker.example:80"}))
+    env = {k: v for k, v in os.environ.items() if k != "EROICA_SINK"}
+    r = subprocess.run([eroica, "ingest", "spool", str(run)], capture_output=True, text=True, timeout=120,
+                       env={**env, "EROICA_SINK_TOKEN": "secret-token"})
+    assert r.returncode == 2 and "give --server URL" in r.stdout and "attacker.example" in r.stdout, r.stdout
     with _listening(port):
-        r = subprocess.run([eroica, "ingest", "spool", str(run)], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([eroica, "ingest", "spool", str(run), "--server", f"http://127.0.0.1:{port}"],
+                           capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert [p for p, _, _ in Recorder.got] == ["/v1/patterns", "/v1/jobs/run-1/steps", "/v1/jobs/run-1/end"]
     assert "3 sent, 0 refused" in r.stdout and list((run / ".spool" / "rank-0").glob("*.json.gz")) == []
