@@ -49,7 +49,8 @@ def run_online(tmp: Path, url: str, out: Path, env: dict[str, str]) -> None:
     assert 0 < job["windows"][0]["seconds_close_to_diagnosis"] < 60
 
 
-@pytest.mark.parametrize("db", ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(not PG, reason=PG_WHY))])
+# on a fleet's PostgreSQL; the sink into SQLite runs in tests/e2e/test_loop_e2e.py and the service's load tests
+@pytest.mark.parametrize("db", [pytest.param("postgresql", marks=pytest.mark.skipif(not PG, reason=PG_WHY))])
 def test_the_sink_ships_the_window_and_the_finding_is_served_while_the_job_runs(tmp_path: Path, db: str) -> None:
     with contextlib.ExitStack() as stack:
         args = ["--db", stack.enter_context(postgres())] if db == "postgresql" else []

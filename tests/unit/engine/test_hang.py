@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -396,7 +397,8 @@ def test_diagnose_says_how_long_the_ranks_have_not_stepped_and_whether_their_wat
     (native / "rank-0.txt").write_bytes(json.dumps(head).encode().ljust(NATIVE_HEADER - 1) + b"\n")
     assert main(["diagnose", str(tmp_path)]) == 3
     said = capsys.readouterr().out
-    assert "1 of 4 rank(s) keep a watchdog header" in said and "stepped 12 s ago (step 30)" in said, said
+    assert "1 of 4 rank(s) keep a watchdog header" in said, said
+    assert re.search(r"stepped 1[23] s ago \(step 30\)", said), said          # 12 s, and the command's own time
     run(tmp_path, [waiting(0), waiting(1), snap(2, 94, [TORCH_WAIT, BACKWARD]), waiting(3)])
     assert main(["diagnose", str(tmp_path)]) == 0
     said = capsys.readouterr().out
