@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a run root to watch for RUN_DIR/<window>/rank-R.json, packed files and sink spools; "
                         "repeatable. Its files are untrusted input: only regular files inside it, within "
                         "--max-body-bytes; ROOT=GLOB lets it write only jobs whose id and name match GLOB (as a "
-                        "job token), and never a job another writer created")
+                        "job token), and never a job a writer of another scope created (a team's root given its "
+                        "token's glob replays that team's spools)")
     p.add_argument("--watch-reconcile-seconds", type=float, default=300.0,
                    help="with --watch: new files are seen at once (inotify); the whole roots are scanned this "
                         "often too, for what inotify missed (default 300)")

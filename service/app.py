@@ -129,7 +129,7 @@ class Service:
         self.eng.dispose()
 
     def writer_refusal(self, job_id: str, writer: str) -> str | None:
-        """Why `writer` (a watched root) may not write `job_id`: another writer created it (None: it may)."""
+        """Why `writer` (a watched root) may not write `job_id`: a writer of another scope created it (None: it may)."""
         from eroica.service.runs import claim_writer
 
         return claim_writer(self.eng, job_id, writer)

@@ -60,7 +60,7 @@ class Principal:
 
     kind: Literal["open", "admin", "session", "job", "anonymous"]
     jobs: str = ""
-    writer: str = ""          # a job token's: "token:<its sha256's first 16 hex>", what a job it creates is bound to
+    writer: str = ""          # a job token's: "scope:<its glob>", what a job it creates is bound to
 
     def may_write_job(self, name: str) -> bool:
         return self.kind != "job" or fnmatch.fnmatchcase(name, self.jobs)
@@ -139,7 +139,7 @@ class Access:
                 return Principal("admin")
             for tok, glob in self.job_tokens.items():
                 if hmac.compare_digest(bearer, tok.encode()):
-                    return Principal("job", glob, "token:" + hashlib.sha256(tok.encode()).hexdigest()[:16])
+                    return Principal("job", glob, "scope:" + glob)
             return None
         if self.session_ok(_cookie(headers, COOKIE)):
             return Principal("session")

@@ -62,8 +62,10 @@ def insert_ignore(c: sa.Connection, table: sa.Table, values: dict[str, Any], key
 
 
 def claim_writer(eng: sa.Engine, job_id: str, writer: str, now: float | None = None) -> str | None:
-    """Bind `job_id` to `writer` (a job token's fingerprint, a watched root) if no such writer has it yet; the
-    refusal when another one has (None: this writer may write it). The service's own token claims nothing."""
+    """Bind `job_id` to `writer` ("scope:<glob>": a job token's, or a watched root's) if no writer has it yet;
+    the refusal when a writer of another scope has (None: this one may write it). A team's token and its
+    root, given the same glob, are one writer (the root replays what the team's sink spooled). The service's
+    own token claims nothing and may write any job."""
     with writing(eng) as c:
         dialect = postgresql if c.dialect.name == "postgresql" else sqlite
         c.execute(dialect.insert(job_writers).values(job_id=job_id, writer=writer[:300],
@@ -72,8 +74,8 @@ def claim_writer(eng: sa.Engine, job_id: str, writer: str, now: float | None = N
         owner = c.execute(sa.select(job_writers.c.writer).where(job_writers.c.job_id == job_id)).scalar_one()
     if owner == writer[:300]:
         return None
-    return (f"job {job_id!r} was created by another writer (a {owner.split(':', 1)[0]}); only that one, or the "
-            "service's token, may write it")
+    return (f"job {job_id!r} was created by a writer of another scope ({owner.split(':', 1)[-1]!r}); only that "
+            "scope's token or watched root, or the service's token, may write it")
 
 
 def insert_or_get(c: sa.Connection, table: sa.Table, values: dict[str, Any], keys: list[str], id_col: str) -> int:

@@ -6,7 +6,8 @@ ingested and removed.
 A watched root is read as untrusted input: only regular files inside it (no symlink is followed out of it, no
 FIFO, device or socket is opened), each no larger than the body limit before and after decompression; and its
 writers are scoped like a job token: a root given as `ROOT=GLOB` writes only jobs whose id and name match the
-glob, and never a job another writer created (`service/runs.py`).
+glob, and never a job a writer of another scope created (`service/runs.py`): a team's root given its token's
+glob replays the spools of that team's jobs, and no other team's.
 
 The file system tells (inotify, through watchdog): a new or renamed file is ingested within a
 moment, and a quiet root costs nothing. inotify can lose events (its queue overflows, a new
@@ -140,7 +141,7 @@ class Watcher:
         for what in (job, *([name] if name else [])):
             if not fnmatch.fnmatchcase(what, glob):
                 return f"job {what!r} is outside the scope {glob!r} of the watched root {root}"
-        return self.svc.writer_refusal(job, f"watch:{root}")
+        return self.svc.writer_refusal(job, f"scope:{glob}")
 
     # ---------------------------------------------------------------- one file
     def consider(self, f: Path) -> int:

@@ -243,7 +243,7 @@ def test_a_job_token_cannot_take_another_teams_run_id_and_a_run_is_bound_to_its_
         assert r.status_code == 403 and "'team-b.run-1'" in r.json()["error"] and "its id" in r.json()["error"]
         assert post(team_b, "team-b.run-1", "team-b").status_code == 201          # team b's own run is its own
         r = post(ops, "team-b.run-1", "team-b", d1)                               # in scope, but not its run
-        assert r.status_code == 403 and "created by another writer" in r.json()["error"], r.json()
+        assert r.status_code == 403 and "created by a writer of another scope" in r.json()["error"], r.json()
         assert post(team_b, "team-b.run-1", "team-b", d1).status_code == 201
         assert c.post("/v1/patterns", content=d1, headers={**AUTH, "X-Eroica-Job": "team-b.run-1",     # stored once
                                                             "X-Eroica-Job-Name": "team-b"}).status_code == 200

@@ -1,6 +1,7 @@
 """A watched root is untrusted input (issue 54's attacks, each reproduced): a FIFO does not stop ingestion, a
 symlink does not leave the root, a file over the body limit and a gzip bomb in a spool are refused by size before
-and after decompression, and a root writes only the jobs of its scope and never a job another writer created."""
+and after decompression, and a root writes only the jobs of its scope and never a job a writer of another scope
+created."""
 
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ def test_a_root_writes_only_its_scope_and_never_a_job_another_writer_created(tmp
     svc = service(tmp_path)
     try:
         # team b's job, created through the API by team b's token
-        assert claim_writer(svc.eng, "team-b.run-1", "token:bbbbbbbbbbbbbbbb") is None
+        assert claim_writer(svc.eng, "team-b.run-1", "scope:team-b*") is None
         svc.accept("team-b.run-1", DOC, "api", name="team-b")
         theirs = spool("mine", "team-b.run-1", "team-b")              # a spool naming it, in team a's root
         ours = spool("ours", "team-a.run-2", "team-a", "patterns", DOC)
@@ -129,7 +130,30 @@ def test_a_root_writes_only_its_scope_and_never_a_job_another_writer_created(tmp
         with svc.eng.connect() as c:
             ended = c.execute(sa.select(jobs.c.ended_at).where(jobs.c.id == "team-b.run-1")).scalar()
         assert ended is None and "team-a.run-2" in known(svc)
-        # and the job the root created is bound to it: a job token may not write it
-        assert claim_writer(svc.eng, "team-a.run-2", "token:aaaaaaaaaaaaaaaa") is not None
+        # the job the root created is bound to its scope: a token of that scope may write it (its own team's
+        # sink, after the root replayed a spool), one of a wider scope may not
+        glob = "team-a*" if scoped else "*"
+        assert claim_writer(svc.eng, "team-a.run-2", f"scope:{glob}") is None
+        assert claim_writer(svc.eng, "team-a.run-2", "scope:team-*") is not None
+    finally:
+        svc.stop()
+
+
+def test_a_teams_root_replays_what_its_sink_spooled_for_a_job_its_token_created(tmp_path: Path) -> None:
+    """The documented path: a job's sink posts with the team's token, the service is down for a while, the job
+    exits with its spool full; the service watching the team's root (given the token's glob) replays it."""
+    root = tmp_path / "runs"
+    svc = service(tmp_path)
+    try:
+        assert claim_writer(svc.eng, "team-a.run-3", "scope:team-a*") is None      # the token's first post
+        svc.accept("team-a.run-3", DOC, "api", name="team-a")
+        d = root / "run-3" / ".spool" / "rank-1"
+        d.mkdir(parents=True)
+        (d / "meta.json").write_text(json.dumps({"job_id": "team-a.run-3", "job_name": "team-a"}))
+        (d / f"{1000:020d}-{0:06d}-end.json.gz").write_bytes(gzip.compress(b"{}"))
+        scan_within(Watcher(svc, [f"{root}=team-a*"]))
+        assert not list(d.glob("*.json.gz"))
+        with svc.eng.connect() as c:
+            assert c.execute(sa.select(jobs.c.ended_by).where(jobs.c.id == "team-a.run-3")).scalar() == "job"
     finally:
         svc.stop()

@@ -1,5 +1,5 @@
-"""A job is bound to the writer that created it: a job token (by its fingerprint) or a watched root. Another
-such writer may not write it, even when its scope matches (the service's token may write any job).
+"""A job is bound to the scope of the writer that created it (a job token's or a watched root's glob). A writer
+of another scope may not write it, even when its glob matches (the service's token may write any job).
 
 Revision ID: 0015
 Revises: 0014
@@ -17,7 +17,7 @@ def upgrade() -> None:
     op.create_table(
         "job_writers",
         sa.Column("job_id", sa.String(128), primary_key=True),     # claimed before the job's first row is made
-        sa.Column("writer", sa.String(300), nullable=False),       # token:<sha256 prefix> or watch:<root>
+        sa.Column("writer", sa.String(300), nullable=False),       # scope:<the token's or the root's glob>
         sa.Column("at", sa.Float, nullable=False),
     )
 
