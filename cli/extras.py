@@ -14,7 +14,7 @@ MODULE_EXTRA: dict[str, str] = {
     "durable": "engine", "durable_rules_engine": "engine", "jinja2": "engine",
     "fastapi": "serve", "starlette": "serve", "uvicorn": "serve", "sqlalchemy": "serve", "alembic": "serve",
     "prometheus_client": "serve", "psycopg": "serve", "watchdog": "serve", "httptools": "serve",
-    "libcst": "assistant", "openai": "assistant", "tomli": "assistant",
+    "libcst": "assistant", "openai": "assistant", "detect_secrets": "assistant", "tomli": "assistant",
     "torch": "torch", "pynvml": "gpu",
 }
 #: a command -> the extras it needs beyond the base install (the others need none)
