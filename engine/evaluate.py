@@ -15,7 +15,9 @@ A healthy incident has `expect: []` (then any finding at >= min_confidence is a 
 An incident may hold several windows of one job (`context.yaml` `injected.from_step` says when the
 fault began): they are diagnosed together, the first window at or after the onset is judged, and
 the windows before it are the job's healthy past. `incidents/heldout/` holds incidents of another
-job, recorded before the rules were changed and never tuned on; `eroica eval` scores it apart.
+job, never tuned on; `eroica eval` scores it apart. A held-out case read before a change (its
+diagnosis looked at, a miss explained, a rule's test written from its numbers) or recorded for one
+says so (`seen: true` with `seen_why:`): the unseen cases' yield is the headline, the seen ones' apart.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.errors import EngineError, RunDirError
@@ -56,6 +58,16 @@ class Expected(BaseModel):
     min_confidence: float = Field(0.5, ge=0, le=1)
     top: bool = True
     must_not: list[MustNot] = Field(default_factory=list)
+    # held-out hygiene: a case read before a change (its diagnosis looked at, a miss explained, a rule's test
+    # written from its numbers) or recorded for one is seen; its yield is reported apart from the unseen
+    seen: bool = False
+    seen_why: str | None = None
+
+    @model_validator(mode="after")
+    def _seen_says_why(self) -> Expected:
+        if self.seen and not (self.seen_why or "").strip():
+            raise ValueError("seen: true needs seen_why: when the case was read or what it was recorded for")
+        return self
 
 
 @dataclass
@@ -68,6 +80,7 @@ class IncidentResult:
     onset_to_window_steps: int | None = None
     window_steps: int | None = None
     heterogeneous: bool = False       # ranks do different work by design (a healthy run all the same)
+    seen: bool = False                # read before a change or recorded for it (expected.yaml `seen`)
     # every finding of the judged window: (confidence, whether it matches an expectation), for calibration
     scored: list[tuple[float, bool]] = field(default_factory=list)
     # and for fitting the rule priors: (the rule whose prior it is, the product of its other factors, right)
@@ -115,7 +128,7 @@ def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None,
     causes = [e.root_cause for e in exp.expect]
     ctx = _context(inc)
     res = IncidentResult(inc.name, causes, correct=False, false_findings=0,
-                         heterogeneous=bool((ctx.get("job") or {}).get("heterogeneous")))
+                         heterogeneous=bool((ctx.get("job") or {}).get("heterogeneous")), seen=exp.seen)
     pdir = inc / "patterns"
     if causes and pdir.is_dir() and not any(pdir.iterdir()):
         res.reasons.append("no window opened after the fault began: a missed slowdown")

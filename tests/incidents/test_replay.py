@@ -65,14 +65,23 @@ def test_eval_scores_the_heldout_set_apart_and_only_the_library_gates(tmp_path: 
     shutil.copytree(ROOT / "INC-0005", held / "HO-0001")                      # a healthy run: right
     shutil.copytree(ROOT / "INC-0001", held / "HO-0002")
     (held / "HO-0002" / "expected.yaml").write_text("expect: [{root_cause: gc_pause, ranks: [3]}]\n")   # a miss
+    shutil.copytree(ROOT / "INC-0001", held / "HO-0003")                      # read before a change: seen
+    (held / "HO-0003" / "expected.yaml").write_text((ROOT / "INC-0001" / "expected.yaml").read_text()
+                                                    + "seen: true\nseen_why: its miss was read before a change\n")
     assert main(["eval", str(tmp_path)]) == 0                                  # held-out misses do not gate
     out = capsys.readouterr().out
-    lib, _, ho = out.partition("held-out (")
-    assert "overall yield: 1/1" in lib and "held-out yield (not gating): 1/2" in ho and "FAIL HO-0002" in out
-    # the held-out folder named directly is judged as held-out, with its table and calibration
+    lib, _, ho = out.partition("held-out, unseen (")
+    assert "overall yield: 1/1" in lib and "held-out yield, unseen (not gating): 1/2" in ho and "FAIL HO-0002" in out
+    unseen, _, seen = ho.partition("held-out, seen (")
+    assert "HO-0003" not in unseen and "held-out yield, seen: 1/1" in seen, out
+    assert "held-out yield, all: 2/3 (unseen 1/2, seen 1/1)" in out
+    # the held-out folder named directly is judged as held-out, with its tables and calibration
     assert main(["eval", str(held), "--calibration"]) == 1
     out = capsys.readouterr().out
-    assert "held-out yield: 1/2" in out and "Brier score:" in out and "overall yield" not in out
+    assert "held-out yield, unseen: 1/2" in out and "Brier score:" in out and "overall yield" not in out
+    # seen says why
+    (held / "HO-0003" / "expected.yaml").write_text("expect: []\nseen: true\n")
+    assert main(["eval", str(held)]) == 2 and "seen_why" in capsys.readouterr().err
 
 
 def test_an_incident_of_several_windows_is_judged_on_the_first_after_the_onset(tmp_path: Path) -> None:
