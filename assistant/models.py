@@ -96,9 +96,11 @@ class Verification(Frozen):
     function: str | None = None
     before_function_seconds: float | None = None   # the finding's function on its ranks, per step
     after_function_seconds: float | None = None
-    tolerance_ratio: float = 0.1               # the step within this much of healthy: verified
+    tolerance_ratio: float = 0.1               # the step within this much of healthy: verified (at most 0.15)
     harm_ratio: float = 0.2                    # the draft's healthy steps at most this much slower than the unchanged's
-    spread_ratio: float | None = None          # paired: one re-run's spread, measured from the re-runs' healthy steps
+    spread_ratio: float | None = None          # paired: one re-run's spread of its step over its own healthy steps
+    runs: int = 1                              # the re-runs on each side (`--verify-runs`)
+    required: str = ""                         # what the verdict asked of the re-runs, in words with its numbers
     run_ratios: tuple[float, ...] = ()         # paired: each re-run with the draft, its step over its own healthy steps
     unchanged_ratio: float | None = None       # paired: the unchanged code's median run, the same ratio
 

@@ -21,16 +21,17 @@ since a draft could slow every step alike, before the onset too, its re-runs' he
 be slower than the unchanged code's by more than HARM (twice the tolerance: the spread between runs).
 Both tolerances assume one re-run's spread of about 5% (this project's 2-core machine: a healthy job's
 steps after step 34 over its steps 10-25 read 0.91-1.08 in ten runs, docs/benchmarks.md); a host that
-spreads its runs more is measured, not assumed: each side's re-runs' healthy steps (the same code before
-the onset) give one run's spread (their range over the mean range of that many normal samples), and the
-tolerances widen to 2 and 3 such spreads (about three standard errors of a median of three runs' ratio,
-and of the difference of two sides' medians) when those are larger. And the draft's step must be told
-apart from the unchanged code's (paired): their medians, each over its own healthy steps, must differ
-by 3 spreads (of 5% at least), about three standard errors of that difference, else the re-runs cannot
-tell a fixed step from a slow one and the draft is not verified (a 14% slowdown judged at 10% once
-verified a draft whose step was the unchanged code's; a rule that asked the tolerance to stay under
-half the slowdown refused, on a busy CI host spreading runs by 17%, a draft whose step went from 1.65 to
-1.01 of healthy).
+spreads its runs more is measured, not assumed, on the quantity each check judges: the runs' ratios
+(each run's step over its own healthy steps, both sides) for the tolerance and the told-apart check, the
+runs' healthy steps for HARM. A median of n runs varies by about sqrt(pi / 2n) of one run's spread
+(MEDIAN_ERROR, so the constants follow `--verify-runs`), and each check asks for 3 standard errors
+(Z): the tolerance widens to 3 standard errors of the draft's median ratio when that is larger than 10%,
+but never beyond MAX_TOLERANCE (15%): a draft never verifies above that over its healthy step, whatever
+the runs spread. And the draft's step must be told apart from the unchanged code's (paired): their
+median ratios must differ by 3 standard errors of that difference (one run's spread at least the assumed
+5%), else the re-runs cannot tell a fixed step from a slow one and the draft is not verified (a 14%
+slowdown judged at 10% once verified a draft whose step was the unchanged code's). `verification.json`
+and the change request say what was required (`required`).
 The step those are judged on is every rank's steps from the step the diagnosed run's detector fired at
 up to the re-run's forced window, less any step a window profiled: a window's steps carry the
 profiler's cost (per op, so most on a model of many small ops and a slow host: docs/benchmarks.md) and
@@ -45,6 +46,7 @@ validation): only what `--verify` names runs, in a scratch copy, bounded in time
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import tempfile
@@ -63,13 +65,13 @@ from eroica.schema.files import RANK_FILE
 from eroica.schema.patterns import PatternsDoc
 
 TOLERANCE = 0.10            # within 10% of the healthy step: the slowdown is gone (at least; see spread)
+MAX_TOLERANCE = 0.15        # and never more than 15% over it, however widely the re-runs spread
 MIN_REFERENCE_STEPS = 8     # the fewest steps a healthy reference is taken from (the detector's own minimum)
 HARM = 2 * TOLERANCE        # a draft's healthy steps this much slower than the unchanged code's: it slows the job
 #: the mean range of n normal samples in standard deviations (d2 of quality control): a side's n re-runs'
 #: healthy steps, range over median, divided by it, estimate one run's spread
 RANGE_TO_SIGMA = {2: 1.128, 3: 1.693, 4: 2.059, 5: 2.326, 6: 2.534, 7: 2.704, 8: 2.847, 9: 2.970, 10: 3.078}
-SPREADS_IN_TOLERANCE = 2.0  # the median of 3 runs' ratios varies by ~0.67 of one run's spread: 2 spreads ~ 3 of its
-SPREADS_IN_HARM = 3.0       # two sides' medians differ by ~0.95 of one run's spread: 3 spreads ~ 3 of theirs
+Z = 3.0                     # standard errors a check asks for
 ASSUMED_SPREAD = TOLERANCE / 2  # one re-run's spread the fixed tolerances assume (a quiet 2-core host's)
 #: runs `command` in `cwd`, attached, its windows written under `out`, for at most `timeout` seconds;
 #: returns why it failed (None when it exited 0)
@@ -201,6 +203,12 @@ def run_spread(*sides: tuple[float, ...]) -> float | None:
     return statistics.fmean(est) if est else None
 
 
+def median_error(runs: int) -> float:
+    """The standard error of a median of `runs` runs, in one run's spread (sqrt(pi / 2n), the large-sample
+    form, a little above the exact small-sample values: 0.72 for three runs against 0.67)."""
+    return 1.0 if runs <= 2 else math.sqrt(math.pi / (2 * runs))
+
+
 def _rank_files(wdir: Path) -> list[Path]:
     return sorted(f for f in wdir.glob("rank-*.json") if RANK_FILE.match(f.name))
 
@@ -215,7 +223,9 @@ class Healthy:
     source: str                               # where it was measured, said in the change request
     paired: bool = False                      # each re-run judged against its own healthy steps
     unchanged_seconds: float | None = None    # paired: the unchanged code's healthy steps (the HARM check)
-    spread_ratio: float | None = None         # paired: one re-run's spread, measured (run_spread)
+    spread_ratio: float | None = None         # paired: one re-run's spread of its step/healthy ratio (run_spread)
+    healthy_spread_ratio: float | None = None  # paired: one re-run's spread of its healthy steps (the HARM check)
+    runs: int = 1                             # paired: the re-runs per side
     slowdown_ratio: float | None = None       # paired: the unchanged code's step over its own healthy steps
 
 
@@ -229,8 +239,9 @@ def healthy_reference(diagnosis: Diagnosis, before: Measured, after: Measured, r
                        f"each re-run's own steps {reference.start}-{reference.stop - 1}, before the slowdown's onset "
                        f"({_ms(before.reference_seconds)} on the unchanged code; {_ms(then)} in the diagnosed run)",
                        paired=True, unchanged_seconds=before.reference_seconds,
-                       spread_ratio=run_spread(before.run_reference_seconds, after.run_reference_seconds),
-                       slowdown_ratio=before.reference_ratio)
+                       spread_ratio=run_spread(before.run_ratios, after.run_ratios),
+                       healthy_spread_ratio=run_spread(before.run_reference_seconds, after.run_reference_seconds),
+                       runs=max(1, len(after.run_ratios)), slowdown_ratio=before.reference_ratio)
     if then is not None:
         return Healthy(then, "the diagnosed run's steps before its slowdown")
     return Healthy(before.baseline_seconds, "the baseline of the re-run on the unchanged code")
@@ -249,11 +260,22 @@ def judge(command: str, before: Measured, after: Measured, healthy: float | Heal
     why = after.why or before.why
     ratio = after.reference_ratio if ref.paired else \
         after.step_seconds / ref.seconds if after.step_seconds is not None and ref.seconds else None
-    # paired, the re-runs' own spread widens the tolerances when it is larger than they assume
+    # paired, the re-runs' own spread widens the tolerances when it is larger than they assume (never beyond
+    # MAX_TOLERANCE); each on the quantity it judges, in standard errors of a median of that many runs
     spread = ref.spread_ratio if ref.paired else None
-    tol = max(TOLERANCE, SPREADS_IN_TOLERANCE * spread) if spread else TOLERANCE
-    harm = max(HARM, SPREADS_IN_HARM * spread) if spread else HARM
-    widened = f" ({SPREADS_IN_TOLERANCE:g}x the re-runs' spread, {spread:.1%})" if spread and tol > TOLERANCE else ""
+    se = median_error(ref.runs)
+    tol = min(MAX_TOLERANCE, max(TOLERANCE, Z * se * spread)) if spread else TOLERANCE
+    harm = max(HARM, Z * math.sqrt(2) * se * ref.healthy_spread_ratio) if ref.healthy_spread_ratio else HARM
+    at_least = max(spread or 0.0, ASSUMED_SPREAD)
+    apart = Z * math.sqrt(2) * se * at_least
+    widened = (f" ({Z:g} standard errors of a median of {ref.runs} runs' ratios spread by {spread:.1%}"
+               + (f", capped at {MAX_TOLERANCE:.0%}" if tol == MAX_TOLERANCE else "") + ")"
+               if spread and tol > TOLERANCE else "")
+    required = (f"the step within {tol:.0%} of the healthy step{widened}"
+                + (f"; the median of {ref.runs} runs' step over their own healthy steps {apart:.0%} (3 standard "
+                   f"errors of the difference) below the unchanged code's; their healthy steps at most {harm:.0%} "
+                   "slower than the unchanged code's" if ref.paired else "; the re-run on the unchanged code slow "
+                   f"against it by more than {TOLERANCE:.0%}"))
     if why is None and ref.seconds is None:
         why = "no healthy step to compare with (the diagnosis' window has no history, the re-run no baseline)"
     if why is None and not ref.paired and before.step_seconds is not None and ref.seconds is not None \
@@ -270,13 +292,12 @@ def judge(command: str, before: Measured, after: Measured, healthy: float | Heal
         why = (f"the step with the draft, {_ms(after.step_seconds)}, is {ratio - 1:.0%} above the healthy "
                f"{_ms(ref.seconds)} (at most {tol:.0%})")
     # paired, the draft's step must be told apart from the unchanged code's, each over its own healthy steps
-    at_least = max(spread or 0.0, ASSUMED_SPREAD)
-    if why is None and ratio is not None and ref.slowdown_ratio is not None \
-            and ref.slowdown_ratio - ratio < SPREADS_IN_HARM * at_least:
+    if why is None and ratio is not None and ref.slowdown_ratio is not None and ref.slowdown_ratio - ratio < apart:
         why = (f"the re-runs cannot tell a fixed step from a slow one: the unchanged code ran "
                f"{ref.slowdown_ratio - 1:.0%} above its own healthy steps and the draft {ratio - 1:.0%}, less than "
-               f"{SPREADS_IN_HARM * at_least:.0%} apart ({SPREADS_IN_HARM:g}x the re-runs' spread of {at_least:.1%}); "
-               "re-run with more --verify-runs on a quieter host, or reproduce a stronger slowdown")
+               f"{apart:.0%} apart ({Z:g} standard errors of the difference of two medians of {ref.runs} runs spread "
+               f"by {at_least:.1%}); re-run with more --verify-runs on a quieter host, or reproduce a stronger "
+               "slowdown")
     if why is None and ref.paired and ref.seconds is not None and ref.unchanged_seconds \
             and ref.seconds > ref.unchanged_seconds * (1 + harm):
         why = (f"with the draft the steps before the slowdown's onset ran {ref.seconds / ref.unchanged_seconds - 1:.0%}"
@@ -289,7 +310,7 @@ def judge(command: str, before: Measured, after: Measured, healthy: float | Heal
         step_to_healthy_ratio=None if ratio is None else round(ratio, 4),
         function=function, before_function_seconds=before.function_seconds,
         after_function_seconds=after.function_seconds, tolerance_ratio=round(tol, 4), harm_ratio=round(harm, 4),
-        spread_ratio=None if spread is None else round(spread, 4),
+        spread_ratio=None if spread is None else round(spread, 4), runs=ref.runs, required=required,
         unchanged_ratio=None if ref.slowdown_ratio is None else round(ref.slowdown_ratio, 4),
         run_ratios=tuple(round(r, 4) for r in after.run_ratios) if ref.paired else ())
 
@@ -388,9 +409,9 @@ def _append(change_request: Path, v: Verification) -> None:
     if v.why:
         lines.append(f"- Why not verified: {v.why}.")
     else:
-        lines.append(f"- The step with the change is within {v.tolerance_ratio:.0%} of the healthy step"
-                     + (f" (twice the re-runs' measured spread, {v.spread_ratio:.1%})." if v.spread_ratio
-                        and v.tolerance_ratio > TOLERANCE else "."))
+        lines.append(f"- The step with the change is within {v.tolerance_ratio:.0%} of the healthy step.")
+    if v.required:
+        lines.append(f"- Required: {v.required}.")
     if v.run_ratios:
         lines.append("- Each re-run with the change, its step over its own healthy steps: "
                      + ", ".join(f"{r:.2f}" for r in v.run_ratios)

@@ -4,8 +4,9 @@ Runs a job N times the way the verification re-runs it (attached by eroica, a wi
 --window-step, the policy's window 20 steps), and prints for each run its healthy step (every rank's
 steps at the reference positions), its step after the onset (from --slow-from-step up to the window,
 outside windows) and the ratio of the two: what the verdict judges. On a job without a slowdown the
-ratios are the verdict's null distribution; `run_spread` is the estimate the verification derives from
-each side's re-runs. Default: the blocking-metrics script of the verification tests, never slow.
+ratios are the verdict's null distribution; `run_spread` of the ratios is the estimate the verification's
+tolerance derives from each side's re-runs (of the healthy steps, its check that a draft does not slow
+the healthy job). Default: the blocking-metrics script of the verification tests, never slow.
 
     .venv/bin/python bench/verify_spread.py --runs 10
 """
@@ -61,7 +62,9 @@ def main() -> int:
         return 1
     print(f"ratios: {', '.join(f'{r:.3f}' for r in sorted(ratios))}; stdev {statistics.stdev(ratios):.3f}")
     print(f"healthy steps' relative stdev {statistics.stdev(healthy) / statistics.mean(healthy):.3f}; "
-          f"run_spread of consecutive threes: "
+          f"run_spread of consecutive threes, ratios: "
+          + ", ".join(f"{run_spread(tuple(ratios[k:k + 3])):.3f}" for k in range(0, len(ratios) - 2, 3))
+          + "; healthy steps: "
           + ", ".join(f"{run_spread(tuple(healthy[k:k + 3])):.3f}" for k in range(0, len(healthy) - 2, 3)))
     return 0
 
