@@ -305,19 +305,28 @@ def post_item(url: str, job_id: str, job_name: str | None, token: str | None, ki
     return post_with_retry(req, attempts, timeout, f"{url.rstrip('/')}{path}")
 
 
-def gunzip_at_most(data: bytes, limit: int) -> bytes:
-    """One gzip member decompressed to at most `limit` bytes; ValueError past it (a bomb stops there), for a
-    stream that is not gzip, or one cut short."""
+class GzipTooLarge(ValueError):
+    """A gzip member that decompresses past its bound (a bomb stops there)."""
+
+
+def gunzip_member(data: bytes, limit: int) -> tuple[bytes, bool]:
+    """One gzip member decompressed to at most `limit` bytes, and whether it was all of `data` (nothing after
+    the member); GzipTooLarge past the bound, ValueError for a stream that is not gzip or one cut short."""
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
         out = d.decompress(data, limit + 1)
     except zlib.error as exc:
         raise ValueError(f"not gzip: {exc}") from exc
     if len(out) > limit:
-        raise ValueError(f"over {limit} bytes once decompressed")
+        raise GzipTooLarge(f"over {limit} bytes once decompressed")
     if not d.eof:
         raise ValueError("a truncated gzip stream")
-    return out
+    return out, not d.unused_data
+
+
+def gunzip_at_most(data: bytes, limit: int) -> bytes:
+    """One gzip member decompressed to at most `limit` bytes (gunzip_member's errors)."""
+    return gunzip_member(data, limit)[0]
 
 
 def read_meta(spool: Path) -> dict[str, Any] | None:

@@ -28,7 +28,6 @@ import re
 import socket
 import time
 import urllib.parse
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,11 +36,13 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from eroica.collector.sink import GzipTooLarge, gunzip_member
 from eroica.service.errors import Malformed, TooLarge, UnsupportedEncoding
 
 log = logging.getLogger("eroica.service")
 COOKIE = "eroica_session"
 SESSION_SECONDS = 12 * 3600
+EXPIRES = re.compile(r"[0-9]{1,16}")     # a session's expiry: a Unix time
 PUBLIC_READS = ("/healthz", "/metrics", "/login")
 FORMS = re.compile(r"/issues/[0-9]+/act|/login|/logout")
 #: on every response: no type sniffing, never framed by another page (clickjacking), no full URL to other sites
@@ -158,7 +159,11 @@ class Access:
         if not value or self.token is None or "." not in value:
             return False
         expires, _, sig = value.partition(".")
-        return expires.isdigit() and int(expires) > time.time() and hmac.compare_digest(sig, self._sign(int(expires)))
+        # whatever a client sends: ASCII digits only (int() reads "²" too, and refuses 5000 digits), and a
+        # signature compared as bytes (compare_digest refuses text that is not ASCII)
+        if EXPIRES.fullmatch(expires) is None or int(expires) <= time.time():
+            return False
+        return hmac.compare_digest(sig.encode(), self._sign(int(expires)).encode())
 
 
 def _cookie(headers: Headers, name: str) -> str | None:
@@ -288,13 +293,10 @@ def unpack_body(raw: bytes, encoding: str | None, limit: int) -> tuple[bytes, by
         return raw, None
     if enc != "gzip":
         raise UnsupportedEncoding(f"Content-Encoding {enc[:40]!r} is not supported (gzip or none)", "content-encoding")
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
-        out = d.decompress(raw, limit + 1)
-    except zlib.error as exc:
-        raise Malformed(f"Content-Encoding gzip, but the body is not gzip: {exc}", "body") from exc
-    if len(out) > limit:
-        raise TooLarge(f"body over {limit} bytes once decompressed", "body")
-    if not d.eof:
-        raise Malformed("Content-Encoding gzip, but the gzip stream is truncated", "body")
-    return out, (None if d.unused_data else raw)
+        out, whole = gunzip_member(raw, limit)
+    except GzipTooLarge as exc:
+        raise TooLarge(f"body over {limit} bytes once decompressed", "body") from exc
+    except ValueError as exc:
+        raise Malformed(f"Content-Encoding gzip, but the body is {exc}", "body") from exc
+    return out, (raw if whole else None)
