@@ -245,9 +245,59 @@ class Service:
             log.warning("eroica serve: window %s could not be released: %r", pk, exc)
 
 
+JOB, WINDOW, HANG = "GET /v1/jobs/{job_id}", "GET /v1/windows/{pk}", "GET /v1/jobs/{job_id}/hang"
+#: the API's OpenAPI links: from a response (operation, status) to what a client does next with the values it
+#: gives (runtime expressions); e.g. an upload -> its job and window -> the findings -> the issue -> acting on it
+LINKS: dict[tuple[str, str], dict[str, tuple[str, dict[str, str]]]] = {
+    ("POST /v1/patterns", "201"): {"Job": (JOB, {"job_id": "$request.header.X-Eroica-Job"}),
+                                   "Window": (WINDOW, {"pk": "$response.body#/window"})},
+    ("POST /v1/jobs/{job_id}/steps", "201"): {"Job": (JOB, {"job_id": "$request.path.job_id"})},
+    ("POST /v1/jobs/{job_id}/hang", "201"): {"Hang": (HANG, {"job_id": "$request.path.job_id"})},
+    ("POST /v1/jobs/{job_id}/end", "200"): {"Job": (JOB, {"job_id": "$request.path.job_id"}),
+                                           "Issues": ("GET /v1/issues", {"job": "$request.path.job_id"})},
+    ("POST /v1/jobs/{job_id}/traces", "201"): {
+        "Trace": ("GET /v1/jobs/{job_id}/traces/{window_id}/{rank}", {"job_id": "$request.path.job_id",
+                                                                      "window_id": "$response.body#/window_id",
+                                                                      "rank": "$response.body#/rank"}),
+        "Traces": ("GET /v1/jobs/{job_id}/traces", {"job_id": "$request.path.job_id"})},
+    ("GET /v1/jobs", "200"): {"Job": (JOB, {"job_id": "$response.body#/0/id"}),
+                              "JobPage": ("GET /jobs/{job_id}", {"job_id": "$response.body#/0/id"})},
+    (JOB, "200"): {"Window": (WINDOW, {"pk": "$response.body#/windows/0/pk"}),
+                   "Diagnosis": ("GET /v1/windows/{pk}/diagnosis", {"pk": "$response.body#/windows/0/pk"}),
+                   "Findings": ("GET /v1/findings", {"job": "$response.body#/id"}),
+                   "Issues": ("GET /v1/issues", {"job": "$response.body#/id"}),
+                   "Hang": (HANG, {"job_id": "$response.body#/id"}),
+                   "Traces": ("GET /v1/jobs/{job_id}/traces", {"job_id": "$response.body#/id"}),
+                   "Steps": ("POST /v1/jobs/{job_id}/steps", {"job_id": "$response.body#/id"}),
+                   "Patterns": ("POST /v1/patterns", {"X-Eroica-Job": "$response.body#/id"})},
+    (WINDOW, "200"): {"Diagnosis": ("GET /v1/windows/{pk}/diagnosis", {"pk": "$response.body#/pk"}),
+                      "Report": ("GET /windows/{pk}/report", {"pk": "$response.body#/pk"}),
+                      "Job": (JOB, {"job_id": "$response.body#/job_id"})},
+    ("GET /v1/findings", "200"): {"Window": (WINDOW, {"pk": "$response.body#/0/window_pk"}),
+                                  "Job": (JOB, {"job_id": "$response.body#/0/job_id"}),
+                                  "HostPage": ("GET /hosts/{host}", {"host": "$response.body#/0/hosts/0"})},
+    ("GET /v1/issues", "200"): {"Act": ("POST /v1/issues/{iid}/{action}", {"iid": "$response.body#/0/id"}),
+                                "Incident": ("GET /v1/issues/{iid}/incident", {"iid": "$response.body#/0/id"}),
+                                "Job": (JOB, {"job_id": "$response.body#/0/job_id"})},
+    ("POST /v1/issues/{iid}/{action}", "200"): {
+        "Incident": ("GET /v1/issues/{iid}/incident", {"iid": "$response.body#/id"}),
+        "Issues": ("GET /v1/issues", {"job": "$response.body#/job_id", "state": "$response.body#/state"})},
+    ("GET /v1/hosts", "200"): {"HostPage": ("GET /hosts/{host}", {"host": "$response.body#/0/host"})},
+}
+
+
+def add_links(doc: dict[str, Any]) -> None:
+    """LINKS into the document's responses, naming each target by its operationId."""
+    ops = {f"{m.upper()} {p}": op for p, item in doc["paths"].items() for m, op in item.items()}
+    for (source, status), links in LINKS.items():
+        response = ops[source]["responses"][status]
+        response["links"] = {name: {"operationId": ops[target]["operationId"], "parameters": params}
+                             for name, (target, params) in links.items()}
+
+
 def openapi(app: FastAPI) -> dict[str, Any]:
     """The published API, with the documents the write routes read themselves (streamed and
-    size-checked, so FastAPI cannot see them) as their request bodies' schemas."""
+    size-checked, so FastAPI cannot see them) as their request bodies' schemas, and its links (LINKS)."""
     if app.openapi_schema:
         return app.openapi_schema
     from fastapi.openapi.utils import get_openapi
@@ -265,6 +315,7 @@ def openapi(app: FastAPI) -> dict[str, Any]:
             assert schemas.get(name, sub) == sub, f"two request schemas are named {name}"
             schemas[name] = sub
         schemas[model.__name__] = js
+    add_links(doc)
     app.openapi_schema = doc
     return doc
 

@@ -220,8 +220,9 @@ class Guard:
             if ctype not in want:
                 return (415, f"Content-Type must be {want[0]}, got {ctype!r}", "content-type"), None
         size = h.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > self.limit):
-            return (413 if size.isdigit() else 400, f"body of {size[:20]} bytes: over {self.limit} or not a "
+        digits = size is not None and size.isascii() and size.isdigit() and len(size) <= 19
+        if size is not None and (not digits or int(size) > self.limit):
+            return (413 if digits else 400, f"body of {size[:20]} bytes: over {self.limit} or not a "
                                                     "number", "body"), None
         principal = self.access.principal(h)
         needs = (write and not form) or (self.access.read_token and path not in PUBLIC_READS and not form)

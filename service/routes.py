@@ -21,7 +21,7 @@ from eroica.service.errors import Forbidden, NotFound
 from eroica.service.fleet import drain_list, host_ranking, week_summary
 from eroica.service.guard import NDJSON, Principal, decode_body, principal_of, read_limited, unpack_body
 from eroica.service.inputs import MAX_INT, TransitionIn, refusal
-from eroica.service.lifecycle import export_false_positive, state_of, transition
+from eroica.service.lifecycle import NEXT, export_false_positive, state_of, transition
 from eroica.service.runs import JOB_ID, NAME_HEADER, claim_writer, name_of, valid_job_id
 
 if TYPE_CHECKING:
@@ -30,14 +30,26 @@ if TYPE_CHECKING:
 
 Key = Annotated[int, Path(ge=1, le=MAX_INT)]            # a database key in a path: fits its column
 JobId = Annotated[str, Path(pattern=JOB_ID.pattern, max_length=128)]    # a run's id: never a file name
+ACTIONS = ("ack", "link", *NEXT)                          # an issue's actions (lifecycle.state_of): the API's path
 JOB_WRITE_BODY = 65536                                    # a step summary or a job's end
 BODY = {"application/json": {"schema": {"type": "object"}}}
 
 
-def _body(ref: str | None = None) -> dict[str, Any]:
-    """An OpenAPI request body for a route that reads its body itself (streamed, size-checked)."""
+def _header(name: str, required: bool, what: str) -> dict[str, Any]:
+    return {"name": name, "in": "header", "required": required, "description": what,
+            "schema": {"type": "string", "pattern": JOB_ID.pattern, "maxLength": 128}}
+
+
+#: the headers a job's writes read themselves (runs.valid_job_id checks them): its id, and the job's name
+JOB_HEADER = _header("X-Eroica-Job", True, "the run's id (the sink's `<name>.<run>`)")
+NAME = _header("X-Eroica-Job-Name", False, "the job's name, the same across its restarts")
+
+
+def _body(ref: str | None = None, headers: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """An OpenAPI request body (and the headers) of a route that reads them itself (streamed, size-checked)."""
     schema = {"$ref": f"#/components/schemas/{ref}"} if ref else {"type": "object"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+    out: dict[str, Any] = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+    return {**out, "parameters": list(headers)} if headers else out
 
 
 async def job_body(request: Request, limit: int) -> bytes:
@@ -92,7 +104,8 @@ def api_router(svc: Service) -> APIRouter:
     r = APIRouter(prefix="/v1")
     eng = svc.eng
 
-    @r.post("/patterns", status_code=201, response_model=m.Accepted, openapi_extra=_body("PatternsDoc"))
+    @r.post("/patterns", status_code=201, response_model=m.Accepted,
+            openapi_extra=_body("PatternsDoc", (JOB_HEADER, NAME)))
     async def post_patterns(request: Request) -> Response:
         job = valid_job_id(request.headers.get("x-eroica-job", ""), "x-eroica-job")
         name = job_name(request)
@@ -117,7 +130,7 @@ def api_router(svc: Service) -> APIRouter:
         got = await run_in_threadpool(work)
         return JSONResponse({"window": got.window_pk, "created": got.created}, status_code=201 if got.created else 200)
 
-    @r.post("/jobs/{job_id}/steps", status_code=201, openapi_extra=_body("StepSeriesSummary"))
+    @r.post("/jobs/{job_id}/steps", status_code=201, openapi_extra=_body("StepSeriesSummary", (NAME,)))
     async def post_steps(job_id: JobId, request: Request) -> dict[str, str]:
         valid_job_id(job_id)
         name = job_name(request)
@@ -134,7 +147,7 @@ def api_router(svc: Service) -> APIRouter:
         await run_in_threadpool(work)
         return {"status": "stored"}
 
-    @r.post("/jobs/{job_id}/hang", status_code=201, openapi_extra=_body("HangSnapshot"))
+    @r.post("/jobs/{job_id}/hang", status_code=201, openapi_extra=_body("HangSnapshot", (NAME,)))
     async def post_hang(job_id: JobId, request: Request) -> dict[str, Any]:
         """A rank's hang snapshot (its watchdog suspected or confirmed a hang, or saw it resolve): kept;
         the diagnosis worker localizes the job's hang next, before any window, and the verdict is
@@ -248,7 +261,8 @@ def issue_router(svc: Service) -> APIRouter:
             return [dict(x) for x in c.execute(q.order_by(issues.c.last_seen.desc()).limit(1000)).mappings()]
 
     @r.post("/issues/{iid}/{action}", response_model=m.Issue, openapi_extra=_body("TransitionIn"))
-    async def act(iid: Key, action: Annotated[str, Path(max_length=32)], request: Request) -> dict[str, Any]:
+    async def act(iid: Key, action: Annotated[str, Path(max_length=32, json_schema_extra={"enum": list(ACTIONS)})],
+                  request: Request) -> dict[str, Any]:
         state = state_of(action)
         raw = await read_limited(request, JOB_WRITE_BODY)
         try:
