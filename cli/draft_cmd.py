@@ -11,7 +11,7 @@ from pathlib import Path
 
 from eroica.assistant.backends import ModelSettings
 from eroica.assistant.draft import Options, draft_all, load_diagnosis, write_outcomes
-from eroica.assistant.redact import load_pattern_file
+from eroica.assistant.redact import Redactor, load_pattern_file
 from eroica.assistant.verify import DetectorSteps, Runner, link_verified, verify_all
 
 
@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", help="openai backend: the endpoint (or EROICA_LLM_BASE_URL)")
     p.add_argument("--model", help="openai backend: the model name (or EROICA_LLM_MODEL)")
     p.add_argument("--redact", action="append", default=[], help="a regular expression never sent to a model")
-    p.add_argument("--redact-file", type=Path, help="a file of such expressions, one per line (or EROICA_REDACT_FILE)")
+    p.add_argument("--redact-file", type=Path, help="a file of such expressions, one per line; blank lines and # "
+                   "comments skipped (or EROICA_REDACT_FILE)")
     p.add_argument("--validate", help="the repository's validation command, run by the gate on each drafted diff in "
                                       "a scratch copy (default: [tool.eroica] validate in the repo's pyproject.toml)")
     p.add_argument("--validate-timeout", type=float, default=300.0, help="seconds (default 300)")
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         patterns = [*args.redact, *(load_pattern_file(args.redact_file) if args.redact_file else [])]
+        Redactor.for_site([], patterns)   # --redact and EROICA_REDACT_FILE too, before anything is written
     except ValueError as exc:
         print(f"eroica draft: {exc}")
         return 2

@@ -10,7 +10,7 @@ from statistics import median
 
 from eroica.cli import knowledge_args
 from eroica.engine.diagnose import DiagnoseOptions
-from eroica.engine.errors import EngineError, RuleError
+from eroica.engine.errors import EngineError, RuleError, RunDirError
 from eroica.engine.evaluate import (
     HELDOUT,
     IncidentResult,
@@ -29,7 +29,10 @@ from eroica.engine.rules.source import builtin_knowledge_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", nargs="?", type=Path, default=Path("incidents"))
+    p.add_argument("dir", nargs="?", type=Path, default=Path("incidents"),
+                   help="a library of incidents (its heldout/ folder scored apart), or a folder named heldout (scored "
+                        "as held-out: unseen first, seen apart). Exit 1 when a library incident fails, 2 on bad "
+                        "input; held-out misses never fail (default: incidents)")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per incident")
     p.add_argument("--calibration", action="store_true",
                    help="also print a reliability table (confidence bins vs share right) and the Brier score")
@@ -127,8 +130,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         incs = find_incidents(args.dir)
         held = find_heldout(args.dir)
-        for inc in incs + held:                    # a bad expected.yaml is named before anything is replayed
-            load_expected(inc / "expected.yaml")
+        # a bad expected.yaml is named before anything is replayed; a held-out case must say whether it was seen
+        named_held = args.dir.resolve().name == HELDOUT
+        for inc in incs + held:
+            exp = load_expected(inc / "expected.yaml")
+            if exp.seen is None and (named_held or inc in held):
+                raise RunDirError("a held-out case says whether it was seen: add `seen: false` (never read "
+                                  "before a change) or `seen: true` with `seen_why:`", path=str(inc / "expected.yaml"))
     except EngineError as exc:
         print(f"eroica eval: {exc}", file=sys.stderr)
         return 2
@@ -163,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
         held_results = _replay(held, args.verbose, "held-out", opts, named_by)
         print()
         print(held_out_tables(held_results, args.dir / HELDOUT, args.calibration, gating=False))
-    # the library gates; the held-out yield is a measurement
-    return 0 if all(r.correct for r in results) else 1
+    # the library gates; the held-out yield is a measurement (a held-out folder named directly exits 0 too)
+    return 0 if named == "held-out" or all(r.correct for r in results) else 1
 
 
 def held_out_tables(results: list[IncidentResult], where: Path, calibration: bool, gating: bool = True) -> str:
@@ -232,5 +240,6 @@ def _replay(incs: list[Path], verbose: bool, label: str, opts: DiagnoseOptions |
             mark = "ok  " if r.correct else "FAIL"
             kind = ', '.join(r.causes) or ("heterogeneous" if r.heterogeneous else "healthy")
             why = "" if r.correct else ": " + "; ".join(r.reasons)
-            print(f"[{label} {i}/{len(incs)}] {mark} {r.id} ({kind}){why}")
+            seen = " [seen]" if r.seen and label.startswith("held-out") else ""
+            print(f"[{label} {i}/{len(incs)}] {mark} {r.id}{seen} ({kind}){why}")
     return results

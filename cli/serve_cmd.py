@@ -21,8 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--migrate", action="store_true",
                    help="bring the database's schema to this version's and exit (an upgrade's first step, a "
                         "Kubernetes init container; replicas also do it at start, one at a time)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address to listen on (default 127.0.0.1; beyond this machine needs --token-file)")
+    p.add_argument("--port", type=int, default=8080, help="(default 8080)")
     p.add_argument("--watch", action="append", default=[], metavar="ROOT[=GLOB]",
                    help="a run root to watch for RUN_DIR/<window>/rank-R.json, packed files and sink spools; "
                         "repeatable. Its files are untrusted input: only regular files inside it, within "
@@ -37,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-token", action="store_true", help="reads need the token too (people sign in at /login)")
     p.add_argument("--job-token-file", type=Path,
                    help="per-job tokens: one `JOB_NAME_GLOB TOKEN` per line; such a token may only send the "
-                        "documents of jobs whose name matches its glob")
+                        "documents of jobs whose id and name match its glob, and read only those jobs")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="a Host name clients use to reach the service beyond this machine's own names and "
                         "addresses (a load balancer's, a DNS alias); repeatable; '*' allows any (not advised: "
@@ -52,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="end a window's diagnosis (and its worker) after this long and try it again (default 300)")
     p.add_argument("--grace-seconds", type=float, default=30.0,
                    help="diagnose a window with missing ranks this long after its last document (default 30)")
-    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
+                   help="the largest request body or watched file, before and after decompression (default 8 MiB)")
     knowledge_args.add(p)
     p.add_argument("--workers", type=int, default=1, help="diagnosis worker processes (default 1)")
     p.add_argument("--parse-processes", type=int, default=0,
@@ -62,7 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes answering uploads and pages on the one port (default 1; one takes ~200 host "
                         "uploads/s: give a fleet's replica one per core it may use)")
     p.add_argument("--drain-min-jobs", type=int, default=3,
-                   help="a host is on the drain list when confident hardware findings name it in this many jobs")
+                   help="a host is on the drain list when confident hardware findings name it in this many jobs "
+                        "(default 3)")
     p.add_argument("--job-silent-seconds", type=float, default=900.0,
                    help="a run that sent nothing this long ended (killed without closing): its alerts resolve "
                         "(default 900)")
@@ -190,7 +193,12 @@ def _run(args: argparse.Namespace) -> int:
             return 2
     from eroica.service.watch import parse_root
 
-    missing = [str(w) for w in args.watch if not parse_root(w)[0].is_dir()]
+    try:
+        scopes = [parse_root(w) for w in args.watch]
+    except ValueError as exc:
+        print(f"eroica serve: {exc}", file=sys.stderr)
+        return 2
+    missing = [str(w) for w, (root, _) in zip(args.watch, scopes) if not root.is_dir()]
     if missing:
         print(f"eroica serve: --watch {', '.join(missing)}: not a directory", file=sys.stderr)
         return 2
@@ -237,6 +245,13 @@ def _run(args: argparse.Namespace) -> int:
                         watch_reconcile_seconds=args.watch_reconcile_seconds, hang_alert_on=args.hang_alert_on,
                         **({"trusted_proxies": args.trusted_proxy} if args.trusted_proxy else {}))
     print(f"eroica serve: http://{args.host}:{args.port}/ ({url.split('@')[-1]})", flush=True)
+    # what it trusts, said once at start: who may write and read, and what each watched root may write
+    writes = ("writes need the service's token" + (f" or one of {len(job_tokens)} job tokens" if job_tokens else "")
+              if token is not None else "no --token-file: writes are open to every user of this machine")
+    reads = "reads need a token (--read-token)" if args.read_token else "reads are open to whoever reaches it"
+    print(f"eroica serve: {writes}; {reads}", flush=True)
+    for root, glob in scopes:
+        print(f"eroica serve: watching {root} for jobs matching {glob!r}", flush=True)
     # the request threads hand the GIL over every 0.5 ms instead of 5: a thread holding the database's
     # write turn gets back to it between its statements without waiting behind another request's
     # validation (8 uploading threads: see bench/serve.py)

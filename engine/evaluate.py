@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.errors import EngineError, RunDirError
@@ -60,7 +60,7 @@ class Expected(BaseModel):
     must_not: list[MustNot] = Field(default_factory=list)
     # held-out hygiene: a case read before a change (its diagnosis looked at, a miss explained, a rule's test
     # written from its numbers) or recorded for one is seen; its yield is reported apart from the unseen
-    seen: bool = False
+    seen: bool | None = None            # required of a held-out case (`eroica eval` says so); None: not said
     seen_why: str | None = None
 
     @model_validator(mode="after")
@@ -105,6 +105,10 @@ def _forbidden(f: Finding, m: MustNot) -> bool:
 def load_expected(path: Path) -> Expected:
     try:
         return Expected.model_validate(yaml.load(path.read_text(), Loader=SAFE_LOADER) or {})
+    except ValidationError as exc:
+        why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the file'}: {e['msg'].removeprefix('Value error, ')}"
+                        for e in exc.errors())
+        raise RunDirError(f"invalid expected.yaml: {why}", path=str(path)) from exc
     except Exception as exc:
         raise RunDirError(f"invalid expected.yaml: {exc}", path=str(path)) from exc
 
@@ -128,7 +132,7 @@ def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None,
     causes = [e.root_cause for e in exp.expect]
     ctx = _context(inc)
     res = IncidentResult(inc.name, causes, correct=False, false_findings=0,
-                         heterogeneous=bool((ctx.get("job") or {}).get("heterogeneous")), seen=exp.seen)
+                         heterogeneous=bool((ctx.get("job") or {}).get("heterogeneous")), seen=bool(exp.seen))
     pdir = inc / "patterns"
     if causes and pdir.is_dir() and not any(pdir.iterdir()):
         res.reasons.append("no window opened after the fault began: a missed slowdown")

@@ -104,10 +104,13 @@ def gunzip_bounded(data: bytes, limit: int) -> bytes:
 
 
 def parse_root(spec: str | Path) -> tuple[Path, str]:
-    """`ROOT` or `ROOT=GLOB`: the directory and the job ids and names it may write ("*": any)."""
+    """`ROOT` or `ROOT=GLOB`: the directory and the job ids and names it may write ("*": any). An empty
+    GLOB (`ROOT=`, a template's unset variable) is refused: it would widen a team's root to every job."""
     text = str(spec)
     root, _, glob = text.partition("=") if "=" in text else (text, "", "*")
-    return Path(root).resolve(), glob or "*"
+    if not glob.strip():
+        raise ValueError(f"--watch {text!r}: the scope after '=' is empty (give a job-name glob, or '*' for any job)")
+    return Path(root).resolve(), glob
 
 
 class Watcher:
@@ -162,7 +165,8 @@ class Watcher:
         except OSError:
             return 0
         if not stat.S_ISREG(st.st_mode):        # a symlink, a FIFO, a device: never opened
-            self._refuse(f, "not a regular file")
+            self._refuse(f, "a symbolic link: never followed" if stat.S_ISLNK(st.st_mode) else
+                         "not a regular file (a FIFO, a device or a socket): never opened")
             return 0
         key = (st.st_size, st.st_mtime_ns)
         if self.seen.get(f) == key:

@@ -110,3 +110,21 @@ def test_module_paths_public_hosts_and_ordinary_code_are_not_hosts_or_paths() ->
             "loss = total/count\ny = a/b.mean()\nopen('README.md')\nsave(model, 'model.pt')\n"
             'DB_PASSWORD = os.environ["DB_PASSWORD"]\n')
     assert Redactor()(code) == code
+
+
+def test_a_bad_redact_pattern_from_the_environment_or_the_flag_is_named_before_anything_is_written(
+        tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from eroica.cli.main import main
+
+    incident = Path(__file__).parents[2] / "incidents" / "INC-0001" / "patterns"
+    assert main(["diagnose", str(incident), "--format", "json", "-o", str(tmp_path / "d.json")]) == 0
+    bad = tmp_path / "redact.txt"
+    bad.write_text("ok\nfoo(bar\n")
+    monkeypatch.setenv("EROICA_REDACT_FILE", str(bad))
+    capsys.readouterr()
+    assert main(["draft", str(tmp_path / "d.json"), "-o", str(tmp_path / "a")]) == 2
+    assert f"{bad}:2: not a regular expression" in capsys.readouterr().out
+    monkeypatch.delenv("EROICA_REDACT_FILE")
+    assert main(["draft", str(tmp_path / "d.json"), "--redact", "a[b", "-o", str(tmp_path / "b")]) == 2
+    assert "--redact 'a[b': not a regular expression" in capsys.readouterr().out
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

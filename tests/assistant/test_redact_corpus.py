@@ -28,9 +28,9 @@ def test_the_corpus_is_what_it_says() -> None:
     assert all(s in e["text"] for e in CORPUS for s in e["secrets"])
     assert len({e["text"] for e in CORPUS}) == len(CORPUS)
     sources = {e["source"].split(" tests/")[0].split(" config")[0] for e in CORPUS}
-    assert {"eroica issue 54", "detect-secrets"} <= sources, sources
+    assert {"eroica, forms that once went through", "detect-secrets"} <= sources, sources
     # every form the issue named is in it
-    issue = " ".join(e["text"] for e in CORPUS if e["source"] == "eroica issue 54")
+    issue = " ".join(e["text"] for e in CORPUS if e["source"] == "eroica, forms that once went through")
     for form in ('os.environ["AWS_SECRET_ACCESS_KEY"]', "setdefault(", "Bearer ", "machine ",
                  "export aws_secret_access_key=", "--password", "mysql", "BEGIN PGP PRIVATE KEY BLOCK", "tcp://",
                  "databricks://", "%eth0", "?token="):

@@ -63,8 +63,10 @@ def test_eval_scores_the_heldout_set_apart_and_only_the_library_gates(tmp_path: 
     shutil.copytree(ROOT / "INC-0001", tmp_path / "INC-0001")
     held = tmp_path / "heldout"
     shutil.copytree(ROOT / "INC-0005", held / "HO-0001")                      # a healthy run: right
+    with (held / "HO-0001" / "expected.yaml").open("a") as f:
+        f.write("seen: false\n")
     shutil.copytree(ROOT / "INC-0001", held / "HO-0002")
-    (held / "HO-0002" / "expected.yaml").write_text("expect: [{root_cause: gc_pause, ranks: [3]}]\n")   # a miss
+    (held / "HO-0002" / "expected.yaml").write_text("expect: [{root_cause: gc_pause, ranks: [3]}]\nseen: false\n")
     shutil.copytree(ROOT / "INC-0001", held / "HO-0003")                      # read before a change: seen
     (held / "HO-0003" / "expected.yaml").write_text((ROOT / "INC-0001" / "expected.yaml").read_text()
                                                     + "seen: true\nseen_why: its miss was read before a change\n")
@@ -76,12 +78,18 @@ def test_eval_scores_the_heldout_set_apart_and_only_the_library_gates(tmp_path: 
     assert "HO-0003" not in unseen and "held-out yield, seen: 1/1" in seen, out
     assert "held-out yield, all: 2/3 (unseen 1/2, seen 1/1)" in out
     # the held-out folder named directly is judged as held-out, with its tables and calibration
-    assert main(["eval", str(held), "--calibration"]) == 1
+    assert main(["eval", str(held), "--calibration", "-v"]) == 0               # held-out never gates
     out = capsys.readouterr().out
+    assert "FAIL HO-0002 (" in out and "ok   HO-0003 [seen] (" in out, out
     assert "held-out yield, unseen: 1/2" in out and "Brier score:" in out and "overall yield" not in out
-    # seen says why
+    # seen says why, in one line naming the file
     (held / "HO-0003" / "expected.yaml").write_text("expect: []\nseen: true\n")
-    assert main(["eval", str(held)]) == 2 and "seen_why" in capsys.readouterr().err
+    assert main(["eval", str(held)]) == 2
+    err = capsys.readouterr().err
+    assert "HO-0003/expected.yaml" in err and "seen: true needs seen_why" in err and "pydantic" not in err, err
+    # and a held-out case must say whether it was seen at all
+    (held / "HO-0003" / "expected.yaml").write_text("expect: []\n")
+    assert main(["eval", str(tmp_path)]) == 2 and "says whether it was seen" in capsys.readouterr().err
 
 
 def test_an_incident_of_several_windows_is_judged_on_the_first_after_the_onset(tmp_path: Path) -> None:

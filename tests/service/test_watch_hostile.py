@@ -1,4 +1,4 @@
-"""A watched root is untrusted input (issue 54's attacks, each reproduced): a FIFO does not stop ingestion, a
+"""A watched root is untrusted input (the attacks once found, each reproduced): a FIFO does not stop ingestion, a
 symlink does not leave the root, a file over the body limit and a gzip bomb in a spool are refused by size before
 and after decompression, and a root writes only the jobs of its scope and never a job a writer of another scope
 created."""
@@ -157,3 +157,22 @@ def test_a_teams_root_replays_what_its_sink_spooled_for_a_job_its_token_created(
             assert c.execute(sa.select(jobs.c.ended_by).where(jobs.c.id == "team-a.run-3")).scalar() == "job"
     finally:
         svc.stop()
+
+
+def test_an_empty_scope_is_refused_at_start_and_a_symlink_is_named_as_one(tmp_path: Path, capsys,  # type: ignore[no-untyped-def]
+                                                                          caplog) -> None:
+    from eroica.cli.main import main
+
+    # `ROOT=` (a template's unset variable) would widen a team's root to every job
+    assert main(["serve", "--data", str(tmp_path / "d"), "--watch", f"{tmp_path}="]) == 2
+    assert "the scope after '=' is empty" in capsys.readouterr().err
+    root = tmp_path / "root"
+    run = root / "team-a.1" / "w000-s20"
+    run.mkdir(parents=True)
+    (tmp_path / "outside.json").write_text("{}")
+    (run / "rank-0.json").symlink_to(tmp_path / "outside.json")
+    svc = service(tmp_path)
+    w = Watcher(svc, [f"{root}=team-a*"])
+    with caplog.at_level("WARNING"):
+        scan_within(w, 5)
+    assert "a symbolic link: never followed" in caplog.text, caplog.text
