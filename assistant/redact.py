@@ -177,6 +177,18 @@ def load_pattern_file(path: Path) -> list[str]:
     return out
 
 
+def value(*groups: int, keep_placeholder: bool = True) -> Callable[[re.Match[str]], str]:
+    """A match with its value (the first of `groups` that took part) replaced by `<secret>`, the rest of it
+    (the name, the flag, the quotes) kept; a value that is already a placeholder (`<path>`) is kept too."""
+    def one(m: re.Match[str]) -> str:
+        g = next(g for g in groups if m.group(g) is not None)
+        if keep_placeholder and m.group(g).startswith("<"):
+            return m.group(0)
+        start, end = m.span(g)
+        return m.group(0)[:start - m.start()] + "<secret>" + m.group(0)[end - m.start():]
+    return one
+
+
 @dataclass
 class Redactor:
     hostnames: list[str] = field(default_factory=list)       # from the diagnosis: never sent
@@ -223,37 +235,20 @@ class Redactor:
 
     def _secret_values(self, text: str) -> str:
         """The value of an assignment to a secret-like name, whatever it looks like."""
-        def quoted(m: re.Match[str]) -> str:
-            if m.group(4).startswith(("<", "[")) or TOKENIZER_NAME.search(m.group(1)):  # a placeholder, "</s>"
-                return m.group(0)
-            return f"{m.group(1)}{m.group(2)}{m.group(3)}<secret>{m.group(3)}"
-
-        def bare(m: re.Match[str]) -> str:
-            return f"{m.group(1)}{m.group(2)}<secret>"
-        def arg(m: re.Match[str]) -> str:
-            return m.group(0) if m.group(3).startswith("<") else f"{m.group(1)}{m.group(2)}<secret>{m.group(2)}"
-
-        def second(m: re.Match[str]) -> str:
-            return m.group(0) if m.group(2).startswith("<") else f"{m.group(1)}<secret>"
+        def quoted(m: re.Match[str]) -> str:          # a tokenizer's "[PAD]", eos_token = "</s>": no secret
+            return m.group(0) if m.group(4).startswith("[") or TOKENIZER_NAME.search(m.group(1)) else value(4)(m)
 
         def netrc(m: re.Match[str]) -> str:
             return NETRC_VALUE.sub(lambda v: f"{v.group(1)}{v.group(2)}"
                                    + ("<host>" if v.group(1).lower() == "machine" else "<secret>"), m.group(0))
-        text = self._replace(SECRET_ASSIGN, "<secret>", text, quoted)
-        text = self._replace(SECRET_ARG, "<secret>", text, arg)
-        text = self._replace(NETRC, "<secret>", text, netrc)
-        text = self._replace(SECRET_FLAG, "<secret>", text, lambda m: m.group(0) if m.group(3).startswith("<")
-                             else f"{m.group(1)}{m.group(2)}<secret>")
-        text = self._replace(CLIENT_PASSWORD, "<secret>", text, second)
-        text = self._replace(LOGIN_PASSWORD, "<secret>", text, second)
-        text = self._replace(POSITIONAL, "<secret>", text, lambda m: next(
-            f"{m.group(i)}<secret>" for i in (1, 3, 5) if m.group(i) is not None))
-        text = self._replace(LOGIN_CALL, "<secret>", text, lambda m: f"{m.group(1)}{m.group(3)}<secret>{m.group(3)}")
-        text = self._replace(AUTH_SCHEME, "<secret>", text, second)
-        text = self._replace(QUERY_SECRET, "<secret>", text, second)
-        text = self._replace(SECRET_ENV, "<secret>", text, bare)
-        text = self._replace(SECRET_SHELL, "<secret>", text, lambda m: f"{m.group(1)}<secret>")
-        return self._replace(SECRET_YAML, "<secret>", text, bare)
+        for rx, fn in ((SECRET_ASSIGN, quoted), (SECRET_ARG, value(3)), (NETRC, netrc), (SECRET_FLAG, value(3)),
+                       (CLIENT_PASSWORD, value(2)), (LOGIN_PASSWORD, value(2)),
+                       (POSITIONAL, value(2, 4, 6, keep_placeholder=False)),
+                       (LOGIN_CALL, value(4, keep_placeholder=False)), (AUTH_SCHEME, value(2)),
+                       (QUERY_SECRET, value(2)), (SECRET_ENV, value(3, keep_placeholder=False)),
+                       (SECRET_SHELL, value(2, keep_placeholder=False))):
+            text = self._replace(rx, "<secret>", text, fn)
+        return self._replace(SECRET_YAML, "<secret>", text, value(3, keep_placeholder=False))
 
     def _hosts(self, text: str) -> str:
         """Every fully qualified name but the allowed public ones and module paths (`import a.io`)."""

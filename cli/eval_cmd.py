@@ -127,14 +127,15 @@ def table(results: list[IncidentResult], label: str = "overall yield") -> str:
 def run(args: argparse.Namespace) -> int:
     if args.drafts:
         return drafts(args)
+    # a held-out folder named directly is judged as held-out, not as a library
+    named = "held-out" if args.dir.resolve().name == HELDOUT else "library"
     try:
         incs = find_incidents(args.dir)
         held = find_heldout(args.dir)
         # a bad expected.yaml is named before anything is replayed; a held-out case must say whether it was seen
-        named_held = args.dir.resolve().name == HELDOUT
         for inc in incs + held:
             exp = load_expected(inc / "expected.yaml")
-            if exp.seen is None and (named_held or inc in held):
+            if exp.seen is None and (named == "held-out" or inc in held):
                 raise RunDirError("a held-out case says whether it was seen: add `seen: false` (never read "
                                   "before a change) or `seen: true` with `seen_why:`", path=str(inc / "expected.yaml"))
     except EngineError as exc:
@@ -157,8 +158,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     opts = DiagnoseOptions(in_process=True, knowledge=k.spec)
     named_by = naming_rules(k.rules)
-    # a held-out folder named directly is judged as held-out, not as a library
-    named = "held-out" if args.dir.resolve().name == HELDOUT else "library"
     results = _replay(incs, args.verbose, named, opts, named_by)
     if incs and named == "held-out":
         print(held_out_tables(results, args.dir, args.calibration))

@@ -42,7 +42,9 @@ from eroica.service.errors import Malformed, TooLarge, UnsupportedEncoding
 log = logging.getLogger("eroica.service")
 COOKIE = "eroica_session"
 SESSION_SECONDS = 12 * 3600
-EXPIRES = re.compile(r"[0-9]{1,16}")     # a session's expiry: a Unix time
+#: a number a client sends (a session's expiry, a Content-Length): ASCII digits only (int() reads "²" too, and
+#: refuses 5000 digits), at most 19 of them
+NUMBER = re.compile(r"[0-9]{1,19}")
 PUBLIC_READS = ("/healthz", "/metrics", "/login")
 FORMS = re.compile(r"/issues/[0-9]+/act|/login|/logout")
 #: on every response: no type sniffing, never framed by another page (clickjacking), no full URL to other sites
@@ -159,9 +161,8 @@ class Access:
         if not value or self.token is None or "." not in value:
             return False
         expires, _, sig = value.partition(".")
-        # whatever a client sends: ASCII digits only (int() reads "²" too, and refuses 5000 digits), and a
-        # signature compared as bytes (compare_digest refuses text that is not ASCII)
-        if EXPIRES.fullmatch(expires) is None or int(expires) <= time.time():
+        # a signature compared as bytes (compare_digest refuses text that is not ASCII)
+        if NUMBER.fullmatch(expires) is None or int(expires) <= time.time():
             return False
         return hmac.compare_digest(sig.encode(), self._sign(int(expires)).encode())
 
@@ -220,7 +221,7 @@ class Guard:
             if ctype not in want:
                 return (415, f"Content-Type must be {want[0]}, got {ctype!r}", "content-type"), None
         size = h.get("content-length")
-        digits = size is not None and size.isascii() and size.isdigit() and len(size) <= 19
+        digits = size is not None and NUMBER.fullmatch(size) is not None
         if size is not None and (not digits or int(size) > self.limit):
             return (413 if digits else 400, f"body of {size[:20]} bytes: over {self.limit} or not a "
                                                     "number", "body"), None

@@ -60,6 +60,10 @@ def is_window_file(f: Path) -> bool:
                                       or n.startswith("pack-") and n.endswith(".jsonl"))
 
 
+SYMLINK = "a symbolic link: never followed"
+NOT_REGULAR = "not a regular file (a FIFO, a device or a socket): never opened"
+
+
 class Unsafe(Exception):
     """A file of a watched root that is not read: why."""
 
@@ -74,11 +78,11 @@ def read_inside(f: Path, root: Path, limit: int) -> bytes:
     try:
         fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise Unsafe("a symlink (not followed)" if os.path.islink(f) else f"cannot open: {exc.strerror}") from exc
+        raise Unsafe(SYMLINK if os.path.islink(f) else f"cannot open: {exc.strerror}") from exc
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise Unsafe("not a regular file")
+            raise Unsafe(NOT_REGULAR)
         if st.st_size > limit:
             raise Unsafe(f"{st.st_size} bytes, over the limit of {limit} (serve --max-body-bytes)")
         chunks, n = [], 0
@@ -165,8 +169,7 @@ class Watcher:
         except OSError:
             return 0
         if not stat.S_ISREG(st.st_mode):        # a symlink, a FIFO, a device: never opened
-            self._refuse(f, "a symbolic link: never followed" if stat.S_ISLNK(st.st_mode) else
-                         "not a regular file (a FIFO, a device or a socket): never opened")
+            self._refuse(f, SYMLINK if stat.S_ISLNK(st.st_mode) else NOT_REGULAR)
             return 0
         key = (st.st_size, st.st_mtime_ns)
         if self.seen.get(f) == key:
