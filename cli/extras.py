@@ -45,7 +45,8 @@ def refusal(cmd: str) -> str | None:
         return None
     if "engine" in lacks and sys.version_info >= ENGINE_PYTHONS:
         return explain(cmd, "engine", _PROBE["engine"][0])
-    return explain(cmd, lacks[0], next(m for m in _PROBE[lacks[0]] if importlib.util.find_spec(m) is None))
+    return explain(cmd, lacks[0], next(m for m in _PROBE[lacks[0]] if importlib.util.find_spec(m) is None),
+                   also=tuple(lacks[1:]))
 
 
 def needs_note(cmd: str) -> str:
@@ -64,8 +65,8 @@ def extra_of(exc: ModuleNotFoundError) -> str | None:
     return MODULE_EXTRA.get((exc.name or "").split(".")[0])
 
 
-def explain(cmd: str, extra: str, module: str) -> str:
-    """What to do, in one message: the extra to install, or the Python to use."""
+def explain(cmd: str, extra: str, module: str, also: tuple[str, ...] = ()) -> str:
+    """What to do, in one message: the extra to install (with the others it also lacks), or the Python to use."""
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     if extra == "engine" and sys.version_info >= ENGINE_PYTHONS:
         wanted = COMMAND_EXTRAS.get(cmd, ("engine",))[0]     # serve and assistant bring the engine
@@ -76,4 +77,5 @@ def explain(cmd: str, extra: str, module: str) -> str:
     what = {"engine": "diagnosis and reports", "serve": "the online service", "assistant": "the drafts",
             "torch": "PyTorch (CPU wheel: pip install torch==2.13.0)", "gpu": "NVML"}.get(extra, extra)
     return (f"eroica {cmd} needs the '{extra}' extra ({what}), which is not installed in this Python "
-            f"({sys.executable}, Python {py}; no module named {module!r}): pip install 'eroica[{extra}]'")
+            f"({sys.executable}, Python {py}; no module named {module!r}): pip install "
+            f"'eroica[{','.join((extra, *also))}]'")
