@@ -12,7 +12,7 @@ import numpy as np
 from eroica.engine import VERSION
 from eroica.engine.findings import build_findings, unhealthy
 from eroica.engine.hang import load_snapshots, localize_documents
-from eroica.engine.history import add_gaps, mark_history, start_step, summarize
+from eroica.engine.history import add_gaps, mark_history, mark_standing, start_step, summarize
 from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
 from eroica.engine.report_data import add_report_data, heatmap, step_series
@@ -140,6 +140,7 @@ def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHi
         coverage = _coverage(w)
         findings = add_report_data(build_findings(w, a, conclusions.get(w.window_id, []), taxonomy, resolution,
                                          coverage.coverage_ratio, status), w, a, steps.during_median_seconds)
+        findings = sorted(mark_standing(w, findings), key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
         c = w.columns
         why_not = floor.why_not(len(coverage.ranks_reported), coverage.world_size)
         out.append(

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
+
 from eroica.engine.facts import ConfigDeviation, EvidenceGap, Fact
 from eroica.engine.load import WindowData
 from eroica.engine.peer import PeerAnalysis
@@ -28,6 +30,11 @@ from eroica.schema.diagnosis import (
 )
 
 FASTER_THEN_RATIO = 1.15     # the job's step now at least this many times the earlier window's
+PAUSE_RATIO = 4.0            # a step this many times the job's median step is a pause
+AS_LONG_RATIO = 0.5          # an earlier pause at least this share of the window's (the detector's "by design")
+IN_PAUSES_RATIO = 0.8        # a finding whose function spent this share of its window time in standing pauses
+STANDING_FACTOR = 0.5        # what such a finding keeps of its confidence: below a finding's 0.5
+WARMUP_STEPS = 10            # the detector's default warm-up: a first step's compilation is no pause to compare
 
 
 def job_step_seconds(a: PeerAnalysis) -> float:
@@ -110,3 +117,73 @@ def mark_history(w: WindowData, a: PeerAnalysis, earlier: Sequence[WindowHistory
                 f = f.model_copy(update={"seen_while_healthy": True, "seen_in_window": where})
         facts.append(f)
     a.facts = facts
+
+
+def _job_series(mat: np.ndarray, lens: np.ndarray, right: bool) -> np.ndarray:
+    """The median over ranks of each of the last n steps, n the fewest any rank has (`right`: rows are
+    right-aligned, NaN-padded on the left; else left-aligned with `lens` values each)."""
+    n = int(lens.min()) if len(lens) else 0
+    if n <= 0:
+        return np.zeros(0)
+    tail = mat[:, mat.shape[1] - n:] if right else mat[:, :n]
+    return np.median(tail, axis=0)
+
+
+def standing_pauses(w: WindowData) -> tuple[np.ndarray, int | None]:
+    """The window's pauses (steps PAUSE_RATIO times its median step) that the job made from the start:
+    its first pause after its warm-up in its always-on step series was at least AS_LONG_RATIO as long,
+    and it paused as often (the detector's "by design"). A pause that became longer shows shorter ones
+    first, even when the window opens after several long ones. The mask over the window's steps and
+    that first pause's step; an empty mask when the window has no pause or the job made none like it.
+    The series holds the detector's last HISTORY_STEPS steps: a pause long for longer than that is read
+    as the job's design."""
+    c = w.columns
+    none = np.zeros(0, dtype=bool), None
+    if not c.ranks:
+        return none
+    during = _job_series(c.step, c.n_steps, False)
+    before = _job_series(c.before, c.before_len, True)
+    first = start_step(w) - len(before)             # the step number of before[0]
+    keep = np.arange(len(before)) + first >= WARMUP_STEPS
+    before, numbers = before[keep], (np.arange(len(keep)) + first)[keep]
+    if len(during) < 5 or len(before) < 10:
+        return none
+    level_d, level_b = float(np.median(during)), float(np.median(before))
+    if level_d <= 0 or level_b <= 0:
+        return none
+    pauses = during > PAUSE_RATIO * level_d
+    earlier = before > PAUSE_RATIO * level_b
+    if not pauses.any() or not earlier.any():
+        return none
+    first_pause = int(np.argmax(earlier))            # the job's first pause after its warm-up: what it always did
+    as_long = before[first_pause] - level_b >= AS_LONG_RATIO * float((during[pauses] - level_d).min())
+    expected = int(np.ceil(2 * earlier.sum() / len(before) * len(during)))   # as often: twice the rate at most
+    if not as_long or int(pauses.sum()) > max(1, expected):
+        return none
+    return pauses, int(numbers[first_pause])
+
+
+def mark_standing(w: WindowData, findings: Sequence[Finding]) -> list[Finding]:
+    """Lower each finding whose function spent IN_PAUSES_RATIO of its window time on its ranks in
+    standing pauses (`standing_pauses`) to STANDING_FACTOR of its confidence, and say so: the cause is
+    present, and what it costs is shown, but the job paid it from its start."""
+    mask, step = standing_pauses(w)
+    if step is None:
+        return list(findings)
+    c = w.columns
+    n = len(mask)
+    out: list[Finding] = []
+    for f in findings:
+        cols = [k for k, (_, name) in enumerate(c.keys) if f.function is not None and name == f.function]
+        rows = [c.row[r] for r in f.ranks if r in c.row]
+        spent = c.per_step[np.ix_(rows, cols)][:, :, :n].sum(axis=(0, 1)) if cols and rows else np.zeros(n)
+        total = float(spent.sum())
+        if total <= 0 or float(spent[mask].sum()) < IN_PAUSES_RATIO * total:
+            out.append(f)
+            continue
+        cf = f.confidence_factors.model_copy(update={"standing_ratio": STANDING_FACTOR, "standing_step": step})
+        out.append(f.model_copy(update={
+            "confidence": round(f.confidence * STANDING_FACTOR, 4), "confidence_factors": cf,
+            "summary": f"{f.summary} The job made the same pause from its start, as long (first at step {step}): "
+                       "present by design, not this window's slowdown."}))
+    return out

@@ -90,6 +90,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         "save_checkpoint, under --ckpt-dir) for about --ckpt0-seconds, then every rank waits in a "
                         "barrier; 0: never")
     p.add_argument("--ckpt0-seconds", type=float, default=2.0, help="the rank 0 checkpoint's length (a floor)")
+    p.add_argument("--ckpt0-slow-step", type=int, default=None, metavar="K",
+                   help="fault: from step K on the rank 0 checkpoint takes 4x --ckpt0-seconds (its disk became slow)")
     p.add_argument("--eval-every", type=int, default=0, metavar="N",
                    help="healthy pause: every N-th step every rank runs forward passes without gradients for about "
                         "--eval-seconds (region evaluate), then all-reduces the evaluation loss; 0: never")
@@ -410,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
                 with mon.region("save_checkpoint"):
                     ckpt.write()
             if ckpt0 is not None and (step + 1) % args.ckpt0_every == 0:
-                ckpt0.save_checkpoint(mon, model, args.ckpt0_seconds)
+                slow = args.ckpt0_slow_step is not None and step >= args.ckpt0_slow_step
+                ckpt0.save_checkpoint(mon, model, args.ckpt0_seconds * (4 if slow else 1))
             if args.eval_every and (step + 1) % args.eval_every == 0:
                 pauses.evaluate(mon, model, x, args.eval_seconds)
             step_end_faults(mon, "log_metrics", fault if active(step) else "none", args.stall_seconds)

@@ -45,6 +45,11 @@ class ConfidenceFactors(Frozen):
     # the rule's `needs`: evidence its rank could not collect, and the factor that costs (1.0: none missing)
     evidence_gap_ratio: float = Field(1.0, ge=0, le=1)
     evidence_missing: list[str] = Field(default_factory=list)
+    # the job's own history: the finding's cost lies in pauses the job made from its start, as long and as
+    # often (a checkpoint rank 0 writes every N steps): by design, not the slowdown; this share is kept
+    # (1.0: not so), and the job's first such pause
+    standing_ratio: float = Field(1.0, ge=0, le=1)
+    standing_step: int | None = None
     peer_group: str
     peer_group_valid: bool
 
@@ -79,6 +84,8 @@ FACTORS: Final = (
      "cause on the same ranks explains it"),
     ("contested_ratio", "contested", False, "the taxonomy's contest_factor when another cause on the same rank is "
      "within contest_margin and no deciding evidence settles it"),
+    ("standing_ratio", "standing", False, "0.5 when the finding's cost lies in pauses the job made from its start, "
+     "as long and as often (by design: present, but not the slowdown)"),
     ("window_consistency_ratio", "across windows", False, "0.8 + 0.2 x the share of the run's windows with the "
      "same cause on the same ranks"),
 )
