@@ -126,7 +126,8 @@ def _job_series(mat: np.ndarray, lens: np.ndarray, right: bool) -> np.ndarray:
     if n <= 0:
         return np.zeros(0)
     tail = mat[:, mat.shape[1] - n:] if right else mat[:, :n]
-    return np.median(tail, axis=0)
+    out: np.ndarray = np.median(tail, axis=0)
+    return out
 
 
 def standing_pauses(w: WindowData) -> tuple[np.ndarray, int | None]:
