@@ -18,8 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault", choices=FAULTS, default="dataloader_stall", help="fault to inject (default: %(default)s)")
     p.add_argument("--rank", type=int, default=1, help="rank to inject it on (default: %(default)s)")
     p.add_argument("--fault-step", type=int, default=25, help="healthy steps before the fault (default: %(default)s)")
-    p.add_argument("--world-size", type=int, default=4)
-    p.add_argument("--steps", type=int, default=90, help="stop after this many steps if no window opened")
+    p.add_argument("--world-size", type=int, default=4, help="ranks (processes) in the job (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=90,
+                   help="stop after this many steps if no window opened (default: %(default)s)")
     p.add_argument("--out", type=Path, default=None, help="run directory (default: runs/demo-<fault>-<time>)")
     p.set_defaults(func=run)
 

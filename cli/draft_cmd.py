@@ -18,7 +18,9 @@ from eroica.assistant.verify import DetectorSteps, Runner, link_verified, verify
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("diagnosis", type=Path, help="an eroica.diagnosis/v1 JSON file (eroica diagnose --format json)")
     p.add_argument("--repo", type=Path, help="the training code's repository (drafted diffs must apply to it)")
-    p.add_argument("--backend", choices=("offline", "openai"), default="offline")
+    p.add_argument("--backend", choices=("offline", "openai"), default="offline",
+                   help="offline: deterministic drafts from the remediation templates; openai: drafts by an "
+                        "OpenAI-compatible model endpoint (default: %(default)s)")
     p.add_argument("--base-url", help="openai backend: the endpoint (or EROICA_LLM_BASE_URL)")
     p.add_argument("--model", help="openai backend: the model name (or EROICA_LLM_MODEL)")
     p.add_argument("--redact", action="append", default=[], help="a regular expression never sent to a model")
@@ -26,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "comments skipped (or EROICA_REDACT_FILE)")
     p.add_argument("--validate", help="the repository's validation command, run by the gate on each drafted diff in "
                                       "a scratch copy (default: [tool.eroica] validate in the repo's pyproject.toml)")
-    p.add_argument("--validate-timeout", type=float, default=300.0, help="seconds (default 300)")
+    p.add_argument("--validate-timeout", type=float, default=300.0,
+                   help="seconds the validation command may run on each drafted diff (default 300)")
     p.add_argument("--unsandboxed-validation", action="store_true",
                    help="run the validation command even where no sandbox (bubblewrap) can: it then runs the "
                         "draft and the repository's tests with your files and network (the change request says so)")

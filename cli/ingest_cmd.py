@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-file", type=Path, help="spool: the service's token (default: $EROICA_SINK_TOKEN)")
     p.add_argument("--rank", action="append", default=[], metavar="FILE=N",
                    help="the rank of a file that has no distributedInfo and no rank in its name")
-    p.add_argument("--world-size", type=int, help="when the traces do not say it")
+    p.add_argument("--world-size", type=int, help="the job's number of ranks, when the traces do not say it")
     p.set_defaults(func=run)
 
 

@@ -11,13 +11,19 @@ from eroica.lab.workload import FAULTS
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault", required=True, help=f"one of {', '.join(FAULTS)}, or several separated by commas")
-    p.add_argument("--rank", default="1", help="rank, or one rank per fault separated by commas")
-    p.add_argument("--force-step", type=int, default=24, help="healthy runs: the step of the forced window")
+    p.add_argument("--rank", default="1",
+                   help="the rank the fault is injected on, or one rank per fault separated by commas "
+                        "(default: %(default)s)")
+    p.add_argument("--force-step", type=int, default=24,
+                   help="healthy runs: the step of the forced window (default: %(default)s; --random draws it)")
     p.add_argument("--id", required=True, help="incident id, e.g. INC-0001")
-    p.add_argument("--dir", type=Path, default=Path("incidents"))
-    p.add_argument("--fault-step", type=int, default=25)
+    p.add_argument("--dir", type=Path, default=Path("incidents"),
+                   help="the incident library the incident is written to, as DIR/ID (default: %(default)s)")
+    p.add_argument("--fault-step", type=int, default=25,
+                   help="the step the fault starts at, its onset (default: %(default)s; --random draws it)")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="demo",
-                   help="demo: the job the rules were written on; lm: the held-out job (incidents/heldout/)")
+                   help="demo: the job the rules were written on; lm: the held-out job (incidents/heldout/) "
+                        "(default: %(default)s)")
     p.add_argument("--random", type=int, metavar="SEED", default=None,
                    help="pick the culprit rank, the fault's strength and its onset at random (written down)")
     p.add_argument("--heterogeneous", action="store_true",

@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ls = rs.add_parser("list", help="every rule: id, status, root cause, origin, enabled, what changed it")
     sh = rs.add_parser("show", help="one rule: its file, prior and the factors its confidence goes through, "
                                     "its tests, the incidents that name it")
-    sh.add_argument("rule_id", metavar="ID")
+    sh.add_argument("rule_id", metavar="ID", help="the rule's id (`eroica rules list` lists them)")
     sh.add_argument("--incidents", type=Path, action="append", default=[], metavar="DIR",
                     help="incident libraries to look the rule up in (default: each site's DIR/incidents and "
                          "./incidents)")

@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-pth", action="store_true",
                    help="print the one-line .pth file a platform image installs in site-packages instead "
                         "(it attaches when EROICA_ATTACH=1), and exit")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command and its arguments, after --")
     p.set_defaults(func=run)
 
 

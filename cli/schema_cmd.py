@@ -38,7 +38,8 @@ def schema(kind: str) -> dict[str, object]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("kind", choices=sorted([*MODELS, "api"]))
+    p.add_argument("kind", choices=sorted([*MODELS, "api"]),
+                   help="the document whose schema to print (api: the responses of eroica serve's /v1 API)")
     p.set_defaults(func=run)
 
 

@@ -16,14 +16,15 @@ from eroica.cli import knowledge_args
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
-                   / "eroica", help="where the SQLite database lives (default ~/.local/share/eroica)")
+                   / "eroica",
+                   help="where the SQLite database lives (default $XDG_DATA_HOME/eroica, else ~/.local/share/eroica)")
     p.add_argument("--db", help="a database URL instead: postgresql://user@host/db (a fleet) or sqlite:///PATH")
     p.add_argument("--migrate", action="store_true",
                    help="bring the database's schema to this version's and exit (an upgrade's first step, a "
                         "Kubernetes init container; replicas also do it at start, one at a time)")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default 127.0.0.1; beyond this machine needs --token-file)")
-    p.add_argument("--port", type=int, default=8080, help="(default 8080)")
+    p.add_argument("--port", type=int, default=8080, help="the TCP port to listen on (default 8080)")
     p.add_argument("--watch", action="append", default=[], metavar="ROOT[=GLOB]",
                    help="a run root to watch for RUN_DIR/<window>/rank-R.json, packed files and sink spools; "
                         "repeatable. Its files are untrusted input: only regular files inside it, within "
