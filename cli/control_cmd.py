@@ -17,6 +17,7 @@ import argparse
 import getpass
 import json
 import socket
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,10 @@ def _store(address: str, prefix: str, timeout: float) -> Any:
 
 def show(run_dir: Path) -> int:
     path = run_dir / LOG_FILE
+    if not run_dir.is_dir():
+        print(f"eroica control: {run_dir}: no such run directory (the job's output directory, where its windows "
+              "are written)", file=sys.stderr)
+        return 2
     if not path.is_file():
         print(f"{path}: no control log yet (no change was applied or rejected)")
         return 0
@@ -115,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         req = build_request(args)
     except ValueError as exc:
-        print(f"eroica control: {exc}")
+        print(f"eroica control: {exc}", file=sys.stderr)
         return 2
     if args.store is None:
         path = append_request(args.run_dir, req)
@@ -132,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         step, lead = at
         change = publish(store, req, step + lead)
     except ValueError as exc:
-        print(f"eroica control: {exc}")
+        print(f"eroica control: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:   # unreachable store, timeouts
         print(f"eroica control: could not reach the job's store at {args.store}: {exc!r}")

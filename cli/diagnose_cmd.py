@@ -17,10 +17,17 @@ from eroica.cli import knowledge_args
 from eroica.cli.fastpath import resume_collection, warm_engine
 from eroica.engine import FORMATS
 
-NOT_DIAGNOSABLE = 3    # exit code: a window fell below the coverage floor (no verdict)
+#: exit codes, as linters and grep say what they found: 0 diagnosed and healthy (no finding at 0.5 or more, no
+#: hang), FOUND a cause (a finding at 0.5 or more in a window, or a hang's), 2 an error (nothing diagnosed),
+#: NOT_DIAGNOSABLE a window fell below the coverage floor (no verdict)
+FOUND = 1
+NOT_DIAGNOSABLE = 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("exit status: 0 diagnosed, nothing found (every window healthy, no hang); 1 a cause found (a "
+                "finding at confidence 0.5 or more, or a hang); 2 an error; 3 not diagnosable (too few ranks "
+                "reported)")
     p.description = ("PATH: a run directory (its windows' pattern files, its hang snapshots), or PyTorch "
                      "profiler (Kineto) trace files or directories of them, one file per rank: those are ingested "
                      "first, on every core, into --patterns DIR or a temporary directory.")
@@ -157,8 +164,12 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
         if (now := liveness(run_dir, d.hang)) is not None:     # the report is of the snapshots; this line of now
             text = text.rstrip("\n") + f"\n\n{now}\n"
     _emit(args, text)
-    lost = [w.window for w in d.windows if not w.diagnosable]
-    if lost:   # the report is written; the exit code says that no verdict could be reached
-        print(f"eroica diagnose: not diagnosable: {', '.join(lost)} (too few ranks reported)", file=sys.stderr)
+    lost = [w for w in d.windows if not w.diagnosable]
+    for w in lost:   # the report is written; the exit code says that no verdict could be reached, and why
+        first = f"; first: {w.coverage.file_problems[0]}" if w.coverage.file_problems else ""
+        print(f"eroica diagnose: not diagnosable: {w.window}: {w.not_diagnosable_reason}"
+              + (f" ({len(w.coverage.file_problems)} file problem(s){first})" if first else ""), file=sys.stderr)
+    if lost:
         return NOT_DIAGNOSABLE
-    return 0
+    hung = d.hang is not None and (d.hang.state != "resolved" or d.hang.confidence >= 0.5)
+    return FOUND if hung or any(not w.healthy for w in d.windows) else 0

@@ -14,19 +14,33 @@ from pathlib import Path
 from typing import Any
 
 
+def _connection(p: argparse.ArgumentParser, top: bool) -> None:
+    """--server and --token-file, before the sub-command or after it (`findings list --server X`): on the
+    sub-commands they default to nothing, so a value given before the sub-command is kept."""
+    kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
+    p.add_argument("--server", **({"default": os.environ.get("EROICA_SERVER", "http://127.0.0.1:8080")} if top
+                                  else kw),
+                   help="the service's URL (default: EROICA_SERVER or http://127.0.0.1:8080)")
+    p.add_argument("--token-file", type=Path, **kw,
+                   help="a file holding the bearer token (default: EROICA_TOKEN)")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server", default=os.environ.get("EROICA_SERVER", "http://127.0.0.1:8080"))
-    p.add_argument("--token-file", type=Path)
+    _connection(p, top=True)
     fs = p.add_subparsers(dest="findings_cmd", required=True)
     ls = fs.add_parser("list", help="issues, newest first")
-    ls.add_argument("--state")
-    ls.add_argument("--job")
-    ls.add_argument("--json", action="store_true")
+    _connection(ls, top=False)
+    ls.add_argument("--state", help="only issues in this state (open, acknowledged, linked, recovered, ...)")
+    ls.add_argument("--job", help="only this job's issues (its id)")
+    ls.add_argument("--format", choices=("text", "json"), default="text", help="text for people, json for machines")
+    ls.add_argument("--json", action="store_const", const="json", dest="format", help="the same as --format json")
     for name, helptext in (("ack", "acknowledge"), ("link", "link to a ticket or change"),
                            ("close", "close as recovered, not_recovered or false_positive")):
         a = fs.add_parser(name, help=helptext)
-        a.add_argument("id", type=int)
-        a.add_argument("--who", default=os.environ.get("USER", "unknown"))
+        _connection(a, top=False)
+        a.add_argument("id", type=int, help="the issue's id (`eroica findings list`)")
+        a.add_argument("--who", default=os.environ.get("USER", "unknown"),
+                       help="who does it, kept in the issue's history (default: $USER)")
         if name == "link":
             a.add_argument("url", help="ticket URL, change-request id, commit or config change")
             a.add_argument("--kind", default="ticket", choices=["ticket", "change_request", "commit", "config"])
@@ -34,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             a.add_argument("state", choices=["recovered", "not_recovered", "false_positive"])
             a.add_argument("--why", help="required for a false positive")
     ex = fs.add_parser("export", help="write a false positive as an incident directory (a regression case)")
-    ex.add_argument("id", type=int)
+    _connection(ex, top=False)
+    ex.add_argument("id", type=int, help="the issue's id (`eroica findings list`)")
     ex.add_argument("out", type=Path, help="the incident directory to create, e.g. incidents/INC-0044")
     p.set_defaults(func=run)
 
@@ -66,7 +81,7 @@ def _run(args: argparse.Namespace) -> int:
     if c == "list":
         q = "&".join(f"{k}={v}" for k, v in (("state", args.state), ("job", args.job)) if v)
         rows = _call(args, "GET", "/v1/issues" + (f"?{q}" if q else ""))
-        if args.json:
+        if args.format == "json":
             print(json.dumps(rows, indent=2))
             return 0
         for i in rows:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 
 DESCRIPTION = "Find why a distributed training job got slow."
 
@@ -87,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         if extra is None:
             raise
         print(extras.explain(cmd, extra, exc.name or "?"), file=sys.stderr)
+        return 2
+    except OSError as exc:                  # a file the command was told to read or write: said, not a traceback
+        if exc.filename is None or os.environ.get("EROICA_DEBUG"):
+            raise
+        print(f"eroica {cmd}: {exc.filename}: {exc.strerror or exc}" + (
+            " (its directory does not exist: create it first)" if isinstance(exc, FileNotFoundError)
+            and not Path(exc.filename).parent.is_dir() else ""), file=sys.stderr)
         return 2
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import yaml
@@ -20,14 +21,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--policy", type=Path, help="a YAML/JSON file of TriggerPolicy fields (others: defaults)")
     r.set_defaults(func=run_replay)
     sh = s.add_parser("show", help="the policy's fields, defaults and meaning")
-    sh.add_argument("--policy", type=Path)
+    sh.add_argument("--policy", type=Path, help="a YAML/JSON file of TriggerPolicy fields to show with the defaults "
+                    "(default: the defaults and EROICA_POLICY_* of this environment)")
     sh.set_defaults(func=run_show)
 
 
 def load_policy(path: Path | None) -> TriggerPolicy:
     if path is None:
         return TriggerPolicy.from_env()
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{path}{where}: not YAML ({getattr(exc, 'problem', None) or exc}): a mapping of policy "
+                         "fields is expected (`eroica policy show` lists them)") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a mapping of policy fields was expected")
     try:
@@ -41,7 +49,7 @@ def run_replay(args: argparse.Namespace) -> int:
         policy = load_policy(args.policy)
         steps = read_step_times(args.step_times)
     except (OSError, ValueError) as exc:
-        print(f"eroica policy replay: {exc}")
+        print(f"eroica policy replay: {exc}", file=sys.stderr)
         return 2
     wins = replay(steps, policy)
     for i, w in enumerate(wins):
@@ -58,7 +66,7 @@ def run_show(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.policy)
     except (OSError, ValueError) as exc:
-        print(f"eroica policy show: {exc}")
+        print(f"eroica policy show: {exc}", file=sys.stderr)
         return 2
     for name, field in TriggerPolicy.model_fields.items():
         print(f"{name} = {json.dumps(getattr(policy, name))}    # {field.description or ''}".rstrip(" #"))

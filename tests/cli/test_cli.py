@@ -12,7 +12,7 @@ def test_diagnose_json_to_file(tmp_path: Path, capsys) -> None:  # type: ignore[
     docs = [make_doc(r, step=0.16) for r in range(4)]
     docs[3] = make_doc(3, step=0.16, busy={"gc:gc.collect(gen2)": 0.08, "compute:forward": 0.02})
     run = write_run(tmp_path / "run", docs)
-    assert main(["diagnose", str(run), "--format", "json", "-o", str(tmp_path / "d.json")]) == 0
+    assert main(["diagnose", str(run), "--format", "json", "-o", str(tmp_path / "d.json")]) == 1
     d = json.loads((tmp_path / "d.json").read_text())
     assert d["windows"][0]["findings"][0]["root_cause"] == "gc_pause"
 
@@ -61,7 +61,7 @@ def test_a_site_knowledge_dir_adds_rules_and_overrides(tmp_path: Path) -> None:
     docs[3] = make_doc(3, step=0.16, busy={"gc:gc.collect(gen2)": 0.08, "compute:forward": 0.02})
     run = write_run(tmp_path / "run", docs)
     out = tmp_path / "d.json"
-    assert main(["diagnose", str(run), "--knowledge", str(site), "--format", "json", "-o", str(out)]) == 0
+    assert main(["diagnose", str(run), "--knowledge", str(site), "--format", "json", "-o", str(out)]) == 1
     causes = [f["root_cause"] for f in json.loads(out.read_text())["windows"][0]["findings"]]
     assert "gc_pause" not in causes          # the site disabled the shipped rule without editing it
     assert main(["diagnose", str(run), "--knowledge", str(tmp_path / "nope")]) == 2
@@ -78,3 +78,38 @@ def test_every_command_in_the_table_is_built_from_its_module_alone() -> None:
         assert list(sub.choices) == [name]
         assert [a.help for a in sub._choices_actions] == [text]
         assert len(sub.choices[name]._actions) > 1, name      # the module added its arguments to -h
+
+def test_diagnose_exit_status_says_whether_it_found_a_cause(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    healthy = write_run(tmp_path / "healthy", [make_doc(r, step=0.16) for r in range(4)])
+    assert main(["diagnose", str(healthy)]) == 0                       # diagnosed, nothing found
+    docs = [make_doc(r, step=0.16) for r in range(4)]
+    docs[3] = make_doc(3, step=0.16, busy={"gc:gc.collect(gen2)": 0.08, "compute:forward": 0.02})
+    assert main(["diagnose", str(write_run(tmp_path / "slow", docs))]) == 1   # a cause found
+    capsys.readouterr()
+    # four rank files of another document type: said as what they are, not as "too few ranks"
+    w = tmp_path / "wrong" / "w000-s10"
+    w.mkdir(parents=True)
+    for r in range(4):
+        (w / f"rank-{r}.json").write_text('{"schema": "eroica.diagnosis/v1", "windows": []}')
+    assert main(["diagnose", str(tmp_path / "wrong")]) == 3
+    err = capsys.readouterr().err
+    assert "no rank's patterns could be read" in err and "expected 'eroica.patterns/v1'" in err, err
+
+
+def test_a_file_the_command_cannot_write_or_read_is_one_line_not_a_traceback(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    run = write_run(tmp_path / "run", [make_doc(r, step=0.16) for r in range(4)])
+    assert main(["diagnose", str(run), "-o", str(tmp_path / "missing" / "report.md")]) == 2
+    err = capsys.readouterr().err
+    assert "missing/report.md" in err and "does not exist" in err and "Traceback" not in err
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("warmup_steps: 5\nthreshold_mad: [\n")
+    assert main(["policy", "show", "--policy", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:3: not YAML" in err, err
+
+
+def test_connection_options_go_before_or_after_the_subcommand(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    for argv in (["findings", "list", "--server", "http://127.0.0.1:9", "--json"],
+                 ["findings", "--server", "http://127.0.0.1:9", "list", "--format", "json"]):
+        assert main(argv) == 2                          # parsed, then the connection refused (nothing listens)
+        assert "http://127.0.0.1:9" in capsys.readouterr().err

@@ -75,3 +75,16 @@ def test_a_dp_tp_pp_ep_layout_compares_each_rank_with_its_pipeline_stage_and_exp
     top = w.findings[0]
     assert (top.root_cause, top.ranks) == ("gpu_throttled", truth["ranks"]) and top.confidence >= 0.5
     assert main(["simulate", "--ranks", "100", "--tp", "8", "-o", str(tmp_path / "bad")]) == 2
+
+
+def test_simulate_refuses_a_directory_that_holds_files_and_keeps_them(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "run"
+    assert main(["simulate", "--ranks", "16", "--fault", "gpu_throttled", "-o", str(out)]) == 0
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    capsys.readouterr()
+    # a second simulation into it would leave the first's rank files beside its own, diagnosed together
+    assert main(["simulate", "--ranks", "8", "--fault", "none", "-o", str(out)]) == 2
+    assert "not an empty directory" in capsys.readouterr().err
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    (tmp_path / "empty").mkdir()
+    assert main(["simulate", "--ranks", "8", "--fault", "none", "-o", str(tmp_path / "empty")]) == 0

@@ -195,14 +195,14 @@ def test_a_rule_that_needs_evidence_the_rank_could_not_collect_lowers_its_confid
 
 def test_reports_show_each_rules_lifecycle_status_the_chain_and_every_factor(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "r.md"
-    assert main(["diagnose", str(ROOT / "incidents" / "INC-0032"), "--format", "md", "-o", str(out)]) == 0
+    assert main(["diagnose", str(ROOT / "incidents" / "INC-0032"), "--format", "md", "-o", str(out)]) == 1
     md = out.read_text()
     assert "Rules: cpu.contention (experimental), via straggler.detected → compute.bound → cpu.starved." in md
     # every factor: a generic explanation's confidence halved by the specific one on the same rank
-    assert main(["diagnose", str(ROOT / "incidents" / "INC-0026"), "--format", "md", "-o", str(out)]) == 0
+    assert main(["diagnose", str(ROOT / "incidents" / "INC-0026"), "--format", "md", "-o", str(out)]) == 1
     assert "explained away 0.5 (by slow_storage)" in out.read_text()
     html = tmp_path / "r.html"
-    assert main(["diagnose", str(ROOT / "incidents" / "INC-0032"), "--format", "html", "-o", str(html)]) == 0
+    assert main(["diagnose", str(ROOT / "incidents" / "INC-0032"), "--format", "html", "-o", str(html)]) == 1
     assert "cpu.contention (experimental)" in html.read_text()
 
 

@@ -96,6 +96,9 @@ def test_a_running_monitor_applies_file_requests_at_their_step_and_logs_them(tmp
                                                               ("bob", "applied")]
     assert "control.jsonl:3" in log[0]["result"] and log[1]["step"] == 8 and log[2]["request"]["note"] == "INC-1"
     assert main(["control", str(tmp_path), "--show"]) == 0
+    # a mistyped run directory is an error, never "no control log yet" with success
+    assert main(["control", str(tmp_path / "no-such-run"), "--show"]) == 2
+    assert not (tmp_path / "no-such-run").exists()
 
 
 def test_a_broken_store_is_a_gap_not_an_exception(tmp_path: Path) -> None:

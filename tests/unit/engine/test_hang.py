@@ -196,7 +196,7 @@ def test_the_hang_is_in_every_report_format_and_json_stays_one_document(tmp_path
     assert "`flush` at /job/metrics.py:8" in render_report(d, "md")
     page = render_report(d, "html")
     assert "<title>" in page and "hang_user_code on rank 2" in page and "with METRICS_LOCK:" in page
-    assert main(["diagnose", str(tmp_path), "--format", "json"]) == 0
+    assert main(["diagnose", str(tmp_path), "--format", "json"]) == 1
     doc = json.loads(capsys.readouterr().out)              # one JSON document, the hang inside it
     assert doc["hang"]["root_cause"] == "hang_user_code" and doc["windows"] == []
 
@@ -400,10 +400,10 @@ def test_diagnose_says_how_long_the_ranks_have_not_stepped_and_whether_their_wat
     assert "1 of 4 rank(s) keep a watchdog header" in said, said
     assert re.search(r"stepped 1[23] s ago \(step 30\)", said), said          # 12 s, and the command's own time
     run(tmp_path, [waiting(0), waiting(1), snap(2, 94, [TORCH_WAIT, BACKWARD]), waiting(3)])
-    assert main(["diagnose", str(tmp_path)]) == 0
+    assert main(["diagnose", str(tmp_path)]) == 1
     said = capsys.readouterr().out
     assert "the ranks' watchdogs still run" in said and "now: no step for" in said, said
     old = time.time() - 120
     os.utime(native / "rank-0.txt", (old, old))
-    assert main(["diagnose", str(tmp_path)]) == 0
+    assert main(["diagnose", str(tmp_path)]) == 1
     assert "the job's processes are gone" in capsys.readouterr().out
