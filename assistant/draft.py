@@ -23,8 +23,7 @@ from eroica.assistant.errors import BackendConfigError, DraftInputError
 from eroica.assistant.gate import VALIDATE_TIMEOUT_SECONDS, check, validation_command
 from eroica.assistant.models import DraftOutcome, Proposal, Remediation, load_remediations
 from eroica.assistant.redact import Redactor
-from eroica.engine.rules.loader import load_rules
-from eroica.engine.rules.source import builtin_knowledge_dir
+from eroica.engine.rules import builtin_knowledge_dir, load_rules
 from eroica.schema.diagnosis import Diagnosis, Finding, WindowDiagnosis
 
 MIN_CONFIDENCE = 0.5

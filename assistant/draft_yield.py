@@ -22,9 +22,8 @@ import yaml
 from eroica.assistant.backends import CODE_ACTIONS, Context, action_of, offline
 from eroica.assistant.gate import GateReport, Scope, check_diff, misplaced, removed_lines, touched_files
 from eroica.assistant.models import Remediation, load_remediations
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
-from eroica.engine.evaluate import find_incidents
-from eroica.engine.rules.source import builtin_knowledge_dir
+from eroica.engine import DiagnoseOptions, diagnose, find_incidents
+from eroica.engine.rules import builtin_knowledge_dir
 from eroica.schema.diagnosis import Finding
 
 EVAL_FILE = "eroica-eval.yaml"

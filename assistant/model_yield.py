@@ -22,9 +22,8 @@ from eroica.assistant.draft_yield import find_repos
 from eroica.assistant.gate import check
 from eroica.assistant.models import load_remediations
 from eroica.assistant.redact import Redactor
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
-from eroica.engine.evaluate import find_incidents
-from eroica.engine.rules.source import builtin_knowledge_dir
+from eroica.engine import DiagnoseOptions, diagnose, find_incidents
+from eroica.engine.rules import builtin_knowledge_dir
 from eroica.schema.diagnosis import Finding
 
 CAUSES = (*MODEL_CAUSES, "user_code")

@@ -59,7 +59,7 @@ from pathlib import Path
 
 from eroica.assistant.gate import scratch_copy
 from eroica.assistant.models import DraftOutcome, Verification
-from eroica.engine.columns import merged_key
+from eroica.engine import merged_key
 from eroica.schema.diagnosis import Diagnosis, Finding, WindowDiagnosis
 from eroica.schema.files import RANK_FILE
 from eroica.schema.patterns import PatternsDoc

@@ -28,8 +28,8 @@ print(time.perf_counter() - t0)
 DIAGNOSE = r"""
 import json, os, resource, sys, time
 from pathlib import Path
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
-from eroica.engine.render import render
+from eroica.engine import DiagnoseOptions, diagnose
+from eroica.engine import render
 out = Path(sys.argv[1])
 workers = os.cpu_count() if sys.argv[2] == "all" else 1
 truth = json.loads((out / "ground_truth.json").read_text())

@@ -7,8 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from eroica.engine.diagnose import DiagnoseOptions, diagnose_documents
-from eroica.engine.load import window_of_packs
+from eroica.engine import DiagnoseOptions, diagnose_documents, window_of_packs
 from eroica.schema.diagnosis import Diagnosis
 from eroica.service.worker import diagnose_window
 

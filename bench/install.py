@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 IMPORTS = {
     "collector (Monitor)": "import eroica.collector.monitor",
-    "engine + service": "import eroica.engine.diagnose, eroica.service.app",
+    "engine + service": "import eroica.engine.pipeline, eroica.service.app",
 }
 
 

@@ -24,11 +24,9 @@ def main() -> None:
     p.add_argument("--site", type=Path, default=None, help="a site knowledge directory to layer over the shipped")
     args = p.parse_args()
     os.environ["EROICA_CACHE_DIR"] = tempfile.mkdtemp(prefix="eroica-bench-cache-")
-    from eroica.engine.priors import load_priors
-    from eroica.engine.rules.compiler import compile_rules
-    from eroica.engine.rules.layers import KnowledgeSpec, compiled, load
-    from eroica.engine.rules.loader import load_rules
-    from eroica.engine.rules.source import builtin_knowledge_dir
+    from eroica.engine import KnowledgeSpec, compiled, load_priors
+    from eroica.engine import load_knowledge as load
+    from eroica.engine.rules import builtin_knowledge_dir, compile_rules, load_rules
 
     spec = KnowledgeSpec(site_dirs=(args.site,) if args.site else ())
     priors = load_priors(builtin_knowledge_dir())

@@ -36,7 +36,7 @@ from eroica.collector.policy import TriggerPolicy
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=Path, help="the job's run directory (where its windows are written)")
     p.add_argument("--who", default=None, help="who asks (default: user@host); logged with the change")
     on = p.add_mutually_exclusive_group()
     on.add_argument("--enable", action="store_true", help="turn the step-time detector on")
@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="publish through the job's torch.distributed store instead of RUN_DIR/control.jsonl")
     p.add_argument("--store-prefix", default="",
                    help="a key prefix, when the job's store is shared with other systems (default: none)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to reach the store")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to reach the store (default: %(default)s)")
     p.add_argument("--show", action="store_true", help="print the control log of RUN_DIR and exit")
     p.set_defaults(func=run)
 

@@ -6,8 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from eroica.engine.diagnose import diagnose
-from eroica.engine.render import render
+from eroica.engine import diagnose, render
 from eroica.lab.launch import launch
 from eroica.lab.workload import FAULTS
 
@@ -21,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, default=4, help="ranks (processes) in the job (default: %(default)s)")
     p.add_argument("--steps", type=int, default=90,
                    help="stop after this many steps if no window opened (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=None, help="run directory (default: runs/demo-<fault>-<time>)")
+    p.add_argument("-o", "--out", type=Path, default=None, help="run directory (default: runs/demo-<fault>-<time>)")
     p.set_defaults(func=run)
 
 

@@ -17,11 +17,14 @@ from eroica.cli import knowledge_args
 from eroica.cli.fastpath import resume_collection, warm_engine
 from eroica.engine import FORMATS
 
-#: exit codes, as linters and grep say what they found: 0 diagnosed and healthy (no finding at 0.5 or more, no
-#: hang), FOUND a cause (a finding at 0.5 or more in a window, or a hang's), 2 an error (nothing diagnosed),
-#: NOT_DIAGNOSABLE a window fell below the coverage floor (no verdict)
+#: exit codes: 0 diagnosed (found or not), 2 bad input (nothing diagnosed), NOT_DIAGNOSABLE a window fell
+#: below the coverage floor or a hung job has no snapshot yet (no verdict), NOTHING a run directory with
+#: nothing in it yet; with --exit-code, FOUND when a cause was found (as `git diff --exit-code` says)
 FOUND = 1
 NOT_DIAGNOSABLE = 3
+NOTHING = 4
+#: what a run directory holds before its first window (eroica's own logs and control files)
+RUN_DIR_ONLY = frozenset({"logs", "control.jsonl", "control.log.jsonl", "meta.json", ".spool"})
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,19 +34,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("PATH: a run directory (its windows' pattern files, its hang snapshots), or PyTorch "
                      "profiler (Kineto) trace files or directories of them, one file per rank: those are ingested "
                      "first, on every core, into --patterns DIR or a temporary directory.")
-    p.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                   help="a run directory, an incident, a window directory or pattern file; or trace files")
     p.add_argument("--patterns", type=Path, default=None,
                    help="traces only: keep their pattern files here (default: a temporary directory, removed after)")
     p.add_argument("--rank", action="append", default=[], metavar="FILE=N",
                    help="traces only: the rank of a file that has no distributedInfo and no rank in its name")
     p.add_argument("--window", default=None, help="only this window id (default: all)")
-    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("--format", choices=FORMATS, default="text",
+                   help="text for a terminal, md for a ticket, html a self-contained page, json for machines "
+                        "(default: %(default)s)")
     p.add_argument("-o", "--output", type=Path, default=None, help="write here instead of stdout")
     p.add_argument("--rules", type=Path, action="append", default=None, metavar="PATH",
                    help="more rule files or directories, loaded after the --knowledge directories; repeatable")
     p.add_argument("--overrides", type=Path, action="append", default=None, metavar="FILE",
                    help="more override files (as a site's overrides/*.yaml), applied last; repeatable")
     knowledge_args.add(p)
+    p.add_argument("--exit-code", action="store_true",
+                   help="exit 1 when a cause was found (a finding at confidence 0.5 or more, or a hang not resolved "
+                        "or confident), for scripts; 0 when every window is healthy")
     p.add_argument("--facts", action="store_true",
                    help="print the typed facts the rules see (one JSON object per line), for rule authors")
     p.set_defaults(func=run)
@@ -54,12 +63,11 @@ def print_facts(run_dir: Path, window: str | None) -> int:
     the run analyzed so that a later one sees the earlier ones."""
     import json
 
-    from eroica.engine.diagnose import analyze_windows
-    from eroica.engine.load import load_run
+    from eroica.engine import analyze_windows, load_run
 
     windows = load_run(run_dir)
     if window is not None and window not in {w.window_id for w in windows}:
-        from eroica.engine.errors import RunDirError
+        from eroica.engine import RunDirError
 
         raise RunDirError(f"no window named {window!r}", path=str(run_dir))
     analyses = analyze_windows(windows)
@@ -79,6 +87,12 @@ def run(args: argparse.Namespace) -> int:
     from eroica.collector.kineto import IngestJob, write_doc
 
     files = trace_files(args.paths)
+    only = args.paths[0] if len(args.paths) == 1 else None
+    if not files and only is not None and only.is_dir() and {p.name for p in only.iterdir()} <= RUN_DIR_ONLY:
+        print(f"eroica diagnose: {only}: nothing to diagnose yet: no window and no hang snapshot (a job writes "
+              "its first window when its detector fires, or when one is asked for: eroica control --window-now)",
+              file=sys.stderr)
+        return NOTHING
     if not files:
         print(f"eroica diagnose: {', '.join(map(str, args.paths))}: neither a run directory (w*/rank-*.json) nor "
               "profiler traces (*.json, *.json.gz)", file=sys.stderr)
@@ -122,9 +136,7 @@ def _emit(args: argparse.Namespace, text: str) -> None:
 
 
 def _run(args: argparse.Namespace, run_dir: Path) -> int:
-    from eroica.engine.diagnose import DiagnoseOptions, diagnose
-    from eroica.engine.errors import EngineError, RuleError
-    from eroica.engine.render import render
+    from eroica.engine import DiagnoseOptions, EngineError, RuleError, diagnose, render
 
     resume_collection()
     if args.facts:
@@ -147,7 +159,7 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
         print(f"eroica diagnose: {exc}", file=sys.stderr)
         return 2
     if not d.windows and d.hang is None:
-        from eroica.engine.hang import waiting
+        from eroica.engine import waiting
 
         said = waiting(run_dir) if run_dir.is_dir() else None
         if said is None:
@@ -159,7 +171,7 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
         return NOT_DIAGNOSABLE
     text = render(d, args.format)
     if d.hang is not None and args.format in ("text", "md") and run_dir.is_dir():
-        from eroica.engine.hang import liveness
+        from eroica.engine import liveness
 
         if (now := liveness(run_dir, d.hang)) is not None:     # the report is of the snapshots; this line of now
             text = text.rstrip("\n") + f"\n\n{now}\n"
@@ -172,4 +184,4 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
     if lost:
         return NOT_DIAGNOSABLE
     hung = d.hang is not None and (d.hang.state != "resolved" or d.hang.confidence >= 0.5)
-    return FOUND if hung or any(not w.healthy for w in d.windows) else 0
+    return FOUND if args.exit_code and (hung or any(not w.healthy for w in d.windows)) else 0

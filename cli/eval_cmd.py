@@ -9,11 +9,15 @@ from pathlib import Path
 from statistics import median
 
 from eroica.cli import knowledge_args
-from eroica.engine.diagnose import DiagnoseOptions
-from eroica.engine.errors import EngineError, RuleError, RunDirError
-from eroica.engine.evaluate import (
+from eroica.engine import (
     HELDOUT,
+    MIN_FINDINGS,
+    DiagnoseOptions,
+    EngineError,
     IncidentResult,
+    KnowledgeSpec,
+    RuleError,
+    RunDirError,
     calibration,
     evaluate_incident,
     find_heldout,
@@ -21,11 +25,10 @@ from eroica.engine.evaluate import (
     library_fits,
     load_expected,
     naming_rules,
+    write_priors,
 )
-from eroica.engine.priors import MIN_FINDINGS, write_priors
-from eroica.engine.rules.layers import KnowledgeSpec, load
-from eroica.engine.rules.loader import load_rules
-from eroica.engine.rules.source import builtin_knowledge_dir
+from eroica.engine import load_knowledge as load
+from eroica.engine.rules import builtin_knowledge_dir, load_rules
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

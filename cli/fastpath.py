@@ -44,8 +44,9 @@ def warm_engine(report_format: str) -> None:
     """Import what diagnosing and rendering will need (while ingestion workers run)."""
     import numpy.ma  # noqa: F401          # np.median's first call imports it
 
-    import eroica.engine.diagnose  # noqa: F401
-    from eroica.engine.render import template
+    from eroica.engine import diagnose, template
+
+    assert diagnose is not None        # the pipeline's modules, imported now
 
     if report_format != "json":
         template(report_format)

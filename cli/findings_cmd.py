@@ -43,9 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="who does it, kept in the issue's history (default: $USER)")
         if name == "link":
             a.add_argument("url", help="ticket URL, change-request id, commit or config change")
-            a.add_argument("--kind", default="ticket", choices=["ticket", "change_request", "commit", "config"])
+            a.add_argument("--kind", default="ticket", choices=["ticket", "change_request", "commit", "config"],
+                           help="what the link is (default: %(default)s)")
         if name == "close":
-            a.add_argument("state", choices=["recovered", "not_recovered", "false_positive"])
+            a.add_argument("state", choices=["recovered", "not_recovered", "false_positive"],
+                           help="how it ended: the job recovered, did not, or the finding was wrong")
             a.add_argument("--why", help="required for a false positive")
     ex = fs.add_parser("export", help="write a false positive as an incident directory (a regression case)")
     _connection(ex, top=False)

@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from eroica.engine.rules.layers import ENV, KnowledgeSpec
+from eroica.engine import KnowledgeSpec
+from eroica.engine.rules import ENV
 
 HELP = (f"a site knowledge directory (rules/, overrides/*.yaml, taxonomy.yaml, hypotheses.yaml), layered over "
         f"the shipped knowledge; repeatable, a later one wins; ${ENV} (os.pathsep-separated) names more, "

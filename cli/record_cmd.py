@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force-step", type=int, default=24,
                    help="healthy runs: the step of the forced window (default: %(default)s; --random draws it)")
     p.add_argument("--id", required=True, help="incident id, e.g. INC-0001")
-    p.add_argument("--dir", type=Path, default=Path("incidents"),
+    p.add_argument("-o", "--out", "--dir", dest="dir", type=Path, default=Path("incidents"),
                    help="the incident library the incident is written to, as DIR/ID (default: %(default)s)")
     p.add_argument("--fault-step", type=int, default=25,
                    help="the step the fault starts at, its onset (default: %(default)s; --random draws it)")

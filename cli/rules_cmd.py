@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from eroica.cli import knowledge_args
-from eroica.engine.errors import RuleError
-from eroica.engine.rules.layers import Knowledge, KnowledgeSpec, load
+from eroica.engine import Knowledge, KnowledgeSpec, RuleError
+from eroica.engine import load_knowledge as load
 
 FORMATS = ("text", "json")
 SECTIONS = ("facts", "signals", "domains", "gap_sources", "root_causes")
@@ -82,8 +82,7 @@ def _print_problems(problems: list[str], err: bool = False) -> None:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from eroica.engine.rules.authoring import cases, expect_problems, given_facts
-    from eroica.engine.rules.runner import run_tests
+    from eroica.engine.rules import cases, expect_problems, given_facts, run_tests
 
     k = knowledge(args, targets=tuple(args.paths))
     _print_problems(k.problems)
@@ -116,7 +115,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from eroica.engine.rules.authoring import lint
+    from eroica.engine.rules import lint
 
     problems = lint(knowledge(args, targets=tuple(args.paths)))
     _print_problems(problems)
@@ -171,7 +170,7 @@ def cmd_vocabulary(args: argparse.Namespace) -> int:
 
 
 def cmd_new(args: argparse.Namespace) -> int:
-    from eroica.engine.rules.scaffold import ScaffoldError, scaffold
+    from eroica.engine.rules import ScaffoldError, scaffold
 
     if not args.knowledge:
         print("eroica rules new: --knowledge DIR is required: the site directory the rule is written to "
@@ -193,7 +192,7 @@ def cmd_new(args: argparse.Namespace) -> int:
     path.write_text(text)
     print(f"wrote {path}")
     try:                                   # what the new rule makes of its own window
-        from eroica.engine.diagnose import DiagnoseOptions, diagnose
+        from eroica.engine import DiagnoseOptions, diagnose
 
         d = diagnose(args.source, DiagnoseOptions(knowledge=knowledge_args.spec(args), in_process=True))
         w = d.windows[-1] if not args.source.name.startswith("w") else next(
@@ -212,7 +211,7 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 def cmd_coverage(args: argparse.Namespace) -> int:
     from eroica.cli.rules_info import coverage_text
-    from eroica.engine.coverage import coverage
+    from eroica.engine import coverage
 
     k = knowledge(args)
     if k.problems:
@@ -226,7 +225,7 @@ def cmd_coverage(args: argparse.Namespace) -> int:
         print(f"eroica rules coverage: {', '.join(map(str, missing)) or 'no ./incidents'}: no such incident "
               "directory", file=sys.stderr)
         return 2
-    from eroica.engine.coverage import incident_dirs
+    from eroica.engine import incident_dirs
 
     if not incident_dirs(dirs):
         print(f"eroica rules coverage: no incident (a folder with expected.yaml) in {', '.join(map(str, dirs))}",
@@ -242,8 +241,7 @@ def cmd_coverage(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from eroica.engine.diagnose import DiagnoseOptions
-    from eroica.engine.evaluate import find_incidents, load_expected, promotion_candidates
+    from eroica.engine import DiagnoseOptions, find_incidents, load_expected, promotion_candidates
 
     k = knowledge(args)
     if k.problems:
@@ -255,7 +253,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
         print(f"eroica rules promote: {', '.join(map(str, missing)) or 'no ./incidents'}: no incident library "
               "there (--incidents DIR)", file=sys.stderr)
         return 2
-    from eroica.engine.coverage import incident_dirs
+    from eroica.engine import incident_dirs
 
     libs = [lib / "incidents" if not find_incidents(lib) and (lib / "incidents").is_dir() else lib for lib in libs]
     quiet = [p for p in incident_dirs(libs) if not load_expected(p / "expected.yaml").expect]

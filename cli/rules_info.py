@@ -10,9 +10,8 @@ from typing import Any
 
 import yaml
 
-from eroica.engine.rules.layers import Knowledge, RuleEntry
-from eroica.engine.rules.source import SAFE_LOADER
-from eroica.engine.rules.vocabulary import FieldSpec, Vocabulary
+from eroica.engine import Knowledge
+from eroica.engine.rules import SAFE_LOADER, FieldSpec, RuleEntry, Vocabulary
 from eroica.schema.diagnosis import FACTORS
 
 

@@ -28,7 +28,7 @@ PTH_LINE = "import eroica.collector.boot\n"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = "eroica run [options] -- torchrun --nproc-per-node 4 train.py ..."
-    p.add_argument("--out", type=Path, help="the run directory every rank writes to (default "
+    p.add_argument("-o", "--out", type=Path, help="the run directory every rank writes to (default "
                                             "./eroica-runs/run-<time>)")
     p.add_argument("--sink", help="send each window to a service (eroica serve) at this URL")
     p.add_argument("--policy", type=Path, help="a YAML/JSON file of trigger policy fields (eroica policy show)")

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 def _serve_one(settings: Any, sock: socket.socket) -> None:
     import uvicorn
 
-    from eroica.engine.heap import freeze_startup
+    from eroica.engine import freeze_startup
     from eroica.service.app import create_app
 
     app = create_app(settings)
@@ -214,8 +214,7 @@ def _run(args: argparse.Namespace) -> int:
             return 2
     # the knowledge every window and hang is diagnosed with: refused now, with file and line, rather than
     # at the first window (the same compile path as `eroica rules lint`)
-    from eroica.engine.errors import RuleError
-    from eroica.engine.rules.layers import compiled
+    from eroica.engine import RuleError, compiled
 
     spec = knowledge_args.spec(args)
     try:

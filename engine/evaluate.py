@@ -29,8 +29,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.errors import EngineError, RunDirError
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 from eroica.engine.priors import PriorFit, PriorSample, fit_priors
 from eroica.engine.rules.loader import load_rules
 from eroica.engine.rules.source import SAFE_LOADER

@@ -23,7 +23,7 @@ KEEP = 16         # newest entries kept: a site with a few knowledge directories
 
 def cache_dir() -> Path | None:
     """Where eroica keeps what it compiled, between processes (the rule base here, the report
-    templates in engine/render.py); None: turned off."""
+    templates in engine/reports.py); None: turned off."""
     env = os.environ.get("EROICA_CACHE_DIR")
     if env == "off":
         return None

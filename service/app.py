@@ -20,8 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from eroica.engine.errors import RunDirError
-from eroica.engine.load import parse_doc
+from eroica.engine import RunDirError, parse_doc
 from eroica.schema.diagnosis import Diagnosis
 from eroica.schema.patterns import PatternsDoc
 from eroica.service import hangs, pages, store, traces

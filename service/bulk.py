@@ -23,8 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from eroica.engine.column_chunks import encode as encode_chunk
-from eroica.engine.columns import ColumnsBuilder
+from eroica.engine import ColumnsBuilder, encode_chunk
 from eroica.schema.patterns import PatternsDoc
 from eroica.service.db import batch_columns, batches, documents, windows, writing
 from eroica.service.errors import Conflict, Invalid, Malformed, TooLarge

@@ -13,7 +13,7 @@ from typing import overload
 
 import sqlalchemy as sa
 
-from eroica.engine.load import pack_lines
+from eroica.engine import pack_lines
 from eroica.service.db import batch_columns, batches, documents
 
 

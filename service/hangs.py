@@ -88,9 +88,7 @@ def snapshots(eng: sa.Engine, job_id: str) -> tuple[list[dict[str, Any]], int]:
 def localize_stored(db_url: str, job_id: str, knowledge_dirs: Sequence[str]) -> tuple[int, str | None]:
     """In the diagnosis worker: the job's verdict as JSON (None: no snapshot) and the snapshots'
     version it is of, localized with the knowledge the windows are diagnosed with."""
-    from eroica.engine.hang import localize_documents
-    from eroica.engine.rules.layers import KnowledgeSpec, compiled_once
-    from eroica.engine.taxonomy import load_taxonomy
+    from eroica.engine import KnowledgeSpec, compiled_once, load_taxonomy, localize_documents
     from eroica.service.db import make_engine
 
     eng = make_engine(db_url)

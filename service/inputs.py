@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from eroica.engine.errors import RunDirError
+from eroica.engine import RunDirError
 from eroica.schema.hang import MAX_INT, HangSnapshot  # noqa: F401  (routes read MAX_INT here)
 from eroica.service.errors import Invalid, Malformed, ServiceError
 

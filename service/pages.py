@@ -21,7 +21,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from eroica.engine.render import render
+from eroica.engine import render
 from eroica.schema.diagnosis import Diagnosis
 from eroica.service import hangs, store
 from eroica.service.db import (

@@ -1,7 +1,7 @@
 """Diagnosing one window, in a worker process (the engine's memory and any native crash stay there).
 
 The worker reads the window's documents from the database itself (the service's process never holds
-them), and they go to the engine as documents (eroica.engine.diagnose.diagnose_documents), the
+them), and they go to the engine as documents (eroica.engine.pipeline.diagnose_documents), the
 batches validated at upload as the columns built then, with the job's history as the stored
 summaries of its earlier windows (eroica.schema.diagnosis `WindowHistory`): nothing is written to
 disk, no earlier window's documents are read again, and a job's k-th window costs what its first
@@ -39,7 +39,7 @@ def diagnose_window(window_id: str, packs: Sequence[bytes], refs: list[tuple[int
     `history`: the `WindowHistory` JSON of the job's earlier windows; `parse_processes`: how many
     processes parse a wide window's documents (forked from this worker, for this window only);
     `chunks`: packs' documents already as columns, by pack index (those are not parsed again)."""
-    from eroica.engine.heap import held_off
+    from eroica.engine import held_off
 
     with held_off():
         return _diagnose_window(window_id, packs, refs, history, knowledge_dirs, parse_processes, chunks)
@@ -48,9 +48,7 @@ def diagnose_window(window_id: str, packs: Sequence[bytes], refs: list[tuple[int
 def _diagnose_window(window_id: str, packs: Sequence[bytes], refs: list[tuple[int, int]] | None,
                      history: list[str], knowledge_dirs: list[str], parse_processes: int,
                      chunks: Mapping[int, bytes] | None) -> str:
-    from eroica.engine.diagnose import DiagnoseOptions, diagnose_documents
-    from eroica.engine.load import window_of_packs
-    from eroica.engine.rules.layers import KnowledgeSpec
+    from eroica.engine import DiagnoseOptions, KnowledgeSpec, diagnose_documents, window_of_packs
     from eroica.schema.diagnosis import WindowHistory
 
     spec = KnowledgeSpec(tuple(map(Path, knowledge_dirs)))
@@ -65,7 +63,7 @@ def diagnose_stored(db_url: str, window_pk: int, window_id: str, history: list[s
     """`diagnose_window` of a stored window, its documents read here, in the worker, once: the
     batches' column chunks, the bodies of documents without one, and a chunked batch's body only
     when the engine wants one of its documents in full (eroica.service.docs)."""
-    from eroica.engine.heap import held_off
+    from eroica.engine import held_off
     from eroica.service.db import make_engine, reading
     from eroica.service.docs import StoredPacks, window_packs
 
@@ -86,11 +84,10 @@ def warm(knowledge_dirs: list[str]) -> None:
     import psycopg  # noqa: F401
     import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401
 
-    import eroica.engine.rules._durable  # noqa: F401
     import eroica.service.docs  # noqa: F401
-    from eroica.engine.diagnose import DiagnoseOptions, compile_knowledge
-    from eroica.engine.heap import freeze_startup
-    from eroica.engine.rules.layers import KnowledgeSpec
+    from eroica.engine import DiagnoseOptions, KnowledgeSpec, compile_knowledge, freeze_startup, load_rule_runtime
+
+    load_rule_runtime()
 
     try:
         compile_knowledge(DiagnoseOptions(in_process=True, knowledge=KnowledgeSpec(tuple(map(Path, knowledge_dirs)))))

@@ -283,6 +283,9 @@ def load(spec: KnowledgeSpec | None = None, raise_problems: bool = True) -> Know
                      {**FACT_TYPES, **hypotheses})
 
 
+load_knowledge = load      # its name at the engine's door (eroica.engine)
+
+
 def _silenced(entries: list[RuleEntry], irs: list[RuleIR], have: set[str], fields: dict[str, set[str]],
               problems: list[str]) -> dict[str, set[str]]:
     """The enabled rules that a disabled rule leaves without a hypothesis they consume (rule id -> the

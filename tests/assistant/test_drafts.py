@@ -18,8 +18,8 @@ from eroica.assistant.backends import ModelSettings
 from eroica.assistant.draft import draft_all
 from eroica.assistant.models import ConfigEdit, Proposal
 from eroica.cli.main import main
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.evaluate import find_incidents, load_expected
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 
 ROOT = Path(__file__).parents[2]
 WORKLOAD = ROOT / "lab" / "workload.py"
@@ -200,7 +200,7 @@ def test_llama_cpp_pythons_server_gets_the_schema_in_its_own_form(monkeypatch: p
 
 
 def test_the_cli_drafts_and_says_nothing_was_applied(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from eroica.engine.render import render
+    from eroica.engine.reports import render
 
     dj = tmp_path / "d.json"
     dj.write_text(render(diagnose(ROOT / "incidents" / "INC-0004" / "patterns", OPTS), "json"))

@@ -21,8 +21,8 @@ import pytest
 from service_support import free_port
 
 from eroica.cli.main import main
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
-from eroica.engine.render import render
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
+from eroica.engine.reports import render
 
 pytestmark = pytest.mark.llm
 ROOT = Path(__file__).parents[2]

@@ -10,7 +10,7 @@ from eroica.assistant import edits, targets
 from eroica.assistant.backends import Context, offline
 from eroica.assistant.draft_yield import find_repos
 from eroica.assistant.models import load_remediations
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 from eroica.engine.rules.source import builtin_knowledge_dir
 
 ROOT = Path(__file__).parents[2]

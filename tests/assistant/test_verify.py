@@ -57,7 +57,7 @@ def _series_run(tmp: Path, series: list[float], step: float) -> Path:
 
 
 def _diagnosis(first_window_step: int, healthy: float) -> Diagnosis:
-    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+    from eroica.engine.pipeline import DiagnoseOptions, diagnose
     d = diagnose(Path(__file__).parents[2] / "incidents" / "INC-0001" / "patterns", DiagnoseOptions(in_process=True))
     w = d.windows[0]
     w = w.model_copy(update={"start_step": first_window_step,
@@ -245,7 +245,7 @@ def test_the_draft_is_judged_by_its_median_re_run_not_by_one_outlier() -> None:
 def test_the_unchanged_code_and_each_draft_are_re_run_as_many_times_as_asked_in_rounds(tmp_path: Path) -> None:
     from eroica.assistant.models import DraftOutcome
     from eroica.assistant.verify import verify_all
-    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+    from eroica.engine.pipeline import DiagnoseOptions, diagnose
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -273,7 +273,7 @@ def test_the_unchanged_code_and_each_draft_are_re_run_as_many_times_as_asked_in_
 
 def test_verify_and_link_say_what_they_need(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     from eroica.cli.main import main
-    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+    from eroica.engine.pipeline import DiagnoseOptions, diagnose
 
     d = tmp_path / "d.json"
     d.write_text(diagnose(Path(__file__).parents[2] / "incidents" / "INC-0001" / "patterns",

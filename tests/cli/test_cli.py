@@ -12,7 +12,7 @@ def test_diagnose_json_to_file(tmp_path: Path, capsys) -> None:  # type: ignore[
     docs = [make_doc(r, step=0.16) for r in range(4)]
     docs[3] = make_doc(3, step=0.16, busy={"gc:gc.collect(gen2)": 0.08, "compute:forward": 0.02})
     run = write_run(tmp_path / "run", docs)
-    assert main(["diagnose", str(run), "--format", "json", "-o", str(tmp_path / "d.json")]) == 1
+    assert main(["diagnose", str(run), "--format", "json", "-o", str(tmp_path / "d.json")]) == 0
     d = json.loads((tmp_path / "d.json").read_text())
     assert d["windows"][0]["findings"][0]["root_cause"] == "gc_pause"
 
@@ -61,7 +61,7 @@ def test_a_site_knowledge_dir_adds_rules_and_overrides(tmp_path: Path) -> None:
     docs[3] = make_doc(3, step=0.16, busy={"gc:gc.collect(gen2)": 0.08, "compute:forward": 0.02})
     run = write_run(tmp_path / "run", docs)
     out = tmp_path / "d.json"
-    assert main(["diagnose", str(run), "--knowledge", str(site), "--format", "json", "-o", str(out)]) == 1
+    assert main(["diagnose", str(run), "--knowledge", str(site), "--format", "json", "-o", str(out)]) == 0
     causes = [f["root_cause"] for f in json.loads(out.read_text())["windows"][0]["findings"]]
     assert "gc_pause" not in causes          # the site disabled the shipped rule without editing it
     assert main(["diagnose", str(run), "--knowledge", str(tmp_path / "nope")]) == 2
@@ -79,12 +79,22 @@ def test_every_command_in_the_table_is_built_from_its_module_alone() -> None:
         assert [a.help for a in sub._choices_actions] == [text]
         assert len(sub.choices[name]._actions) > 1, name      # the module added its arguments to -h
 
-def test_diagnose_exit_status_says_whether_it_found_a_cause(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_diagnose_exit_status_tells_diagnosed_nothing_yet_and_bad_input_apart(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     healthy = write_run(tmp_path / "healthy", [make_doc(r, step=0.16) for r in range(4)])
-    assert main(["diagnose", str(healthy)]) == 0                       # diagnosed, nothing found
     docs = [make_doc(r, step=0.16) for r in range(4)]
     docs[3] = make_doc(3, step=0.16, busy={"gc:gc.collect(gen2)": 0.08, "compute:forward": 0.02})
-    assert main(["diagnose", str(write_run(tmp_path / "slow", docs))]) == 1   # a cause found
+    slow = write_run(tmp_path / "slow", docs)
+    assert main(["diagnose", str(healthy)]) == 0 and main(["diagnose", str(slow)]) == 0      # diagnosed
+    # for scripts, opt-in: 1 when a cause was found
+    assert main(["diagnose", str(healthy), "--exit-code"]) == 0
+    assert main(["diagnose", str(slow), "--exit-code"]) == 1
+    capsys.readouterr()
+    (tmp_path / "started" / "logs").mkdir(parents=True)           # a job's run directory before its first window
+    assert main(["diagnose", str(tmp_path / "started")]) == 4
+    assert "nothing to diagnose yet" in capsys.readouterr().err
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    assert main(["diagnose", str(tmp_path / "other")]) == 2          # not a run: bad input
     capsys.readouterr()
     # four rank files of another document type: said as what they are, not as "too few ranks"
     w = tmp_path / "wrong" / "w000-s10"

@@ -8,7 +8,7 @@ from pathlib import Path
 from patterns_factory import make_doc, write_run
 
 from eroica.cli.main import main
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 
 ROOT = Path(__file__).parents[2]
 OPTS = DiagnoseOptions(in_process=True)
@@ -45,4 +45,4 @@ def test_an_incident_a_window_directory_and_a_pattern_file_are_accepted(tmp_path
     assert diagnose(window, OPTS).windows[0].findings[0].ranks == [1]
     assert diagnose(window / "rank-0.json", OPTS).windows[0].coverage.ranks_reported == [0, 1, 2, 3]
     shutil.copytree(inc, tmp_path / "INC-9999")
-    assert main(["diagnose", str(tmp_path / "INC-9999"), "--format", "json", "-o", str(tmp_path / "d.json")]) == 1
+    assert main(["diagnose", str(tmp_path / "INC-9999"), "--format", "json", "-o", str(tmp_path / "d.json")]) == 0

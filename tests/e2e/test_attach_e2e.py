@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from eroica.assistant.draft import Options, draft_all
-from eroica.engine.diagnose import diagnose
+from eroica.engine.pipeline import diagnose
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e

@@ -23,7 +23,7 @@ import pytest
 from host_helper_support import wait_gone
 
 from eroica.collector.host_sampler import LINGER_SECONDS
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 from eroica.lab.launch import launch
 from eroica.schema.patterns import PatternsDoc
 

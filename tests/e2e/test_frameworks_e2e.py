@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from eroica.engine.diagnose import diagnose
+from eroica.engine.pipeline import diagnose
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[2]

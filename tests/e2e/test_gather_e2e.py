@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from eroica.collector.gather import host_file
-from eroica.engine.diagnose import diagnose
+from eroica.engine.pipeline import diagnose
 from eroica.lab.launch import launch
 
 pytest.importorskip("torch")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from eroica.engine.diagnose import diagnose
+from eroica.engine.pipeline import diagnose
 from eroica.lab.launch import CPU_ROOT, launch
 from eroica.lab.netns import available as netns_available
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eroica.engine.diagnose import diagnose
-from eroica.engine.render import FORMATS, render
+from eroica.engine.pipeline import diagnose
+from eroica.engine.reports import FORMATS, render
 from eroica.lab.launch import launch
 
 pytest.importorskip("torch")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from eroica.cli.main import main
-from eroica.engine.diagnose import DiagnoseOptions
 from eroica.engine.evaluate import evaluate_incident, find_incidents, load_expected
+from eroica.engine.pipeline import DiagnoseOptions
 
 ROOT = Path(__file__).parents[2] / "incidents"
 INCIDENTS = find_incidents(ROOT)

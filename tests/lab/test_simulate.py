@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from eroica.cli.main import main
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 
 
 @pytest.mark.parametrize("fault", ["dataloader_stall", "workload_imbalance", "gpu_throttled", "pcie_degraded",

@@ -41,10 +41,8 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path, monkeypatch: pytest.Mon
             path.write_text(body)
             continue
         for line in body.splitlines():
-            # "# expect: TEXT", or "# exit N (why); expect: TEXT" for a command whose status says what it found
-            cmd, _, note = line.partition("# ")
-            m = re.match(r"(?:exit (\d+)[^;]*; )?expect: (.*)", note.strip())
-            cmd, expect, want = cmd.strip(), m.group(2).strip() if m else "", int(m.group(1) or 0) if m else 0
+            cmd, _, expect = line.partition("# expect: ")
+            cmd, expect = cmd.strip(), expect.strip()
             if not cmd or cmd.startswith("#"):
                 continue
             if cmd.startswith("eroica "):
@@ -54,7 +52,7 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path, monkeypatch: pytest.Mon
             else:
                 r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=dict(os.environ))
                 rc, out = r.returncode, r.stdout + r.stderr
-            assert rc == want, f"{cmd}: exit {rc}, not {want}\n{out}"
+            assert rc == 0, f"{cmd}: exit {rc}\n{out}"
             assert expect in out, f"{cmd}: expected {expect!r} in:\n{out}"
             ran += 1
     assert ran >= 10
@@ -75,7 +73,7 @@ def test_the_worked_example_is_the_reports_own_words(monkeypatch: pytest.MonkeyP
                 p = Path(d) / kind.removeprefix("file:")
                 p.parent.mkdir(parents=True, exist_ok=True)
                 p.write_text(body)
-        assert main(["diagnose", str(ROOT / "incidents" / "INC-0014"), "--knowledge", str(Path(d) / "my-site")]) == 1
+        assert main(["diagnose", str(ROOT / "incidents" / "INC-0014"), "--knowledge", str(Path(d) / "my-site")]) == 0
     out = capsys.readouterr().out
     for q in quoted:
         assert q in out, f"{q!r} not in the report:\n{out}"

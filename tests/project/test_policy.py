@@ -46,6 +46,43 @@ def test_imports_flow_one_way_and_durable_rules_is_imported_once() -> None:
     assert sorted(set(durable_importers)) == ["engine/rules/_durable.py"]
 
 
+#: the engine's public doors: what code outside the engine may import of it
+ENGINE_DOORS = ("eroica.engine", "eroica.engine.rules")
+
+
+def test_nothing_outside_the_engine_imports_more_than_its_doors() -> None:
+    """A module inside the engine can move or change without touching its users: the service, the
+    assistant, the CLI, the lab jobs and the benchmarks reach it through eroica.engine (and the rule
+    tooling through eroica.engine.rules), never through one of its modules."""
+    through = []
+    for folder in [*(f for f in LAYERS if f != "engine"), "bench"]:
+        for py in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(py.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                through += [f"{py.relative_to(ROOT)}: {n}" for n in names
+                            if n.startswith("eroica.engine.") and n not in ENGINE_DOORS]
+    assert through == []
+
+
+def test_each_name_at_the_engines_doors_is_what_it_names_even_after_every_module_is_imported() -> None:
+    import importlib
+    import pkgutil
+    import types
+
+    import eroica.engine
+    import eroica.engine.rules
+
+    for pkg in (eroica.engine, eroica.engine.rules):     # a module imported sets its name on the package
+        for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
+            if not info.name.endswith("._durable"):
+                importlib.import_module(info.name)
+        for name in pkg.__all__:
+            value = getattr(pkg, name)
+            assert not isinstance(value, types.ModuleType), f"{pkg.__name__}.{name} is a module, not the door's name"
+        exec(f"from {pkg.__name__} import *", {})          # every name resolves
+
+
 def test_modules_stay_small_and_there_is_no_utils() -> None:
     for folder in [*LAYERS, "knowledge"]:
         for py in (ROOT / folder).rglob("*.py"):

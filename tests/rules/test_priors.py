@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.evaluate import evaluate_incident, find_incidents, library_fits, naming_rules
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 from eroica.engine.priors import SHRINK, PriorSample, fit_priors, load_priors, write_priors
 from eroica.engine.rules.layers import KnowledgeSpec
 from eroica.engine.rules.loader import load_rules

@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 from eroica.cli.main import main
-from eroica.engine.diagnose import DiagnoseOptions
 from eroica.engine.evaluate import promotion_candidates
+from eroica.engine.pipeline import DiagnoseOptions
 from eroica.engine.rules.loader import load_rules
 
 ROOT = Path(__file__).parents[2]

@@ -8,8 +8,8 @@ from pathlib import Path
 from site_fixtures import SITE_TAXONOMY
 
 from eroica.cli.main import main
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.errors import RuleError
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 from eroica.engine.rules.layers import KnowledgeSpec
 from eroica.engine.taxonomy import load_taxonomy
 

@@ -155,8 +155,8 @@ def test_a_batchs_documents_are_parsed_once_and_the_worker_reads_few_of_them_aga
     are validated; the diagnosis worker merges those (reading a batch's text only for the few
     documents the engine wants in full) and concludes what it concludes from the documents
     themselves; once the diagnosis is stored, the columns are gone."""
-    from eroica.engine.diagnose import DiagnoseOptions, diagnose_documents
     from eroica.engine.load import window_of_packs
+    from eroica.engine.pipeline import DiagnoseOptions, diagnose_documents
     from eroica.lab.simulate import simulate
     from eroica.schema.diagnosis import Diagnosis
     from eroica.service import worker

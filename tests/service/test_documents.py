@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from service_support import AUTH, ROOT
 
-from eroica.engine.diagnose import diagnose
+from eroica.engine.pipeline import diagnose
 from eroica.schema.diagnosis import WindowHistory
 
 

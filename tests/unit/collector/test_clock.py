@@ -18,7 +18,7 @@ from eroica.collector.critical import Execution
 from eroica.collector.kineto import write_doc
 from eroica.collector.sampler import SampleSeries
 from eroica.collector.summarize import WindowRecord, summarize
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 from eroica.schema.patterns import Category as C
 from eroica.schema.patterns import JobInfo
 

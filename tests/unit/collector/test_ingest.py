@@ -11,7 +11,7 @@ import pytest
 
 import eroica.collector.kineto as kineto
 from eroica.cli.main import main
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 
 TRACES = Path(__file__).parents[3].parent / "shared" / "traces"
 NEEDS = pytest.mark.skipif(not TRACES.is_dir(), reason=f"the shared traces are not at {TRACES}")

@@ -51,11 +51,11 @@ def test_the_cli_reads_csv_and_policy_files_and_names_bad_input(tmp_path: Path, 
     assert "window 0: detector fired at step" in out and "3 window(s) over 260 steps" in out
     pol.write_text("consecutive_breaches: 0\n")
     assert main(["policy", "replay", str(csv), "--policy", str(pol)]) == 2
-    assert "field consecutive_breaches" in capsys.readouterr().out
+    assert "field consecutive_breaches" in capsys.readouterr().err
     bad = tmp_path / "bad.txt"
     bad.write_text("0.1\n0.1\nfast\n")
     assert main(["policy", "replay", str(bad)]) == 2
-    assert "bad.txt:3: 'fast' is not a step time" in capsys.readouterr().out
+    assert "bad.txt:3: 'fast' is not a step time" in capsys.readouterr().err
     assert main(["policy", "show"]) == 0 and "window_steps = 10" in capsys.readouterr().out
 
 

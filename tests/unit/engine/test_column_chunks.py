@@ -16,8 +16,8 @@ import pytest
 import eroica.engine.column_chunks as cc
 from eroica.engine.column_chunks import decode, encode
 from eroica.engine.columns import ColumnsBuilder, WindowColumns
-from eroica.engine.diagnose import DiagnoseOptions, diagnose_documents
 from eroica.engine.load import pack_lines, parse_doc, window_of_packs
+from eroica.engine.pipeline import DiagnoseOptions, diagnose_documents
 from eroica.lab.simulate import simulate
 
 

@@ -10,9 +10,9 @@ import numpy as np
 from patterns_factory import STEPS, make_doc, write_run
 
 from eroica.engine.columns import window_columns
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.groups import bimodal_split
 from eroica.engine.load import load_run
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 from eroica.engine.robust import MAD_TO_SIGMA, SUSPECT_EXCESS_STEP_RATIO, SUSPECT_Z, clean_members
 from eroica.lab.simulate import simulate
 

@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 from patterns_factory import make_doc, write_run
 
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.errors import RunDirError
-from eroica.engine.render import render
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
+from eroica.engine.reports import render
 
 
 def slow_docs(rank: int = 2, n: int = 4, **kw):  # type: ignore[no-untyped-def]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 
 RUN = Path(__file__).parents[3] / "incidents" / "heldout" / "HO-0302" / "patterns"
 

@@ -186,7 +186,7 @@ def _restore_excepthook():  # type: ignore[no-untyped-def]
 
 def test_the_hang_is_in_every_report_format_and_json_stays_one_document(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     from eroica.cli.main import main
-    from eroica.engine.render import render as render_report
+    from eroica.engine.reports import render as render_report
     from eroica.schema.diagnosis import Diagnosis
 
     lock = [{"file": "/job/metrics.py", "line": 8, "function": "flush", "code": "with METRICS_LOCK:"}]
@@ -196,7 +196,7 @@ def test_the_hang_is_in_every_report_format_and_json_stays_one_document(tmp_path
     assert "`flush` at /job/metrics.py:8" in render_report(d, "md")
     page = render_report(d, "html")
     assert "<title>" in page and "hang_user_code on rank 2" in page and "with METRICS_LOCK:" in page
-    assert main(["diagnose", str(tmp_path), "--format", "json"]) == 1
+    assert main(["diagnose", str(tmp_path), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)              # one JSON document, the hang inside it
     assert doc["hang"]["root_cause"] == "hang_user_code" and doc["windows"] == []
 
@@ -336,7 +336,7 @@ SITE_TAXONOMY = """root_causes:
 def test_a_sites_hang_rule_and_override_apply_to_hangs_as_to_windows(tmp_path: Path) -> None:
     """Hangs go through the same knowledge as windows: a site's rules and root causes (its taxonomy),
     and its overrides of shipped rules; which cause wins is the taxonomy's precedence (data)."""
-    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+    from eroica.engine.pipeline import DiagnoseOptions, diagnose
     from eroica.engine.rules.layers import KnowledgeSpec
 
     lock = [{"file": "/job/metrics.py", "line": 8, "function": "flush", "code": "with METRICS_LOCK:"}]
@@ -400,10 +400,10 @@ def test_diagnose_says_how_long_the_ranks_have_not_stepped_and_whether_their_wat
     assert "1 of 4 rank(s) keep a watchdog header" in said, said
     assert re.search(r"stepped 1[23] s ago \(step 30\)", said), said          # 12 s, and the command's own time
     run(tmp_path, [waiting(0), waiting(1), snap(2, 94, [TORCH_WAIT, BACKWARD]), waiting(3)])
-    assert main(["diagnose", str(tmp_path)]) == 1
+    assert main(["diagnose", str(tmp_path)]) == 0
     said = capsys.readouterr().out
     assert "the ranks' watchdogs still run" in said and "now: no step for" in said, said
     old = time.time() - 120
     os.utime(native / "rank-0.txt", (old, old))
-    assert main(["diagnose", str(tmp_path)]) == 1
+    assert main(["diagnose", str(tmp_path)]) == 0
     assert "the job's processes are gone" in capsys.readouterr().out

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eroica.engine.diagnose import diagnose
+from eroica.engine.pipeline import diagnose
 from eroica.lab.simulate import simulate
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 from patterns_factory import STEPS, fn, make_doc
 
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.facts import ConfigDeviation, RankSlowness, StepSpike
 from eroica.engine.history import mark_history, summarize
 from eroica.engine.load import WindowData
 from eroica.engine.peer import analyze
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 from eroica.engine.spikes import kept_steps, scheduled_steps
 from eroica.engine.validity import work_dispersion
 from eroica.schema.diagnosis import WindowHistory

@@ -8,7 +8,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from eroica.engine import render
+import eroica.engine.reports as render
 
 
 def _env(cache: Path, source: str) -> jinja2.Environment:

@@ -16,9 +16,9 @@ from patterns_factory import make_doc, write_run
 from screenshot_support import keep_screenshot
 
 from eroica.cli.schema_cmd import schema
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.evaluate import find_incidents, load_expected
-from eroica.engine.render import FORMATS, render
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
+from eroica.engine.reports import FORMATS, render
 
 ROOT = Path(__file__).parents[3]
 INCIDENTS = find_incidents(ROOT / "incidents")

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from patterns_factory import make_doc
 
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 
 WORLD = 10
 CULPRIT = 2

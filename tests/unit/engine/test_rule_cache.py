@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from eroica.engine import VERSION, rule_cache
-from eroica.engine.diagnose import DiagnoseOptions, compile_knowledge
+from eroica.engine.pipeline import DiagnoseOptions, compile_knowledge
 from eroica.engine.rules.layers import KnowledgeSpec
 from eroica.engine.rules.source import builtin_knowledge_dir
 
@@ -71,7 +71,7 @@ def test_a_diagnosis_from_the_cache_imports_neither_the_compiler_nor_the_rule_sc
     import subprocess
     import sys
 
-    code = ("import sys\nfrom eroica.engine.diagnose import DiagnoseOptions, compile_knowledge\n"
+    code = ("import sys\nfrom eroica.engine.pipeline import DiagnoseOptions, compile_knowledge\n"
             "n = len(compile_knowledge(DiagnoseOptions()))\n"
             "print(n, sorted(m for m in ('eroica.engine.rules.compiler', 'eroica.engine.rules.schema', "
             "'eroica.engine.priors') if m in sys.modules))\n")

@@ -55,7 +55,7 @@ def test_a_left_out_step_is_left_out_of_the_signals() -> None:
 def test_a_gpu_with_links_down_is_named_though_no_rank_is_late(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from patterns_factory import write_run
 
-    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+    from eroica.engine.pipeline import DiagnoseOptions, diagnose
 
     docs = []
     for r in range(4):
@@ -99,7 +99,7 @@ def test_a_rank_whose_loader_workers_have_no_headroom_is_stated_though_it_is_not
 def test_a_saturated_loader_is_the_stall_once_its_rank_waits_and_listed_for_reference_while_hidden(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from patterns_factory import write_run
 
-    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+    from eroica.engine.pipeline import DiagnoseOptions, diagnose
 
     # prefetching hides it: rank 2 is not late, so the finding carries no cost and stays below 0.5
     docs = [_loader(r, 0.97 if r == 2 else 0.1, step=0.12) for r in range(4)]
@@ -121,7 +121,7 @@ def test_a_saturated_loader_is_the_stall_once_its_rank_waits_and_listed_for_refe
 def test_workers_reading_back_what_a_full_memory_cgroup_dropped_are_memory_pressure(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from patterns_factory import write_run
 
-    from eroica.engine.diagnose import DiagnoseOptions, diagnose
+    from eroica.engine.pipeline import DiagnoseOptions, diagnose
 
     docs = []
     for r in range(4):

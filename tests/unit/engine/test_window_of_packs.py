@@ -45,7 +45,7 @@ def test_a_wide_window_of_packs_parsed_by_two_processes_is_the_window_parsed_by_
     import numpy as np
 
     import eroica.engine.load as load
-    from eroica.engine.diagnose import DiagnoseOptions, diagnose_documents
+    from eroica.engine.pipeline import DiagnoseOptions, diagnose_documents
     from eroica.lab.simulate import simulate
 
     simulate(tmp_path / "sim", 320, "gpu_throttled", seed=4, tp=8, pp=5, packed=True)

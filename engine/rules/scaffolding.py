@@ -46,8 +46,8 @@ def _between(observed: float, neutral: float) -> tuple[str, float, float]:
 
 
 def _window_facts(source: Path, rank: int) -> tuple[str, list[Fact]]:
-    from eroica.engine.diagnose import analyze_windows
     from eroica.engine.load import load_run
+    from eroica.engine.pipeline import analyze_windows
 
     source = Path(source)
     run, window = (source.parent, source.name) if source.is_dir() and any(

@@ -14,7 +14,8 @@ from eroica.engine import FORMATS
 from eroica.engine.hang import render as render_hang
 from eroica.engine.render_html import window_pictures
 from eroica.engine.rule_cache import cache_dir
-from eroica.schema.diagnosis import Diagnosis
+from eroica.engine.rules.source import builtin_knowledge_dir
+from eroica.schema.diagnosis import ConfidenceFactors, Diagnosis
 
 
 def _ms(x: float | None) -> str:
@@ -29,6 +30,24 @@ def _gap_sources(gaps: list[str]) -> str:
         if len(parts) >= 2:
             by.setdefault(parts[1], set()).add(parts[0])
     return ", ".join(f"{src} ({len(r)} rank{'s' if len(r) > 1 else ''})" for src, r in sorted(by.items()))
+
+
+def _factor_notes(cf: ConfidenceFactors) -> dict[str, str]:
+    """What a factor's number alone does not say, by its label (eroica.schema.diagnosis.FACTORS)."""
+    notes = {"peers": cf.peer_group + ("" if cf.peer_group_valid else ", not a valid group"),
+             "across windows": f"seen in {cf.windows_seen_total} of {cf.windows_total}",
+             "explained away": f"by {cf.explained_away_by}", "contested": f"by {cf.contested_by}",
+             "evidence missing": ", ".join(cf.evidence_missing),
+             "standing": f"the job's first such pause at step {cf.standing_step}"}
+    return {label: notes[label] for label, _ in cf.terms() if notes.get(label)}
+
+
+def _runbook(runbook: str) -> tuple[str, str | None]:
+    """(what to show, where it links): a URL as itself; a knowledge path to its file, when it exists."""
+    if "://" in runbook:
+        return runbook, runbook
+    path = Path(runbook) if runbook.startswith("/") else builtin_knowledge_dir() / runbook
+    return (runbook if runbook.startswith("/") else f"knowledge/{runbook}"), (path.as_uri() if path.is_file() else None)
 
 
 TEMPLATES = {"text": "report.txt.j2", "md": "report.md.j2", "html": "report.html.j2"}
@@ -71,6 +90,8 @@ def _env(autoescape: bool = False) -> jinja2.Environment:
     )
     env.globals["ms"] = _ms
     env.globals["gap_sources"] = _gap_sources
+    env.globals["factor_notes"] = _factor_notes
+    env.globals["runbook"] = _runbook
     env.globals["hang_text"] = render_hang
     return env
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.evaluate import find_heldout, find_incidents
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 from eroica.engine.rules.layers import Knowledge
 
 REPORTED = 0.5       # a finding at this confidence or more is reported (the taxonomy's default unhealthy_at)
