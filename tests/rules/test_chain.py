@@ -11,9 +11,9 @@ import pytest
 from site_fixtures import SITE_TAXONOMY  # the same site root cause, reached through the chain
 
 from eroica.cli.main import main
-from eroica.engine.diagnose import DiagnoseOptions, diagnose
 from eroica.engine.errors import RuleError
 from eroica.engine.hypotheses import load_hypotheses
+from eroica.engine.pipeline import DiagnoseOptions, diagnose
 from eroica.engine.rules.compiler import compile_rules
 from eroica.engine.rules.layers import KnowledgeSpec
 from eroica.engine.rules.loader import load_rules
@@ -153,7 +153,7 @@ def test_a_derived_fact_must_be_a_declared_hypothesis_with_its_fields(tmp_path: 
 
 def test_the_engine_names_no_root_cause_resolution_is_declared_in_the_taxonomy() -> None:
     ids = set(load_taxonomy())
-    for f in ("engine/diagnose.py", "engine/findings.py", "engine/taxonomy.py"):
+    for f in ("engine/pipeline.py", "engine/findings.py", "engine/taxonomy.py"):
         text = (ROOT / f).read_text()
         named = {i for i in ids if re.search(rf"""["']{i}["']""", text)}
         assert not named, f"{f} special-cases {named}"
@@ -195,15 +195,22 @@ def test_a_rule_that_needs_evidence_the_rank_could_not_collect_lowers_its_confid
 
 def test_reports_show_each_rules_lifecycle_status_the_chain_and_every_factor(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "r.md"
-    assert main(["diagnose", str(ROOT / "incidents" / "INC-0032"), "--format", "md", "-o", str(out)]) == 1
+    assert main(["diagnose", str(ROOT / "incidents" / "INC-0032"), "--format", "md", "-o", str(out)]) == 0
     md = out.read_text()
     assert "Rules: cpu.contention (experimental), via straggler.detected → compute.bound → cpu.starved." in md
     # every factor: a generic explanation's confidence halved by the specific one on the same rank
-    assert main(["diagnose", str(ROOT / "incidents" / "INC-0026"), "--format", "md", "-o", str(out)]) == 1
-    assert "explained away 0.5 (by slow_storage)" in out.read_text()
+    assert main(["diagnose", str(ROOT / "incidents" / "INC-0026"), "--format", "md", "-o", str(out)]) == 0
+    md = out.read_text()
+    assert "x explained away 0.50 = 0.36 (" in md and "explained away: by slow_storage)" in md, md
+    # its cost is the specific cause's excess on the same rank: said once, never added twice
+    assert md.count("accelerator-hours lost per hour") == 1
+    assert "**Cost**: the same excess as `slow_storage` above, on the same rank (not added to it)." in md
+    assert "Runbook: [knowledge/runbooks/slow_storage.md](file://" in md
     html = tmp_path / "r.html"
-    assert main(["diagnose", str(ROOT / "incidents" / "INC-0032"), "--format", "html", "-o", str(html)]) == 1
-    assert "cpu.contention (experimental)" in html.read_text()
+    assert main(["diagnose", str(ROOT / "incidents" / "INC-0032"), "--format", "html", "-o", str(html)]) == 0
+    page = html.read_text()
+    assert "cpu.contention (experimental)" in page
+    assert "<tr><td>consistency</td>" in page and "<tr><td>steps</td>" not in page     # the text's own labels
 
 
 def test_hypothesis_models_are_built_only_when_a_rule_derived_one() -> None:
