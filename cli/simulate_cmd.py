@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -21,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--culprits", type=int, default=1, help="ranks the fault hits (the same fault on each)")
     p.add_argument("-o", "--output", type=Path, required=True,
                    help="a new or empty directory for the window's pattern files and ground_truth.json")
+    p.add_argument("--replace", action="store_true",
+                   help="remove an earlier simulation in --output first (a directory holding its ground_truth.json)")
     p.set_defaults(func=run)
 
 
@@ -32,10 +35,14 @@ def run(args: argparse.Namespace) -> int:
         why = "the data-parallel size (ranks / (pp x tp)) must be a multiple of --ep"
     elif not 1 <= args.culprits <= args.ranks:
         why = "--culprits must be between 1 and --ranks"
+    elif args.replace and args.output.is_dir() and not (args.output / "ground_truth.json").is_file():
+        why = f"{args.output} holds no earlier simulation (no ground_truth.json): --replace removes only a simulation"
+    elif args.replace and args.output.is_dir():
+        shutil.rmtree(args.output)
     elif args.output.exists() and (not args.output.is_dir() or any(args.output.iterdir())):
         # an earlier simulation's rank files would stay beside the new ones, and be diagnosed with them
-        why = (f"{args.output} exists and is not an empty directory: name a new directory (an earlier "
-               "simulation's files left there would be diagnosed with the new ones)")
+        why = (f"{args.output} exists and is not an empty directory: name a new directory, or --replace an earlier "
+               "simulation (its files left there would be diagnosed with the new ones)")
     if why is not None:
         print(f"eroica simulate: {why}", file=sys.stderr)
         return 2

@@ -86,5 +86,13 @@ def test_simulate_refuses_a_directory_that_holds_files_and_keeps_them(tmp_path: 
     assert main(["simulate", "--ranks", "8", "--fault", "none", "-o", str(out)]) == 2
     assert "not an empty directory" in capsys.readouterr().err
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    # told to, it replaces the earlier simulation: only the new one's ranks are there
+    assert main(["simulate", "--ranks", "8", "--fault", "none", "--replace", "-o", str(out)]) == 0
+    assert len(list(out.rglob("rank-*.json"))) == 8
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    assert main(["simulate", "--ranks", "8", "--fault", "none", "--replace", "-o", str(other)]) == 2
+    assert (other / "notes.txt").read_text() == "keep me"                 # never removes what is not a simulation
     (tmp_path / "empty").mkdir()
     assert main(["simulate", "--ranks", "8", "--fault", "none", "-o", str(tmp_path / "empty")]) == 0
