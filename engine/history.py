@@ -79,10 +79,15 @@ def config_deviations(w: WindowData, a: PeerAnalysis) -> tuple[list[ConfigSeen],
 def summarize(w: WindowData, a: PeerAnalysis, findings: Sequence[Finding]) -> WindowHistory:
     """What a later window needs of this one."""
     devs, dropped = config_deviations(w, a)
+    return with_findings(WindowHistory(window=w.window_id, start_step=start_step(w),
+                                       job_step_seconds=round(job_step_seconds(a), 6), config_deviations=devs,
+                                       config_deviations_dropped=dropped), findings)
+
+
+def with_findings(h: WindowHistory, findings: Sequence[Finding]) -> WindowHistory:
+    """A window's summary with what its rules found."""
     seen = sorted({(f.root_cause, tuple(f.ranks)) for f in findings})
-    return WindowHistory(window=w.window_id, start_step=start_step(w), job_step_seconds=round(job_step_seconds(a), 6),
-                         config_deviations=devs, config_deviations_dropped=dropped,
-                         findings=[FindingSeen(root_cause=c, ranks=list(r)) for c, r in seen])
+    return h.model_copy(update={"findings": [FindingSeen(root_cause=c, ranks=list(r)) for c, r in seen]})
 
 
 def add_gaps(w: WindowData, a: PeerAnalysis) -> None:

@@ -43,6 +43,7 @@ from eroica.engine.robust import (
 from eroica.engine.signals import LARGE_GROUP, SignalTable, cap_ratio, host_cpu_facts, hw_signals, outlier_facts
 from eroica.engine.spikes import SPIKE_SIGNALS, kept_steps, scheduled_steps, spike_facts
 from eroica.engine.validity import validity
+from eroica.schema.diagnosis import WindowHistory
 from eroica.schema.patterns import Category
 
 SMALL_GROUP_MIN_RATIO = 1.1        # below 3 members: busy at least this much more than the other
@@ -78,6 +79,7 @@ class PeerAnalysis:
     rows: dict[int, RankRow]
     columns: WindowColumns | None = None
     signals: SignalTable | None = None
+    summary: WindowHistory | None = None   # what a later window needs of this one (findings: once ruled)
 
 
 @dataclass

@@ -12,7 +12,7 @@ import numpy as np
 from eroica.engine import VERSION
 from eroica.engine.findings import build_findings, unhealthy
 from eroica.engine.hang import load_snapshots, localize_documents
-from eroica.engine.history import add_gaps, mark_history, mark_standing, start_step, summarize
+from eroica.engine.history import add_gaps, mark_history, mark_standing, start_step, summarize, with_findings
 from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
 from eroica.engine.report_data import add_report_data, heatmap, step_series
@@ -110,7 +110,8 @@ def analyze_windows(windows: Sequence[WindowData], history: Sequence[WindowHisto
         a = analyses[w.window_id]
         mark_history(w, a, known)
         add_gaps(w, a)
-        known.append(summarize(w, a, ()))
+        a.summary = summarize(w, a, ())         # once per window: its findings are added when ruled
+        known.append(a.summary)
     return analyses
 
 
@@ -159,7 +160,7 @@ def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHi
                 # is concluded
                 healthy=why_not is None and not unhealthy(findings, taxonomy, resolution),
                 diagnosable=why_not is None, not_diagnosable_reason=why_not,
-                history=summarize(w, a, findings),
+                history=with_findings(a.summary or summarize(w, a, ()), findings),
                 rules_fired=fired.get(w.window_id, []),
             )
         )

@@ -180,6 +180,27 @@ def test_a_config_difference_the_rank_had_while_healthy_cannot_explain_a_later_s
     mark_history(late, a, [])
     (dev,) = [f for f in a.facts if isinstance(f, ConfigDeviation)]
     assert not dev.seen_while_healthy
+    # diagnosed together, each window is summarized once, and its summary carries what was found
+    from eroica.engine import diagnose_documents
+    from eroica.engine import history as hist
+
+    calls = []
+    real = hist.config_deviations
+
+    def counted(w, a):  # type: ignore[no-untyped-def]
+        calls.append(w.window_id)
+        return real(w, a)
+
+    hist.config_deviations = counted
+    try:
+        d = diagnose_documents([early, late], opts=DiagnoseOptions(in_process=True))
+    finally:
+        hist.config_deviations = real
+    assert sorted(calls) == ["w000-s15", "w001-s56"]
+    by = {w.window: w for w in d.windows}
+    assert by["w001-s56"].history is not None and by["w001-s56"].history.config_deviations
+    assert [(f.root_cause, f.ranks) for f in by["w001-s56"].history.findings] == [
+        (c, list(r)) for c, r in sorted({(f.root_cause, tuple(f.ranks)) for f in by["w001-s56"].findings})]
 
 
 def make_cfg(key: str, value: str):  # type: ignore[no-untyped-def]
