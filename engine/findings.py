@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from eroica.engine.confidence import confidence_of, rescored
 from eroica.engine.facts import (
     CategoryExcess,
     ConfigDeviation,
@@ -161,9 +162,7 @@ def _argue(c: Conclusion, tax: TaxonomyEntry, analysis: PeerAnalysis, slow: Rank
         factors = factors.model_copy(update={"evidence_gap_ratio": c.missing_evidence_factor,
                                              "evidence_missing": sorted({g.source for g in gaps})})
         facts += [g for g in gaps if g not in facts]
-    conf = (factors.rule_ratio * factors.deviation_strength_ratio * factors.step_consistency_ratio
-            * factors.peer_group_ratio * factors.coverage_ratio * factors.evidence_gap_ratio)
-    return Argument(c, function, facts, factors, conf)
+    return Argument(c, function, facts, factors, confidence_of(factors))
 
 
 def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conclusion],
@@ -196,7 +195,7 @@ def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conc
             root_cause=cause, category=FindingCategory(tax.category), component=tax.component,
             ranks=[r], hosts=[w.columns.hostname[row]] if row is not None else [], function=function,
             devices=[_device(w, row)] if row is not None else [],
-            confidence=round(float(conf), 4), confidence_factors=factors, summary=" ".join(c.summary.split()),
+            confidence=conf, confidence_factors=factors, summary=" ".join(c.summary.split()),
             evidence=evidence,
             rule_ids=rules[(cause, r)], derived_via=list(c.via),
             rule_status={k: (rule_status or {}).get(k, "?") for k in [*rules[(cause, r)], *c.via]},
@@ -297,13 +296,9 @@ def explain_away(findings: list[Finding], taxonomy: dict[str, TaxonomyEntry], re
                 (tax.generic and not getattr(taxonomy.get(g.root_cause), "generic", False)
                  and g.confidence >= f.confidence) or g.root_cause in tax.explained_by)]
         if better:
-            k = resolution.explained_away_factor
-            f = f.model_copy(update={
-                "confidence": round(f.confidence * k, 4),
-                "confidence_factors": f.confidence_factors.model_copy(update={
-                    "explained_away_ratio": k, "explained_away_by": better[0].root_cause}),
-                "evidence": [f"explained away by {better[0].root_cause} on the same rank", *f.evidence],
-            })
+            f = rescored(f, f"explained away by {better[0].root_cause} on the same rank",
+                         explained_away_ratio=resolution.explained_away_factor,
+                         explained_away_by=better[0].root_cause)
         out.append(f)
     return out
 

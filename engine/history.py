@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from eroica.engine.confidence import rescored
 from eroica.engine.facts import ConfigDeviation, EvidenceGap, Fact
 from eroica.engine.load import WindowData
 from eroica.engine.peer import PeerAnalysis
@@ -187,9 +188,8 @@ def mark_standing(w: WindowData, findings: Sequence[Finding]) -> list[Finding]:
         if total <= 0 or float(spent[mask].sum()) < IN_PAUSES_RATIO * total:
             out.append(f)
             continue
-        cf = f.confidence_factors.model_copy(update={"standing_ratio": STANDING_FACTOR, "standing_step": step})
+        f = rescored(f, standing_ratio=STANDING_FACTOR, standing_step=step)
         out.append(f.model_copy(update={
-            "confidence": round(f.confidence * STANDING_FACTOR, 4), "confidence_factors": cf,
             "summary": f"{f.summary} The job made the same pause from its start, as long (first at step {step}): "
                        "present by design, not this window's slowdown."}))
     return out

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from eroica.engine import VERSION
+from eroica.engine.confidence import rescored
 from eroica.engine.findings import build_findings, unhealthy
 from eroica.engine.hang import load_snapshots, localize_documents
 from eroica.engine.history import add_gaps, mark_history, mark_standing, start_step, summarize, with_findings
@@ -186,11 +187,8 @@ def _across_windows(windows: list[WindowDiagnosis], history: Sequence[WindowHist
         findings = []
         for f in w.findings:
             k = seen[(f.root_cause, tuple(f.ranks))]
-            factor = round(0.8 + 0.2 * k / n, 4)
-            cf = f.confidence_factors.model_copy(update={
-                "window_consistency_ratio": factor, "windows_seen_total": k, "windows_total": n})
-            findings.append(f.model_copy(update={"confidence": round(f.confidence * factor, 4),
-                                                 "confidence_factors": cf}))
+            findings.append(rescored(f, window_consistency_ratio=round(0.8 + 0.2 * k / n, 4),
+                                     windows_seen_total=k, windows_total=n))
         findings.sort(key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
         out.append(w.model_copy(update={
             "findings": findings, "healthy": w.diagnosable and not unhealthy(findings, taxonomy, resolution)}))

@@ -17,6 +17,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from eroica.engine.confidence import rescored
 from eroica.engine.facts import Fact
 from eroica.engine.taxonomy import Decider, Resolution, TaxonomyEntry
 from eroica.schema.diagnosis import Finding
@@ -94,8 +95,4 @@ def one_verdict(findings: list[Finding], facts: Sequence[Fact], taxonomy: dict[s
 
 
 def _lowered(f: Finding, factor: float, by: str, line: str) -> Finding:
-    return f.model_copy(update={
-        "confidence": round(f.confidence * factor, 4),
-        "confidence_factors": f.confidence_factors.model_copy(update={"contested_ratio": factor,
-                                                                      "contested_by": by}),
-        "evidence": [line, *f.evidence]})
+    return rescored(f, line, contested_ratio=factor, contested_by=by)

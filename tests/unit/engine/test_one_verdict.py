@@ -22,7 +22,7 @@ def finding(cause: str, rank: int, confidence: float) -> Finding:
     return Finding(root_cause=cause, category=FindingCategory(TAX[cause].category), component="c", ranks=[rank],
                    hosts=["h"], function="f", confidence=confidence, summary=cause, evidence=[f"{cause} evidence"],
                    rule_ids=[f"r.{cause}"], confidence_factors=ConfidenceFactors(
-                       rule_ratio=1, deviation_strength_ratio=1, step_consistency_ratio=1, peer_group_ratio=1,
+                       rule_ratio=confidence, deviation_strength_ratio=1, step_consistency_ratio=1, peer_group_ratio=1,
                        coverage_ratio=1, peer_group="g", peer_group_valid=True))
 
 

@@ -1,0 +1,30 @@
+"""A finding's confidence, in one place: the product of its named factors.
+
+Each stage of a diagnosis that weighs a finding sets its own factor (eroica.schema.diagnosis.FACTORS
+lists them in order: the rule's prior, the strength, the consistency, the peers, the coverage, the
+evidence missing, explained away, contested, standing, across windows) and the confidence is always
+recomputed from all of them here, so the number a report prints is the product of the factors it
+lists, whichever stage ran last.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from eroica.schema.diagnosis import FACTORS, ConfidenceFactors, Finding
+
+
+def confidence_of(cf: ConfidenceFactors) -> float:
+    """The product of every factor, rounded as findings carry it."""
+    return round(math.prod(float(getattr(cf, name)) for name, _label, _always, _how in FACTORS), 4)
+
+
+def rescored(f: Finding, evidence_first: str | None = None, **factors: Any) -> Finding:
+    """The finding with these factors (and their notes: `explained_away_by`, ...) set and its confidence
+    recomputed from all of them; `evidence_first` is put before its evidence (why a factor was applied)."""
+    cf = f.confidence_factors.model_copy(update=factors)
+    update: dict[str, Any] = {"confidence": confidence_of(cf), "confidence_factors": cf}
+    if evidence_first is not None:
+        update["evidence"] = [evidence_first, *f.evidence]
+    return f.model_copy(update=update)
