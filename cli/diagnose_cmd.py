@@ -28,9 +28,9 @@ RUN_DIR_ONLY = frozenset({"logs", "control.jsonl", "control.log.jsonl", "meta.js
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.epilog = ("exit status: 0 diagnosed, nothing found (every window healthy, no hang); 1 a cause found (a "
-                "finding at confidence 0.5 or more, or a hang); 2 an error; 3 not diagnosable (too few ranks "
-                "reported)")
+    p.epilog = ("exit status: 0 diagnosed (whatever was found); 2 bad input, nothing diagnosed; 3 not diagnosable "
+                "(too few ranks reported, or a hung job without a snapshot yet); 4 nothing to diagnose yet (a run "
+                "directory with no window); with --exit-code, 1 when a cause was found")
     p.description = ("PATH: a run directory (its windows' pattern files, its hang snapshots), or PyTorch "
                      "profiler (Kineto) trace files or directories of them, one file per rank: those are ingested "
                      "first, on every core, into --patterns DIR or a temporary directory.")

@@ -27,12 +27,13 @@ def _connection(p: argparse.ArgumentParser, top: bool) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     _connection(p, top=True)
-    fs = p.add_subparsers(dest="findings_cmd", required=True)
+    fs = p.add_subparsers(dest="findings_cmd", required=True, metavar="{list,ack,link,close,export}")
     ls = fs.add_parser("list", help="issues, newest first")
     _connection(ls, top=False)
     ls.add_argument("--state", help="only issues in this state (open, acknowledged, linked, recovered, ...)")
     ls.add_argument("--job", help="only this job's issues (its id)")
-    ls.add_argument("--format", choices=("text", "json"), default="text", help="text for people, json for machines")
+    ls.add_argument("--format", choices=("text", "json"), default="text",
+                    help="text for people, json for machines (default: %(default)s)")
     ls.add_argument("--json", action="store_const", const="json", dest="format", help="the same as --format json")
     for name, helptext in (("ack", "acknowledge"), ("link", "link to a ticket or change"),
                            ("close", "close as recovered, not_recovered or false_positive")):
@@ -66,6 +67,9 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any]
 
 
 def run(args: argparse.Namespace) -> int:
+    if "://" not in args.server:
+        print(f"eroica findings: --server {args.server}: a URL is expected, e.g. http://{args.server}", file=sys.stderr)
+        return 2
     try:
         return _run(args)
     except urllib.error.HTTPError as exc:
@@ -74,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"eroica findings: {args.server}: HTTP {exc.code}: {detail}", file=sys.stderr)
         return 1
     except (OSError, urllib.error.URLError) as exc:
-        print(f"eroica findings: {args.server}: {exc}", file=sys.stderr)
+        why = getattr(exc, "reason", exc)
+        print(f"eroica findings: {args.server}: {why} (is `eroica serve` running there? --server or EROICA_SERVER "
+              "names it)", file=sys.stderr)
         return 2
 
 

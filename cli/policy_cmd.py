@@ -15,7 +15,7 @@ from eroica.collector.replay import read_step_times, replay
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    s = p.add_subparsers(dest="policy_cmd", required=True)
+    s = p.add_subparsers(dest="policy_cmd", required=True, metavar="{replay,show}")
     r = s.add_parser("replay", help="when would windows open on this step-time history?")
     r.add_argument("step_times", type=Path, help="one step time (s) per line, step,seconds CSV, or a JSON list")
     r.add_argument("--policy", type=Path, help="a YAML/JSON file of TriggerPolicy fields (others: defaults)")

@@ -11,10 +11,13 @@ from eroica.lab.simulate import FAULTS, simulate
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-    p.add_argument("--ranks", type=int, default=64, help="ranks of the simulated job")
-    p.add_argument("--fault", choices=FAULTS, default="gpu_throttled", help="the fault to simulate")
-    p.add_argument("--seed", type=int, default=0, help="random seed: the culprit ranks and the noise")
+    p.description = ("SIMULATED pattern files of one profiling window of a GPU job (not real hardware), with the "
+                     "ground truth beside them in ground_truth.json: for trying the engine at fleet scale")
+    p.add_argument("--ranks", type=int, default=64, help="ranks of the simulated job (default: %(default)s)")
+    p.add_argument("--fault", choices=FAULTS, default="gpu_throttled",
+                   help="the fault to simulate (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed: the culprit ranks and the noise (default: %(default)s)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (process groups named 'pp')")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel group size (ranks of a host share one)")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel groups: experts of unequal load by design")

@@ -433,6 +433,9 @@ def load_run(run_dir: Path, window: str | None = None, cache_limit: int = 4096,
         if window not in (None, run_dir.name):
             raise RunDirError(f"{run_dir}: a window directory, not window {window!r}")
         return [load_window(run_dir, cache_limit, workers)]      # one window's directory
+    if not run_dir.exists():
+        raise RunDirError(f"{run_dir}: no such file or directory (expected RUN_DIR/<window>/rank-<R>.json, a "
+                          "window directory, an incident directory or a pattern file)")
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory (expected RUN_DIR/<window>/rank-<R>.json, a window "
                           f"directory, an incident directory or a pattern file)")

@@ -16,7 +16,7 @@ from eroica.engine.hang import load_snapshots, localize_documents
 from eroica.engine.history import add_gaps, mark_history, mark_standing, start_step, summarize, with_findings
 from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
-from eroica.engine.report_data import add_report_data, heatmap, step_series
+from eroica.engine.report_data import add_report_data, heatmap, shared_costs, step_series
 from eroica.engine.rules.ir import RuleIR
 from eroica.engine.rules.layers import KnowledgeSpec, compiled, compiled_with_notes
 from eroica.engine.rules.runner import run_rules
@@ -27,7 +27,15 @@ from eroica.engine.taxonomy import (
     load_resolution,
     load_taxonomy,
 )
-from eroica.schema.diagnosis import Coverage, Diagnosis, PeerGroupInfo, StepSummary, WindowDiagnosis, WindowHistory
+from eroica.schema.diagnosis import (
+    Coverage,
+    Diagnosis,
+    Finding,
+    PeerGroupInfo,
+    StepSummary,
+    WindowDiagnosis,
+    WindowHistory,
+)
 from eroica.schema.hang import HangSnapshot
 
 
@@ -142,7 +150,7 @@ def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHi
         coverage = _coverage(w)
         findings = add_report_data(build_findings(w, a, conclusions.get(w.window_id, []), taxonomy, resolution,
                                          coverage.coverage_ratio, status), w, a, steps.during_median_seconds)
-        findings = sorted(mark_standing(w, findings), key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
+        findings = shared_costs(sorted(mark_standing(w, findings), key=_report_order))
         c = w.columns
         why_not = floor.why_not(len(coverage.ranks_reported), coverage.world_size)
         out.append(
@@ -170,6 +178,11 @@ def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHi
                      hang=localize_documents(hang_snapshots, rules, taxonomy) if hang_snapshots else None)
 
 
+def _report_order(f: Finding) -> tuple[float, float]:
+    """Surest first, then costliest."""
+    return -f.confidence, -f.excess_seconds_per_step
+
+
 def _across_windows(windows: list[WindowDiagnosis], history: Sequence[WindowHistory],
                     taxonomy: dict[str, TaxonomyEntry], resolution: Resolution) -> list[WindowDiagnosis]:
     """A cause that recurs on the same ranks window after window (among those diagnosed together
@@ -189,7 +202,10 @@ def _across_windows(windows: list[WindowDiagnosis], history: Sequence[WindowHist
             k = seen[(f.root_cause, tuple(f.ranks))]
             findings.append(rescored(f, window_consistency_ratio=round(0.8 + 0.2 * k / n, 4),
                                      windows_seen_total=k, windows_total=n))
-        findings.sort(key=lambda f: (-f.confidence, -f.excess_seconds_per_step))
+        # the order may change: which finding carries an excess is decided again
+        unmarked = [f.model_copy(update={"cost": f.cost.model_copy(update={"same_excess_as": None})})
+                    if f.cost is not None else f for f in findings]
+        findings = shared_costs(sorted(unmarked, key=_report_order))
         out.append(w.model_copy(update={
             "findings": findings, "healthy": w.diagnosable and not unhealthy(findings, taxonomy, resolution)}))
     return out

@@ -7,6 +7,8 @@ jobs of any width (the heatmap keeps the first ranks and aggregates the rest int
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from eroica.engine.columns import METRICS, WindowColumns
@@ -82,6 +84,21 @@ def heatmap(w: WindowData, analysis: PeerAnalysis) -> Heatmap | None:
                                    values_seconds=[round(float(x), 6) for x in np.percentile(sub, q, axis=0)]))
     return Heatmap(functions=[keys[j] for j in top], peer_median_seconds=[round(float(med[j]), 6) for j in top],
                    rows=rows, aggregated_ranks_total=len(rest))
+
+
+def shared_costs(findings: Sequence[Finding]) -> list[Finding]:
+    """Findings in report order, each whose ranks a finding before it already costed marked as carrying
+    that one's excess (`cost.same_excess_as`), so that costs summed over a window count each excess once."""
+    first: dict[tuple[int, ...], str] = {}
+    out = []
+    for f in findings:
+        key = tuple(sorted(f.ranks))
+        if f.cost is not None and key in first:
+            f = f.model_copy(update={"cost": f.cost.model_copy(update={"same_excess_as": first[key]})})
+        elif f.cost is not None:
+            first[key] = f.root_cause
+        out.append(f)
+    return out
 
 
 def step_series(w: WindowData) -> StepSeries | None:

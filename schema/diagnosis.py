@@ -110,6 +110,9 @@ class FindingCost(Frozen):
     ranks_waiting_total: NonNegativeInt      # the ranks that wait (the world size)
     accelerator_hours_lost_per_hour: float   # ranks x excess / step
     recovered_ratio: float = Field(ge=0, le=1)  # share of the step time a fix recovers
+    # the cause of a finding before this one, on the same ranks, whose excess this is too: this cost is
+    # that one's, not to be added to it (None: this finding's own)
+    same_excess_as: str | None = None
 
 
 class SettingDeviation(Frozen):

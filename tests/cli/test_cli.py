@@ -19,7 +19,7 @@ def test_diagnose_json_to_file(tmp_path: Path, capsys) -> None:  # type: ignore[
 
 def test_diagnose_of_a_missing_dir_exits_2(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["diagnose", str(tmp_path / "none")]) == 2
-    assert "not a directory" in capsys.readouterr().err
+    assert "none: no such file or directory" in capsys.readouterr().err
 
 
 def test_rules_test_and_lint_pass_on_the_shipped_rules(capsys) -> None:  # type: ignore[no-untyped-def]

@@ -3,6 +3,7 @@ knowledge; a site extends the chain from its own directory; conflicts are resolv
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -206,6 +207,11 @@ def test_reports_show_each_rules_lifecycle_status_the_chain_and_every_factor(tmp
     assert md.count("accelerator-hours lost per hour") == 1
     assert "**Cost**: the same excess as `slow_storage` above, on the same rank (not added to it)." in md
     assert "Runbook: [knowledge/runbooks/slow_storage.md](file://" in md
+    # the JSON says it too: costs summed over a window's findings count each excess once
+    assert main(["diagnose", str(ROOT / "incidents" / "INC-0026"), "--format", "json", "-o", str(out)]) == 0
+    found = json.loads(out.read_text())["windows"][0]["findings"]
+    costs = [(f["root_cause"], f["cost"]["same_excess_as"]) for f in found]
+    assert costs == [("slow_storage", None), ("user_code", "slow_storage")], costs
     html = tmp_path / "r.html"
     assert main(["diagnose", str(ROOT / "incidents" / "INC-0032"), "--format", "html", "-o", str(html)]) == 0
     page = html.read_text()

@@ -69,8 +69,11 @@ def test_a_broken_file_is_named_and_the_rest_is_diagnosed(tmp_path: Path) -> Non
 
 
 def test_not_a_run_dir_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(RunDirError, match="not a directory"):
+    with pytest.raises(RunDirError, match="nope: no such file or directory"):
         diagnose(tmp_path / "nope")
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(RunDirError, match="not a directory"):
+        diagnose(tmp_path / "file.txt")
 
 
 @pytest.mark.parametrize("fmt", ["text", "md", "json"])
