@@ -149,7 +149,8 @@ def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHi
         steps = _steps(w, a)
         coverage = _coverage(w)
         findings = add_report_data(build_findings(w, a, conclusions.get(w.window_id, []), taxonomy, resolution,
-                                         coverage.coverage_ratio, status), w, a, steps.during_median_seconds)
+                                         coverage.coverage_ratio, status), w, a, steps.during_median_seconds,
+                                   steps.before_median_seconds)
         findings = shared_costs(sorted(mark_standing(w, findings), key=_report_order))
         c = w.columns
         why_not = floor.why_not(len(coverage.ranks_reported), coverage.world_size)

@@ -188,10 +188,15 @@ def function_signal(w: WindowData, cols: WindowColumns, rank: int, function: str
     return out
 
 
-def cost(f: Finding, step_seconds: float | None, world: int) -> FindingCost | None:
+def cost(f: Finding, step_seconds: float | None, world: int, before_seconds: float | None = None) -> FindingCost | None:
+    """What the finding costs: the culprit's excess busy time, which every rank waits for; never more than
+    the slowdown when the job ran faster before the window (a fix brings the step back to what it was, not
+    below: the culprit's excess over peers that themselves waited can exceed it)."""
     if not step_seconds or step_seconds <= 0 or f.excess_seconds_per_step <= 0:
         return None
     ex = min(f.excess_seconds_per_step, step_seconds)
+    if before_seconds is not None and 0 < before_seconds < step_seconds:
+        ex = min(ex, step_seconds - before_seconds)
     return FindingCost(
         excess_seconds_per_step=round(ex, 6), step_seconds=round(step_seconds, 6),
         step_seconds_if_fixed=round(step_seconds - ex, 6), ranks_waiting_total=world,
@@ -201,10 +206,10 @@ def cost(f: Finding, step_seconds: float | None, world: int) -> FindingCost | No
 
 
 def add_report_data(findings: list[Finding], w: WindowData, analysis: PeerAnalysis,
-           step_seconds: float | None) -> list[Finding]:
+                    step_seconds: float | None, before_seconds: float | None = None) -> list[Finding]:
     world = w.world_size or len(w.docs)
     cols = w.columns
     table = analysis.signals or SignalTable(cols)
     return [f.model_copy(update={"signals": (function_signal(w, cols, f.ranks[0], f.function)
                                              + signature(table, f.ranks[0])) if f.ranks else [],
-                                 "cost": cost(f, step_seconds, world)}) for f in findings]
+                                 "cost": cost(f, step_seconds, world, before_seconds)}) for f in findings]

@@ -109,3 +109,22 @@ def test_a_kept_raw_trace_is_linked_for_perfetto(tmp_path: Path) -> None:
     assert d.windows[0].raw_traces == {"2": str(trace.resolve())}
     html = render(d, "html")
     assert f'href="file://{trace.resolve()}"' in html and "Perfetto" in html
+
+
+def test_a_fix_brings_the_step_back_to_what_it_was_before_never_below() -> None:
+    """The demo's loader stall: the step went 56 -> 162 ms and the culprit's excess over peers that
+    themselves waited reads 121 ms; fixed, the step goes back to 56 ms, not to 41 ms."""
+    from eroica.engine.report_data import cost
+    from eroica.schema.diagnosis import ConfidenceFactors, Finding, FindingCategory
+
+    f = Finding(root_cause="dataloader_stall", category=FindingCategory("software"), component="c", ranks=[1],
+                hosts=["h"], function="f", confidence=0.9, summary="s", evidence=[], rule_ids=["r"],
+                excess_seconds_per_step=0.121, confidence_factors=ConfidenceFactors(
+                    rule_ratio=0.9, deviation_strength_ratio=1, step_consistency_ratio=1, peer_group_ratio=1,
+                    coverage_ratio=1, peer_group="g", peer_group_valid=True))
+    c = cost(f, 0.162, 4, before_seconds=0.056)
+    assert c is not None and (c.excess_seconds_per_step, c.step_seconds_if_fixed) == (0.106, 0.056)
+    assert c.accelerator_hours_lost_per_hour == round(4 * 0.106 / 0.162, 3)
+    for before in (None, 0.2):        # no earlier step, or the job was no faster before: the excess as measured
+        c = cost(f, 0.162, 4, before_seconds=before)
+        assert c is not None and c.excess_seconds_per_step == 0.121
