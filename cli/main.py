@@ -106,6 +106,10 @@ def entry() -> None:
     batch = fastpath.begin(_command(sys.argv[1:]))
     try:
         rc = main()
+    except BrokenPipeError:          # `eroica ... | head`: the reader has gone, nothing more to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())      # Python's flush at exit would raise again
+        sys.exit(141)
     except BaseException:          # argparse's exits (--help, a usage error), an error: as raised
         fastpath.resume_collection()
         raise

@@ -27,6 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_policy(path: Path | None) -> TriggerPolicy:
+    """The policy of a YAML/JSON file, or of the environment's EROICA_POLICY_* (each unknown one said on
+    stderr: a misspelt variable would otherwise change nothing, silently)."""
+    for line in TriggerPolicy.unknown_env():
+        print(f"eroica: ignored: {line}", file=sys.stderr)
     if path is None:
         return TriggerPolicy.from_env()
     try:
@@ -41,6 +45,10 @@ def load_policy(path: Path | None) -> TriggerPolicy:
     try:
         return TriggerPolicy.model_validate(data)
     except ValidationError as exc:
+        err = exc.errors()[0]
+        if err["type"] == "extra_forbidden":
+            raise ValueError(f"{path}: {'.'.join(map(str, err['loc']))} is not a policy field (`eroica policy show` "
+                             "lists them)") from exc
         raise ValueError(f"{path}: {first_error(exc)}") from exc
 
 

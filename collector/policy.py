@@ -200,4 +200,24 @@ class TriggerPolicy(BaseModel):
                 data[name] = tuple(p.strip() for p in raw.split(",") if p.strip())
             else:
                 data[name] = raw
-        return cls.model_validate(data)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:        # name the variable that set it, not the field alone
+            loc = exc.errors()[0]["loc"]
+            var = f"EROICA_POLICY_{str(loc[0]).upper()}" if loc else ""
+            if var and var in os.environ:
+                raise ValueError(f"{var}={os.environ[var]!r}: {exc.errors()[0]['msg']}") from exc
+            raise ValueError(first_error(exc)) from exc
+
+    @classmethod
+    def unknown_env(cls) -> list[str]:
+        """`EROICA_POLICY_*` variables that name no field (a misspelling is otherwise silently ignored), each
+        with the closest field's variable."""
+        import difflib
+
+        known = {f"EROICA_POLICY_{n.upper()}" for n in cls.model_fields}
+        out = []
+        for var in sorted(v for v in os.environ if v.startswith("EROICA_POLICY_") and v not in known):
+            close = difflib.get_close_matches(var, sorted(known), n=1)
+            out.append(f"{var} is not a policy field" + (f" (did you mean {close[0]}?)" if close else ""))
+        return out

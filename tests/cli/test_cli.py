@@ -123,3 +123,14 @@ def test_connection_options_go_before_or_after_the_subcommand(tmp_path: Path, ca
                  ["findings", "--server", "http://127.0.0.1:9", "list", "--format", "json"]):
         assert main(argv) == 2                          # parsed, then the connection refused (nothing listens)
         assert "http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_a_policy_variable_is_named_when_wrong_and_a_misspelt_one_is_said(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("EROICA_POLICY_WINDOW_STEPS", "abc")
+    assert main(["policy", "show"]) == 2
+    assert "EROICA_POLICY_WINDOW_STEPS='abc'" in capsys.readouterr().err
+    monkeypatch.delenv("EROICA_POLICY_WINDOW_STEPS")
+    monkeypatch.setenv("EROICA_POLICY_WINDOW_STEP", "15")
+    assert main(["policy", "show"]) == 0
+    assert "EROICA_POLICY_WINDOW_STEP is not a policy field (did you mean EROICA_POLICY_WINDOW_STEPS?)" in \
+        capsys.readouterr().err
