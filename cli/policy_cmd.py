@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sh = s.add_parser("show", help="the policy's fields, defaults and meaning")
     sh.add_argument("--policy", type=Path, help="a YAML/JSON file of TriggerPolicy fields to show with the defaults "
                     "(default: the defaults and EROICA_POLICY_* of this environment)")
+    sh.add_argument("--format", choices=("text", "json"), default="text",
+                    help="text: each field with its meaning; json: the fields as a --policy file takes them "
+                         "(default: %(default)s)")
     sh.set_defaults(func=run_show)
 
 
@@ -76,6 +79,9 @@ def run_show(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"eroica policy show: {exc}", file=sys.stderr)
         return 2
+    if args.format == "json":          # what a file given to --policy holds, every field
+        print(json.dumps(policy.model_dump(mode="json"), indent=2))
+        return 0
     for name, field in TriggerPolicy.model_fields.items():
         print(f"{name} = {json.dumps(getattr(policy, name))}    # {field.description or ''}".rstrip(" #"))
     return 0

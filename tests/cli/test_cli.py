@@ -134,3 +134,14 @@ def test_a_policy_variable_is_named_when_wrong_and_a_misspelt_one_is_said(monkey
     assert main(["policy", "show"]) == 0
     assert "EROICA_POLICY_WINDOW_STEP is not a policy field (did you mean EROICA_POLICY_WINDOW_STEPS?)" in \
         capsys.readouterr().err
+
+
+def test_policy_show_as_json_is_a_policy_file_that_reads_back(tmp_path: Path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("EROICA_POLICY_WINDOW_STEPS", "15")
+    assert main(["policy", "show", "--format", "json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["window_steps"] == 15
+    monkeypatch.delenv("EROICA_POLICY_WINDOW_STEPS")
+    (tmp_path / "p.json").write_text(json.dumps(shown))
+    assert main(["policy", "show", "--policy", str(tmp_path / "p.json"), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == shown
