@@ -22,6 +22,7 @@ from eroica.engine.confidence import rescored
 from eroica.engine.facts import ConfigDeviation, EvidenceGap, Fact
 from eroica.engine.load import WindowData
 from eroica.engine.peer import PeerAnalysis
+from eroica.engine.report_data import job_series
 from eroica.schema.diagnosis import (
     HISTORY_DEVIATIONS_MAX,
     ConfigSeen,
@@ -125,17 +126,6 @@ def mark_history(w: WindowData, a: PeerAnalysis, earlier: Sequence[WindowHistory
     a.facts = facts
 
 
-def _job_series(mat: np.ndarray, lens: np.ndarray, right: bool) -> np.ndarray:
-    """The median over ranks of each of the last n steps, n the fewest any rank has (`right`: rows are
-    right-aligned, NaN-padded on the left; else left-aligned with `lens` values each)."""
-    n = int(lens.min()) if len(lens) else 0
-    if n <= 0:
-        return np.zeros(0)
-    tail = mat[:, mat.shape[1] - n:] if right else mat[:, :n]
-    out: np.ndarray = np.median(tail, axis=0)
-    return out
-
-
 def standing_pauses(w: WindowData) -> tuple[np.ndarray, int | None]:
     """The window's pauses (steps PAUSE_RATIO times its median step) that the job made from the start:
     its first pause after its warm-up in its always-on step series was at least AS_LONG_RATIO as long,
@@ -148,8 +138,8 @@ def standing_pauses(w: WindowData) -> tuple[np.ndarray, int | None]:
     none = np.zeros(0, dtype=bool), None
     if not c.ranks:
         return none
-    during = _job_series(c.step, c.n_steps, False)
-    before = _job_series(c.before, c.before_len, True)
+    during = job_series(c.step, c.n_steps, False)
+    before = job_series(c.before, c.before_len, True)
     first = start_step(w) - len(before)             # the step number of before[0]
     keep = np.arange(len(before)) + first >= WARMUP_STEPS
     before, numbers = before[keep], (np.arange(len(keep)) + first)[keep]

@@ -101,26 +101,28 @@ def shared_costs(findings: Sequence[Finding]) -> list[Finding]:
     return out
 
 
+def job_series(mat: np.ndarray, lens: np.ndarray, right: bool) -> np.ndarray:
+    """The median over ranks of each of the last n steps, n the fewest any rank has (`right`: rows are
+    right-aligned, else left-aligned with `lens` values each)."""
+    n = int(lens.min()) if len(lens) else 0
+    if n <= 0:
+        return np.zeros(0)
+    if right:
+        tail = mat[:, mat.shape[1] - n:]
+    else:
+        tail = mat[np.arange(len(lens))[:, None], lens[:, None] - n + np.arange(n)]
+    out: np.ndarray = np.median(tail, axis=0)
+    return out
+
+
 def step_series(w: WindowData) -> StepSeries | None:
     cols = w.columns
     if not cols.ranks:
         return None
 
-    def med_series(mat: np.ndarray, lens: np.ndarray, right: bool) -> list[float]:
-        """The median over ranks of each of the last n steps, n the fewest any rank has (`right`:
-        rows are right-aligned, else left-aligned with `lens` values each)."""
-        n = int(lens.min())
-        if not n:
-            return []
-        if right:
-            tail = mat[:, mat.shape[1] - n:]
-        else:
-            tail = mat[np.arange(len(lens))[:, None], lens[:, None] - n + np.arange(n)]
-        return [round(float(x), 6) for x in np.median(tail, axis=0)]
-
     return StepSeries(
-        before_seconds=med_series(cols.before, cols.before_len, True),
-        during_seconds=med_series(cols.step, cols.n_steps, False),
+        before_seconds=[round(float(x), 6) for x in job_series(cols.before, cols.before_len, True)],
+        during_seconds=[round(float(x), 6) for x in job_series(cols.step, cols.n_steps, False)],
         per_rank_before_seconds={str(r): round(float(b), 6) for r, b in zip(cols.ranks, cols.baseline)
                                  if not np.isnan(b)},
     )
