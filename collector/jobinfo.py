@@ -63,6 +63,16 @@ def framework_config(config: dict[str, str]) -> bool:
     return ok
 
 
+def date_settings(config: dict[str, str], seen: dict[str, str], since: dict[str, int], step: int) -> None:
+    """Date each setting's value in `since`: the step it was first seen with it (`seen`: the values
+    last dated), 0 when seen by the end of the job's first step (what the job started with)."""
+    at = step if step > 1 else 0
+    for key, value in config.items():
+        if seen.get(key) != value:
+            seen[key] = value
+            since[key] = at
+
+
 JOB_NAME_ENV = ("EROICA_JOB_NAME", "SLURM_JOB_NAME", "TORCHELASTIC_RUN_ID")
 
 

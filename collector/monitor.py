@@ -21,7 +21,7 @@ from eroica.collector.hang import HangWatch
 from eroica.collector.hang_clock import hang_clock
 from eroica.collector.hooks.loader import TimedLoader
 from eroica.collector.host_sampler import open_sampler
-from eroica.collector.jobinfo import device_of, dist_info, framework_config, job_name
+from eroica.collector.jobinfo import date_settings, device_of, dist_info, framework_config, job_name
 from eroica.collector.layout import process_group_layout
 from eroica.collector.output import PatternOutput
 from eroica.collector.policy import TriggerPolicy
@@ -42,6 +42,7 @@ FORCE_ENV = "EROICA_FORCE_WINDOW_AT_STEP"
 # at once, so the fast test fires at the step it would step by step; the sustained test, up to this
 # many - 1 steps later.
 JUDGE_EVERY_STEPS = 8
+CONFIG_EVERY_STEPS = 50     # settings are read again this often (18 us each): a change is dated this closely
 INF = float("inf")
 
 
@@ -94,6 +95,8 @@ class Monitor:
         self._det_calls = 0
         self._win_seconds_this_call = 0.0
         self.config: dict[str, str] = {}
+        self._config_seen: dict[str, str] = {}
+        self._config_since: dict[str, int] = {}     # the step each setting took its value (0: from the start)
         self._sited: set[str] = set()               # region names whose site was looked up
         self._out: PatternOutput | None = None
         self._control: ControlAgent | None = None
@@ -279,6 +282,7 @@ class Monitor:
     def _collect_config(self) -> None:
         if not framework_config(self.config):
             self._gap("config", "torch not importable")
+        date_settings(self.config, self._config_seen, self._config_since, self._step)
 
     def _on_step(self) -> None:
         now = time.monotonic_ns()
@@ -291,6 +295,8 @@ class Monitor:
         # only what has work is called (after the user's step all of it is cold, so each call costs); a failed
         # write and a stuck store are noticed within a poll's steps
         poll_step = self._step % self.policy.poll_every_steps == 0
+        if self._step == 1 or self._step % CONFIG_EVERY_STEPS == 0:
+            self._collect_config()                      # the settings it started with, and later changes
         if poll_step:
             self._background_problems()
         if self._store is not None and self._store.answered:
@@ -454,9 +460,10 @@ class Monitor:
         layout = process_group_layout()
         if layout:
             self.job = self.job.model_copy(update={"process_groups": layout})
+        date_settings(self.config, self._config_seen, self._config_since, self._step)
         rec, new_gaps = self._win.close(self.job, self.gaps, self.config, before,
                                         self._detector.baseline_median_seconds, (self._det_seconds, self._det_calls),
-                                        trace_path, self.policy)
+                                        trace_path, self.policy, self._config_since)
         self.gaps.extend(new_gaps)
         doc = None
         if len(rec.step_bounds_ns) < 2:

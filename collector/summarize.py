@@ -63,6 +63,7 @@ class WindowRecord:
     samples: SampleSeries | None
     gaps: list[CollectorGap] = field(default_factory=list)
     config: dict[str, str] = field(default_factory=dict)
+    config_since: dict[str, int] = field(default_factory=dict)    # the step each setting took its value
     events_dropped: int = 0
     detector_seconds_total: float = 0.0
     detector_calls_total: int = 0
@@ -347,7 +348,7 @@ def summarize(rec: WindowRecord, summarize_started: float, now: float) -> Patter
         functions=funcs,
         hardware=hardware_summary(series, wall_s).model_copy(
             update={"per_step": per_step_hardware(series, bounds)}),
-        config=[ConfigFact(key=k, value=v) for k, v in sorted(rec.config.items())],
+        config=[ConfigFact(key=k, value=v, since_step=rec.config_since.get(k)) for k, v in sorted(rec.config.items())],
         gaps=gaps,
         overhead=CollectorOverhead(
             detector_seconds_total=round(rec.detector_seconds_total, 6),

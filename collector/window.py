@@ -99,7 +99,8 @@ class WindowLifecycle:
 
     def close(self, job: JobInfo, gaps: list[CollectorGap], config: dict[str, str], before: list[float],
               baseline: float | None, detector: tuple[float, int], trace_path: str | None,
-              policy: TriggerPolicy) -> tuple[WindowRecord, list[CollectorGap]]:
+              policy: TriggerPolicy, config_since: dict[str, int] | None = None,
+              ) -> tuple[WindowRecord, list[CollectorGap]]:
         """Stop every recorder; the window's record, and the sampler's gaps that are new to the process."""
         plan = self.plan
         assert plan is not None
@@ -124,7 +125,7 @@ class WindowLifecycle:
             job=job, window_id=window_id(plan), start_step=plan.start_step, trigger=plan.trigger,
             triggered_by_rank=plan.triggered_by_rank, step_bounds_ns=list(self.bounds), before_seconds=before,
             baseline_median_seconds=baseline, executions=ops.executions + self.events + sampled, samples=series,
-            gaps=gaps + new + self.gaps + ops.gaps, config=config,
+            gaps=gaps + new + self.gaps + ops.gaps, config=config, config_since=dict(config_since or {}),
             events_dropped=ops.dropped + self.events_dropped, detector_seconds_total=detector[0],
             detector_calls_total=detector[1], raw_trace_bytes=ops.raw_trace_bytes,
             autograd_nodes=ops.autograd_nodes, autograd_nodes_until_ns=ops.autograd_nodes_until_ns,

@@ -28,11 +28,11 @@ from eroica.engine.columns import FN_FIELDS, SIGNALS, ColumnsBuilder
 from eroica.engine.shares import contiguous_shares
 from eroica.schema.patterns import Category
 
-VERSION = 1
+VERSION = 2      # 2: each setting's since-step (a chunk of 1 is refused: its batch's lines are parsed instead)
 #: the builder's flat arrays and their typecodes ('d': float64, 'q': int64)
 _ARRAYS = {"fn_vals": "d", "steps": "d", "step_len": "q", "before": "d", "before_len": "q", "sig": "d",
            "ps_vals": "d", "ps_meta": "q", "ops": "q"}
-_PAIRS = ("config", "gaps", "nodes")       # texts that are tuples of pairs
+_PAIRS = ("config", "since", "gaps", "nodes")       # texts that are tuples of pairs
 
 
 def encode(builder: ColumnsBuilder, lines: list[int]) -> bytes:

@@ -85,6 +85,7 @@ class WindowColumns:
     before: np.ndarray         # [R, B] steps before the window, right-aligned, NaN-padded on the left
     before_len: np.ndarray     # [R]
     config: list[tuple[tuple[str, str], ...]]
+    config_since: list[tuple[tuple[str, int], ...]]   # [R] the step each setting took its value, where recorded
     gaps: list[tuple[tuple[str, str], ...]]
     overhead: dict[str, np.ndarray]           # [R] per OVERHEAD_FIELDS
     privacy: list[str]
@@ -121,7 +122,7 @@ class ColumnsBuilder:
                                                  "world", "start", "end", "node_steps",
                                                  *OVERHEAD_FIELDS)}
         self.text: dict[str, list[Any]] = {k: [] for k in ("host", "device", "role", "part", "trigger", "top",
-                                                           "config", "gaps", "privacy", "nodes")}
+                                                           "config", "since", "gaps", "privacy", "nodes")}
         self.ops = array("q")
 
     def add(self, d: PatternsDoc) -> None:
@@ -186,6 +187,7 @@ class ColumnsBuilder:
         t["trigger"].append(d.window.trigger)
         t["top"].append(link[3] if link else "")
         t["config"].append(tuple((c.key, c.value) for c in d.config))
+        t["since"].append(tuple((c.key, c.since_step) for c in d.config if c.since_step is not None))
         t["gaps"].append(tuple((g.source, g.reason) for g in d.gaps))
         t["privacy"].append(d.privacy)
         t["nodes"].append(tuple(d.autograd_nodes_total.items()))
@@ -293,7 +295,7 @@ class ColumnsBuilder:
             ops=np.frombuffer(self.ops, dtype=np.int64)[order] if nr else np.zeros(0, dtype=np.int64),
             op_sets=list(self.op_index), world_size=sc["world"].astype(int), start_step=sc["start"].astype(int),
             end_step=sc["end"].astype(int), trigger=txt["trigger"], baseline=sc["baseline"], before=before,
-            before_len=bl[order], config=txt["config"], gaps=txt["gaps"],
+            before_len=bl[order], config=txt["config"], config_since=txt["since"], gaps=txt["gaps"],
             overhead={k: sc[k] for k in OVERHEAD_FIELDS}, privacy=txt["privacy"],
             autograd_nodes=txt["nodes"], autograd_node_steps=sc["node_steps"], device=txt["device"])
 

@@ -153,9 +153,24 @@ class ConfigDeviation(Fact):
     # difference on this rank; a difference that was there when the job was healthy cannot explain a slowdown
     seen_while_healthy: bool = False
     seen_in_window: str | None = None
+    # when the difference began (the later of the rank's and its peers' since-steps; None: not dated), and
+    # the stretch of the job's always-on step series where the job ran clearly faster than now with it
+    since_step: NonNegativeInt | None = None
+    healthy_from_step: NonNegativeInt | None = None
+    healthy_to_step: NonNegativeInt | None = None
+    healthy_step_seconds: NonNegativeFloat | None = None
 
     def evidence(self) -> str:
-        return f"{self.key} = {self.value} on rank {self.rank}, {self.peer_value} on its peers"
+        since = "" if self.since_step is None else (" from the job's start" if self.since_step == 0
+                                                     else f" since step {self.since_step}")
+        return f"{self.key} = {self.value} on rank {self.rank}, {self.peer_value} on its peers{since and ','}{since}"
+
+    def while_healthy(self) -> str:
+        """Where the job ran healthy with this difference, in words ("" when it did not)."""
+        if self.healthy_step_seconds is not None:
+            return (f"the job ran at {self.healthy_step_seconds * 1e3:.0f} ms a step with it "
+                    f"(steps {self.healthy_from_step}-{self.healthy_to_step})")
+        return f"window {self.seen_in_window} showed it while the job was faster" if self.seen_in_window else ""
 
 
 class StepSpike(Fact):

@@ -1,10 +1,13 @@
 """The job's own history as evidence: what earlier windows of the same run already showed.
 
 An SRE asks first "was it like this when the job was fine?". A rank that ran with a different
-setting in an earlier window, when the job was clearly faster than now, shows that the setting was
-there before the slowdown: the difference cannot explain a slowdown that began later. Each window
-is compared with the windows of the same run that opened before it (by step number, never by wall
-clock).
+setting while the job was clearly faster than now had the setting before the slowdown: the
+difference cannot explain a slowdown that began later (it may leave the rank more exposed to it,
+and its findings say so). Two records answer it, by step number, never by wall clock: the
+collector dates each setting (the step from which the rank ran with its value) and every window
+carries the job's always-on step series before it, so a stretch of healthy steps after the
+difference began is enough; and an earlier window of the same run that showed the difference
+while the job was faster.
 
 Earlier windows are read as their `WindowHistory` summaries (eroica.schema.diagnosis), never as
 their documents: a run directory's loader makes them as it goes, the service stores each with its
@@ -37,6 +40,7 @@ AS_LONG_RATIO = 0.5          # an earlier pause at least this share of the windo
 IN_PAUSES_RATIO = 0.8        # a finding whose function spent this share of its window time in standing pauses
 STANDING_FACTOR = 0.5        # what such a finding keeps of its confidence: below a finding's 0.5
 WARMUP_STEPS = 10            # the detector's default warm-up: a first step's compilation is no pause to compare
+HEALTHY_STRETCH_STEPS = 12   # the first steps after a difference began: their median FASTER_THEN_RATIO faster
 
 
 def job_step_seconds(a: PeerAnalysis) -> float:
@@ -103,27 +107,96 @@ def add_gaps(w: WindowData, a: PeerAnalysis) -> None:
 
 
 def mark_history(w: WindowData, a: PeerAnalysis, earlier: Sequence[WindowHistory]) -> None:
-    """Mark the window's config deviations that an earlier window of the run (`earlier`: summaries,
-    any order; only those that opened before `w` count) already showed while the job was clearly
-    faster than now (`seen_while_healthy`, with the first such window). Changes `a.facts` in place."""
+    """Date the window's config deviations (`since_step`) and mark those present while the job was
+    clearly faster than now (`seen_while_healthy`): a stretch of the window's own step series after
+    the difference began (`healthy_stretch`), else an earlier window of the run (`earlier`: summaries,
+    any order; only those that opened before `w` count) that showed it. Changes `a.facts` in place."""
+    if not any(isinstance(f, ConfigDeviation) for f in a.facts):
+        return
     mine = start_step(w)
     before = sorted((h for h in earlier if h.start_step < mine), key=lambda h: h.start_step)
-    if not before or not any(isinstance(f, ConfigDeviation) for f in a.facts):
-        return
     now = job_step_seconds(a)
     faster = [h for h in before if 0 < h.job_step_seconds * FASTER_THEN_RATIO <= now]
     seen: dict[tuple[int, str, str, str], str] = {}
     for h in reversed(faster):            # the earliest window wins
         for d in h.config_deviations:
             seen[(d.rank, d.key, d.value, d.peer_value)] = h.window
+    series = _series_before(w)
     facts: list[Fact] = []
     for f in a.facts:
         if isinstance(f, ConfigDeviation):
-            where = seen.get((f.rank, f.key, f.value, f.peer_value))
-            if where is not None:
-                f = f.model_copy(update={"seen_while_healthy": True, "seen_in_window": where})
+            since = difference_since(w, f)
+            update: dict[str, object] = {"since_step": since}
+            stretch = healthy_stretch(series, since, now) if since is not None else None
+            if stretch is not None:
+                update |= {"seen_while_healthy": True, "healthy_from_step": stretch[0],
+                           "healthy_to_step": stretch[1], "healthy_step_seconds": round(stretch[2], 6)}
+            elif (where := seen.get((f.rank, f.key, f.value, f.peer_value))) is not None:
+                update |= {"seen_while_healthy": True, "seen_in_window": where}
+            f = f.model_copy(update=update)
         facts.append(f)
     a.facts = facts
+
+
+def difference_since(w: WindowData, d: ConfigDeviation) -> int | None:
+    """The step from which the rank and its peers held the values they differ by: the later of the
+    rank's own since-step and the median of those of the ranks holding the peer value. None when the
+    collector did not date them."""
+    c = w.columns
+    if d.rank not in c.row:
+        return None
+    mine = dict(c.config_since[c.row[d.rank]]).get(d.key)
+    peers = [s for i, r in enumerate(c.ranks) if r != d.rank and dict(c.config[i]).get(d.key) == d.peer_value
+             and (s := dict(c.config_since[i]).get(d.key)) is not None]
+    if mine is None or not peers:
+        return None
+    return max(int(mine), int(np.median(peers)))
+
+
+def _series_before(w: WindowData) -> tuple[np.ndarray, np.ndarray]:
+    """The job's always-on step series before the window (median over ranks) and each step's number."""
+    c = w.columns
+    before = job_series(c.before, c.before_len, True) if c.ranks else np.zeros(0)
+    return before, np.arange(len(before)) + start_step(w) - len(before)
+
+
+def healthy_stretch(series: tuple[np.ndarray, np.ndarray], since: int,
+                    now: float) -> tuple[int, int, float] | None:
+    """The first HEALTHY_STRETCH_STEPS steps of the series after `since` (and the warm-up), when their
+    median step was at least FASTER_THEN_RATIO faster than now: (first step, last step, that median);
+    None otherwise. One stretch, not the fastest of many: on a noisy host some stretch of a slow job
+    is always fast. "Now" is the lower of the window's step and the last steps before it, so a
+    window's own overhead does not make the job's past look faster."""
+    before, numbers = series
+    k = HEALTHY_STRETCH_STEPS
+    if len(before) >= k:
+        now = min(now, float(np.median(before[-k:])))
+    keep = numbers >= max(since, WARMUP_STEPS)
+    values, steps = before[keep][:k], numbers[keep][:k]
+    if len(values) < k or now <= 0:
+        return None
+    level = float(np.median(values))
+    if level <= 0 or level * FASTER_THEN_RATIO > now:
+        return None
+    return int(steps[0]), int(steps[-1]), level
+
+
+def mark_susceptible(a: PeerAnalysis, findings: Sequence[Finding]) -> list[Finding]:
+    """Say on each finding of a rank that ran with a difference while the job was healthy that the
+    difference is there: not what began the slowdown, though it may leave the rank more exposed."""
+    present: dict[int, list[ConfigDeviation]] = {}
+    for f in a.facts:
+        if isinstance(f, ConfigDeviation) and f.seen_while_healthy:
+            present.setdefault(f.rank, []).append(f)
+    out: list[Finding] = []
+    for finding in findings:
+        devs = [d for r in finding.ranks for d in present.get(r, [])]
+        if devs and finding.root_cause != "framework_config":
+            notes = [f"{d.evidence()}; {d.while_healthy()}: not what began this slowdown, though it may leave "
+                     "the rank more exposed to it" for d in devs[:3]]
+            finding = finding.model_copy(update={"evidence": [*finding.evidence, *notes]})
+        out.append(finding)
+    return out
 
 
 def standing_pauses(w: WindowData) -> tuple[np.ndarray, int | None]:

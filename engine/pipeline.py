@@ -13,7 +13,15 @@ from eroica.engine import VERSION
 from eroica.engine.confidence import rescored
 from eroica.engine.findings import build_findings, unhealthy
 from eroica.engine.hang import load_snapshots, localize_documents
-from eroica.engine.history import add_gaps, mark_history, mark_standing, start_step, summarize, with_findings
+from eroica.engine.history import (
+    add_gaps,
+    mark_history,
+    mark_standing,
+    mark_susceptible,
+    start_step,
+    summarize,
+    with_findings,
+)
 from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
 from eroica.engine.report_data import add_report_data, heatmap, shared_costs, step_series
@@ -151,7 +159,7 @@ def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHi
         findings = add_report_data(build_findings(w, a, conclusions.get(w.window_id, []), taxonomy, resolution,
                                          coverage.coverage_ratio, status), w, a, steps.during_median_seconds,
                                    steps.before_median_seconds)
-        findings = shared_costs(sorted(mark_standing(w, findings), key=_report_order))
+        findings = shared_costs(sorted(mark_susceptible(a, mark_standing(w, findings)), key=_report_order))
         c = w.columns
         why_not = floor.why_not(len(coverage.ranks_reported), coverage.world_size)
         out.append(

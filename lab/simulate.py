@@ -160,8 +160,10 @@ SCALARS = {"cpu_util_ratio": 0.35, "process_cpu_cores": 1.2, "runqueue_wait_rati
            "cgroup_throttled_ratio": 0.0, "io_wait_ratio": 0.0, "involuntary_ctx_switches_per_second": 40.0,
            "minor_faults_per_second": 200.0, "major_faults_per_second": 0.0, "swap_used_bytes": 0.0,
            "disk_read_bytes_per_second": 1.0e6, "disk_write_bytes_per_second": 2.0e5}
-CONFIG = [{"key": "torch.version", "value": "2.13.0"}, {"key": "precision", "value": "bf16"},
-          {"key": "dataloader.num_workers", "value": "8"}, {"key": "nccl.algo", "value": "Ring"}]
+CONFIG = [{"key": "torch.version", "value": "2.13.0", "since_step": 0},
+          {"key": "precision", "value": "bf16", "since_step": 0},
+          {"key": "dataloader.num_workers", "value": "8", "since_step": 0},
+          {"key": "nccl.algo", "value": "Ring", "since_step": 0}]
 
 
 def rank_doc(rank: int, lay: Layout, fault: str, culprit: bool, slowest: np.ndarray, healthy: float,

@@ -195,6 +195,10 @@ class StepTimes(Frozen):
 class ConfigFact(Frozen):
     key: str
     value: str
+    # the step from which the rank ran with this value: 0 from the job's first step; a later step when
+    # the collector saw it change (read at its first step, every CONFIG_EVERY_STEPS steps and at each
+    # window's opening: a change is dated at most that late). None: not recorded (an older collector)
+    since_step: NonNegativeInt | None = None
 
 
 class PatternsDoc(Frozen):

@@ -116,6 +116,8 @@ def unit_of(name: str, kind: str = "") -> str | None:
 def _type_name(ann: Any) -> tuple[str, bool, tuple[str, ...]]:
     """(base type, nullable, literal values) of a field's annotation."""
     args = typing.get_args(ann)
+    if typing.get_origin(ann) is typing.Annotated:        # NonNegativeInt and the like: the type they bound
+        return _type_name(args[0])
     if typing.get_origin(ann) in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         base, _, lits = _type_name(inner[0]) if len(inner) == 1 else ("any", False, ())

@@ -148,3 +148,27 @@ def test_a_burst_opens_a_quiet_window_which_is_not_counted_and_backs_the_detecto
     assert mon.quiet_windows >= 1 and 16 < starts[0] < 30, (starts, mon.quiet_windows, mon.gaps)
     assert not any(50 <= s < 75 for s in starts), starts     # the second burst opened nothing ...
     assert any(s > 80 for s in starts), starts               # ... the slowdown did, with a budget of 1
+
+
+def test_each_setting_is_dated_from_the_step_it_took_its_value(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """What the job started with is dated 0; a setting changed later is dated by the next reading
+    (every CONFIG_EVERY_STEPS steps, and at a window's opening): never earlier than the change."""
+    from eroica.collector.monitor import CONFIG_EVERY_STEPS
+
+    monkeypatch.setenv("EROICA_FORCE_WINDOW_AT_STEP", str(CONFIG_EVERY_STEPS + 10))
+    threads = torch.get_num_threads()
+    mon = Monitor(out_dir=tmp_path, policy=TriggerPolicy(window_steps=2))
+    model = torch.nn.Linear(8, 8)
+    try:
+        for step in range(CONFIG_EVERY_STEPS + 14):
+            if step == 20:
+                torch.set_num_threads(max(1, threads - 1) if threads > 1 else 2)
+            model(torch.randn(4, 8)).sum().backward()
+            mon.step()
+    finally:
+        torch.set_num_threads(threads)
+        mon.close()
+    (f,) = tmp_path.glob("w000-s*/rank-0.json")
+    since = {c.key: c.since_step for c in PatternsDoc.model_validate_json(f.read_text()).config}
+    assert since["torch.version"] == 0 and since["cpu.count"] == 0
+    assert since["torch.num_threads"] == CONFIG_EVERY_STEPS     # changed at step 20, read at the next reading

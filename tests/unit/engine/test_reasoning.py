@@ -203,10 +203,56 @@ def test_a_config_difference_the_rank_had_while_healthy_cannot_explain_a_later_s
         (c, list(r)) for c, r in sorted({(f.root_cause, tuple(f.ranks)) for f in by["w001-s56"].findings})]
 
 
-def make_cfg(key: str, value: str):  # type: ignore[no-untyped-def]
+def test_a_dated_difference_the_job_ran_healthy_with_is_marked_from_the_step_series_alone() -> None:
+    """No earlier window: the collector dated the setting and the window's always-on step series shows
+    the job at its healthy step after it began."""
+    def docs(since: int, before: list[float]):  # type: ignore[no-untyped-def]
+        out = []
+        for r in range(4):
+            busy = {"compute:forward": 0.08 if r == 3 else 0.02, "compute:backward": 0.03}
+            d = make_doc(r, busy=busy, window="w001-s56", step=0.14)
+            d = d.model_copy(update={
+                "window": d.window.model_copy(update={"start_step": 56}),
+                "step_times": d.step_times.model_copy(update={"before_seconds": before}),
+                "config": [*d.config, make_cfg("cpu.affinity_count", "1" if r == 3 else "2",
+                                               since if r == 3 else 0)]})
+            out.append(d)
+        return out
+
+    healthy_then_slow = [0.1] * 34 + [0.14] * 20           # steps 2..35 at 0.1 s, then 0.14 s
+    w = window(docs(0, healthy_then_slow), "w001-s56")
+    a = analyze(w)
+    mark_history(w, a, [])
+    (dev,) = [f for f in a.facts if isinstance(f, ConfigDeviation)]
+    assert dev.seen_while_healthy and dev.since_step == 0 and dev.seen_in_window is None
+    assert (dev.healthy_from_step, dev.healthy_to_step, dev.healthy_step_seconds) == (10, 21, 0.1)
+    assert "from the job's start" in dev.evidence() and "steps 10-21" in dev.while_healthy()
+    # the difference began with the slowdown (the collector dated it at step 36): a lead, not history
+    w = window(docs(36, healthy_then_slow), "w001-s56")
+    a = analyze(w)
+    mark_history(w, a, [])
+    (dev,) = [f for f in a.facts if isinstance(f, ConfigDeviation)]
+    assert not dev.seen_while_healthy and dev.since_step == 36
+    # slow from the start: no healthy stretch, whatever the noise of the fastest few steps
+    noisy = [0.14 * (0.8 if i % 7 == 0 else 1.0) for i in range(54)]
+    w = window(docs(0, noisy), "w001-s56")
+    a = analyze(w)
+    mark_history(w, a, [])
+    assert not [f for f in a.facts if isinstance(f, ConfigDeviation)][0].seen_while_healthy
+    # an older collector did not date its settings: nothing is assumed
+    undated = [d.model_copy(update={"config": [c.model_copy(update={"since_step": None}) for c in d.config]})
+               for d in docs(0, healthy_then_slow)]
+    w = window(undated, "w001-s56")
+    a = analyze(w)
+    mark_history(w, a, [])
+    (dev,) = [f for f in a.facts if isinstance(f, ConfigDeviation)]
+    assert not dev.seen_while_healthy and dev.since_step is None
+
+
+def make_cfg(key: str, value: str, since: int | None = None):  # type: ignore[no-untyped-def]
     from eroica.schema.patterns import ConfigFact
 
-    return ConfigFact(key=key, value=value)
+    return ConfigFact(key=key, value=value, since_step=since)
 
 
 def diagnose_docs(docs):  # type: ignore[no-untyped-def]
