@@ -4,8 +4,8 @@ before the fix is shown wrong):
 
 - class 1+2: a checkpoint written every 12 steps through a throttled device lands once in the
   window, every rank on a link of its own: slow storage, never the network;
-- class 3: a rank pinned to one CPU from the start (healthy in a first window), then a co-located
-  process competes for its CPU: contention, not the affinity difference;
+- class 3: a rank pinned to one CPU from the start (healthy in a first window, or no window at all
+  before), then a co-located process competes for its CPU: contention, not the affinity difference;
 - class 6: a small bump opens a window that finds nothing; the fault begins while the detector
   cools down: another window opens (the detector does not buy silence) and names it.
 """
@@ -67,6 +67,22 @@ def test_a_difference_present_while_healthy_is_not_blamed_for_a_later_contention
     seen = (got, second.findings[0].evidence if second.findings else [], second.coverage.collector_gaps)
     assert (second.findings[0].root_cause, second.findings[0].ranks) == ("cpu_contention", [3]), seen
     assert not any(f.root_cause == "framework_config" and f.confidence >= 0.5 for f in second.findings), got
+
+
+@pytest.mark.skipif(not CGROUP_V1, reason="needs a writable cgroup v1 cpu controller (root)")
+def test_with_no_earlier_window_the_step_series_says_the_difference_was_there_while_healthy(tmp_path: Path) -> None:
+    """The same job with no window before the contention: the collector dated the pinning at the job's
+    start and the window's always-on step series shows the job at its healthy step with it."""
+    d = job(tmp_path, "cpu_contention", 3, 45, ["--pin-rank", "3"])
+    (w,) = d.windows
+    assert w.start_step > 45 and w.trigger == "detector", (w.window, w.trigger)
+    got = [(f.root_cause, f.ranks, round(f.confidence, 2)) for f in w.findings]
+    seen = (got, w.findings[0].evidence if w.findings else [], w.coverage.collector_gaps)
+    assert (w.findings[0].root_cause, w.findings[0].ranks) == ("cpu_contention", [3]), seen
+    assert not any(f.root_cause == "framework_config" and f.confidence >= 0.5 for f in w.findings), got
+    # the difference is named on the finding, with when the job ran healthy with it
+    assert any("cpu.affinity_count = 1 on rank 3" in e and "from the job's start" in e and "not what began" in e
+               for e in w.findings[0].evidence), w.findings[0].evidence
 
 
 def test_a_slowdown_that_starts_during_the_cooldown_opens_another_window(tmp_path: Path) -> None:
