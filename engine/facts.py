@@ -94,6 +94,9 @@ class CategoryExcess(Fact):
     explains_ratio: float = Field(ge=0, le=1)
     top_function: str
     metric_ratio_to_median: float | None = None   # critical-time-weighted metric vs peers
+    # seconds_per_step over the peers' (at most 1000; 1000 when theirs is 0 and this rank's is not): how
+    # far the rank's time in the category stands out from what its peers spend there anyway
+    ratio_to_median: NonNegativeFloat = 1.0
 
     def evidence(self) -> str:
         mr = self.metric_ratio_to_median

@@ -413,6 +413,8 @@ def _category_excess(view: GroupView, suspect: Suspect, cats: CategoryRefs) -> l
                 top_function=view.keys[top][1],
                 metric_ratio_to_median=(None if (np.isnan(metric) or not peer_metric)
                                         else round(min(float(metric) / peer_metric, 1000.0), 4)),
+                ratio_to_median=(round(min(mine / reference, 1000.0), 4) if reference > 0
+                                 else (1000.0 if mine > 0 else 1.0)),
             )
         )
     return out
