@@ -11,7 +11,7 @@ module inside can move or change without touching its users.
   `parse_doc`, `pack_lines`, `load_run`), `DiagnoseOptions`, `analyze_windows` (the facts the rules
   receive), `localize_documents` (a hang), `liveness` and `waiting` (what a hung run's watchdogs say).
   The result types are eroica.schema.diagnosis's (`Diagnosis`, `WindowDiagnosis`, `Finding`).
-- Reports: `render`, `template`, `FORMATS`.
+- Reports: `render`, `template`, `FORMATS`; a culprit across the job's windows: `story`.
 - The incident yield: `find_incidents`, `find_heldout`, `HELDOUT`, `load_expected`, `evaluate_incident`,
   `IncidentResult`, `calibration`, `promotion_candidates`, `library_fits`, `naming_rules`, `write_priors`,
   `MIN_FINDINGS`, `coverage`, `incident_dirs`.
@@ -48,6 +48,7 @@ _DOOR: dict[str, tuple[str, str]] = {
     **{n: ("load", n) for n in ("load_run", "window_of_packs", "parse_doc", "pack_lines")},
     **{n: ("hang", n) for n in ("localize_documents", "liveness", "waiting")},
     **{n: ("reports", n) for n in ("render", "template")},
+    "story": ("job_story", "story"),
     **{n: ("evaluate", n) for n in ("find_incidents", "find_heldout", "HELDOUT", "load_expected",
                                     "evaluate_incident", "IncidentResult", "calibration", "promotion_candidates",
                                     "library_fits", "naming_rules")},
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
     from eroica.engine.hang import waiting as waiting
     from eroica.engine.heap import freeze_startup as freeze_startup
     from eroica.engine.heap import held_off as held_off
+    from eroica.engine.job_story import story as story
     from eroica.engine.load import load_run as load_run
     from eroica.engine.load import pack_lines as pack_lines
     from eroica.engine.load import parse_doc as parse_doc

@@ -22,6 +22,7 @@ from eroica.engine.history import (
     summarize,
     with_findings,
 )
+from eroica.engine.job_story import story
 from eroica.engine.load import WindowData, load_run
 from eroica.engine.peer import PeerAnalysis, analyze
 from eroica.engine.report_data import add_report_data, heatmap, shared_costs, step_series
@@ -182,8 +183,9 @@ def diagnose_documents(windows: Sequence[WindowData], history: Sequence[WindowHi
                 rules_fired=fired.get(w.window_id, []),
             )
         )
+    windows_out = _across_windows(out, history, taxonomy, resolution)
     return Diagnosis(run_dir=run, eroica_version=VERSION, rules_loaded=len(rules), knowledge=notes,
-                     windows=_across_windows(out, history, taxonomy, resolution),
+                     windows=windows_out, story=story(windows_out),
                      hang=localize_documents(hang_snapshots, rules, taxonomy) if hang_snapshots else None)
 
 

@@ -68,6 +68,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--every", type=int, default=1, help="apply the fault every N-th step (intermittent)")
     p.add_argument("--fault-until", type=int, default=None,
                    help="lift the fault at this step (the fix, inside the running job); default: never")
+    p.add_argument("--on-off", type=int, default=0, metavar="N",
+                   help="the fault is on for N steps, then off for N, and so on (intermittent); 0: always on")
+    p.add_argument("--rotate-every", type=int, default=0, metavar="N",
+                   help="dataloader_stall: the fault moves to the next rank every N steps (something the ranks "
+                        "share, not one rank); 0: it stays on its rank")
     p.add_argument("--stall-seconds", type=float, default=0.12)
     p.add_argument("--imbalance-factor", type=int, default=6)
     p.add_argument("--uneven-by-design", type=int, default=1, metavar="FACTOR",
@@ -130,8 +135,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=384)
     p.add_argument("--layers", type=int, default=10, help="hidden layers (autograd nodes matter for some faults)")
     args = p.parse_args(argv)
-    if args.ckpt0_every < 0 or args.eval_every < 0:
-        p.error("--ckpt0-every and --eval-every are 0 (never) or a number of steps")
+    if args.ckpt0_every < 0 or args.eval_every < 0 or args.on_off < 0 or args.rotate_every < 0:
+        p.error("--ckpt0-every, --eval-every, --on-off and --rotate-every are 0 (never) or a number of steps")
+    if args.rotate_every and args.fault != "dataloader_stall":
+        p.error("--rotate-every moves a dataloader_stall (a per-step fault) from rank to rank; "
+                f"not {args.fault!r}, whose setup is the rank's own")
     try:
         args.plan = {r: f for f, r in fault_pairs(args.fault, str(args.fault_rank)) if f != "none"}
     except ValueError as exc:
@@ -292,11 +300,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.pin_rank == rank:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     fault = args.plan.get(rank, "none")
+    first_rank, world = (min(args.plan) if args.plan else 0), dist.get_world_size()
+    if args.rotate_every:                  # every rank carries the fault, active on one rank at a time
+        fault = args.plan.get(first_rank, "none")
     step_now = multiprocessing.Value("i", 0, lock=False)   # the rank's step, seen by its loader workers too
 
     def active(step: int) -> bool:
-        return (fault != "none" and step >= args.fault_step and (step - args.fault_step) % args.every == 0
-                and (args.fault_until is None or step < args.fault_until))
+        since = step - args.fault_step
+        if fault == "none" or since < 0 or since % args.every or (args.fault_until is not None
+                                                                   and step >= args.fault_until):
+            return False
+        if args.on_off and (since // args.on_off) % 2:
+            return False
+        return not args.rotate_every or (first_rank + since // args.rotate_every) % world == rank
 
     class Synthetic(Dataset):
         def __len__(self) -> int:

@@ -270,6 +270,30 @@ class WindowDiagnosis(Frozen):
     rules_fired: list[str] = Field(default_factory=list)
 
 
+class CulpritSighting(Frozen):
+    """One window of a culprit's story: how sure that window was, and what it cost the job there."""
+
+    window: str
+    start_step: NonNegativeInt
+    ranks: list[int]
+    confidence: float = Field(ge=0, le=1)
+    excess_seconds_per_step: float = Field(ge=0)     # its cost in that window (0: none measured)
+
+
+class CulpritStory(Frozen):
+    """A cause over the job's windows (eroica.engine.story): chronic (window after window), intermittent
+    (recurring, with windows without it between), rotating (the same cause on a different rank each
+    time: something the ranks share), transient (once, not since), or new (once, in the latest window)."""
+
+    root_cause: str
+    ranks: list[int]                   # every rank it was seen on
+    kind: Literal["chronic", "intermittent", "rotating", "transient", "new"]
+    windows_seen_total: NonNegativeInt
+    windows_since_total: NonNegativeInt   # the diagnosable windows from its first sighting to the latest
+    sightings: list[CulpritSighting]
+    summary: str
+
+
 class Diagnosis(Frozen):
     schema_: Literal["eroica.diagnosis/v1"] = Field(DIAGNOSIS_SCHEMA, alias="schema")
     run_dir: str
@@ -280,3 +304,5 @@ class Diagnosis(Frozen):
     knowledge: list[str] = Field(default_factory=list)
     windows: list[WindowDiagnosis]
     hang: HangFinding | None = None       # the run's latest hang (eroica.engine.hang), reported first
+    # each confident cause over the windows diagnosed together (eroica.engine.story); [] with one window
+    story: list[CulpritStory] = Field(default_factory=list)

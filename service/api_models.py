@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from eroica.schema.diagnosis import CulpritStory
 
 
 class Out(BaseModel):
@@ -88,6 +90,8 @@ class JobWindow(Window):
 class JobDetail(Job):
     windows: list[JobWindow]
     steps: list[Step]
+    # each confident cause over the job's latest windows: chronic, intermittent, rotating, transient or new
+    story: list[CulpritStory] = Field(default_factory=list)
 
 
 class WindowDetail(Window):

@@ -154,10 +154,12 @@ def router(svc: Service) -> APIRouter:
                                         .order_by(issues.c.last_seen.desc())).mappings()
                    if i["job_id"] == job_id or job_id in (i["runs"] or [])]
             kept = traces_of(c, job_id)
+            culprits = store.story_of(c, job_id)
         by_window: dict[int, list[Any]] = {}
         for f in fs:
             by_window.setdefault(f["window_pk"], []).append(f)
         return page("job.html.j2", job=j, windows=ws, by_window=by_window, plot=step_plot(series, ws), issues=iss,
+                    story=culprits,
                     hang=hangs.current(eng, job_id)[0],
                     traces=kept, link_kinds=LINK_KINDS, needs_token=svc.settings.token is not None
                     and principal_of(request).kind not in ("admin", "session"))

@@ -208,7 +208,7 @@ def api_router(svc: Service) -> APIRouter:
             kept = traces_of(c, job_id)
             return {**dict(j), "hosts": hosts,
                     "windows": [{**window_json(w), "raw_traces": kept.get(w["window_id"], [])} for w in ws.mappings()],
-                    "steps": [dict(s) for s in series.mappings()]}
+                    "steps": [dict(s) for s in series.mappings()], "story": store.story_of(c, job_id)}
 
     @r.get("/windows/{pk}", response_model=m.WindowDetail)
     def get_window(pk: Key) -> dict[str, Any]:

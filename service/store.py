@@ -15,7 +15,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from eroica.schema.diagnosis import Diagnosis
+from eroica.engine import story
+from eroica.schema.diagnosis import CulpritStory, Diagnosis
 from eroica.schema.patterns import PatternsDoc
 from eroica.service.bulk import ingest_many
 from eroica.service.db import batch_columns, diagnoses, findings, issues, jobs, reading, steps, windows, writing
@@ -188,6 +189,18 @@ def end_silent(eng: sa.Engine, silent_seconds: float, now: float | None = None) 
         ids = list(c.execute(sa.select(jobs.c.id).where(jobs.c.ended_at.is_(None),
                                                         jobs.c.last_seen < now - silent_seconds)).scalars())
     return [j for j in ids if end_job(eng, j, "silence", now)]
+
+
+STORY_WINDOWS = 50      # a job's story is read over its latest windows
+
+
+def story_of(c: sa.Connection, job_id: str) -> list[CulpritStory]:
+    """The job's culprits over its latest STORY_WINDOWS diagnosed windows (eroica.engine's `story`): each
+    stored diagnosis holds its own window."""
+    rows = c.execute(sa.select(diagnoses.c.body).join(windows, windows.c.pk == diagnoses.c.window_pk)
+                     .where(windows.c.job_id == job_id).order_by(windows.c.start_step.desc())
+                     .limit(STORY_WINDOWS)).scalars()
+    return story([w for body in rows for w in Diagnosis.model_validate_json(gzip.decompress(body)).windows])
 
 
 def diagnosis_of(eng: sa.Engine, pk: int) -> bytes | None:

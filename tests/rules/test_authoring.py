@@ -133,12 +133,14 @@ tests:
   - name: fires through the shipped chain from the measured facts
     given:
       - {kind: rank_slowness, rank: 1, excess_step_ratio: 0.5, consistency_ratio: 1.0, group: w, least_waiting: true}
-      - {kind: category_excess, rank: 1, category: data, explains_ratio: 0.9, top_function: DataLoader.__next__, seconds_per_step: 0.12, peer_median_seconds_per_step: 0.002, ratio_to_median: 60.0}
+      - {kind: category_excess, rank: 1, category: data, explains_ratio: 0.9, top_function: DataLoader.__next__,
+         seconds_per_step: 0.12, peer_median_seconds_per_step: 0.002, ratio_to_median: 60.0}
     expect: [{rank: 1, root_cause: slow_storage, function: DataLoader.__next__}]
   - name: quiet when the loader explains just under 0.6
     given:
       - {kind: rank_slowness, rank: 1, excess_step_ratio: 0.5, consistency_ratio: 1.0, group: w, least_waiting: true}
-      - {kind: category_excess, rank: 1, category: data, explains_ratio: 0.59, top_function: DataLoader.__next__, seconds_per_step: 0.12, peer_median_seconds_per_step: 0.002, ratio_to_median: 60.0}
+      - {kind: category_excess, rank: 1, category: data, explains_ratio: 0.59, top_function: DataLoader.__next__,
+         seconds_per_step: 0.12, peer_median_seconds_per_step: 0.002, ratio_to_median: 60.0}
     expect: []
 """)
     assert main(["rules", "test", str(p)]) == 0, capsys.readouterr().out

@@ -137,3 +137,25 @@ def test_the_cli_lists_acknowledges_links_closes_and_exports(live: str, tmp_path
     assert main([*base, "export", str(iid), str(tmp_path / "inc" / "FP-1")]) == 0
     assert (tmp_path / "inc" / "FP-1" / "expected.yaml").exists()
     assert len(list((tmp_path / "inc" / "FP-1" / "patterns").rglob("rank-*.json"))) == 4
+
+
+def test_the_job_api_and_page_tell_the_culprits_story_across_windows(client: TestClient) -> None:
+    """The same loader stall in three windows of one job, each window's step series healthy before it (the
+    one recorded window sent three times): intermittent, with its cost window by window."""
+    from service_support import window_docs
+
+    for index in range(3):
+        for body in window_docs("INC-0001", index):
+            r = client.post("/v1/patterns", content=body, headers={**AUTH, "X-Eroica-Job": "job-s",
+                                                                   "Content-Encoding": "gzip"})
+            assert r.status_code == 201, r.text
+    until(lambda: client.get("/v1/issues", params={"job": "job-s"}).json()
+          and client.get("/v1/issues", params={"job": "job-s"}).json()[0]["windows_total"] == 3, 60, "3 windows")
+    j = client.get("/v1/jobs/job-s").json()
+    (s,) = j["story"]
+    assert (s["kind"], s["root_cause"], s["ranks"], s["windows_seen_total"], s["windows_since_total"]) == (
+        "intermittent", "dataloader_stall", [1], 3, 3), s
+    assert len(s["sightings"]) == 3 and all(x["excess_seconds_per_step"] > 0 for x in s["sightings"])
+    page = client.get("/jobs/job-s").text
+    assert "Across the job&#39;s windows" in page or "Across the job's windows" in page
+    assert s["summary"].split(";")[0].replace("'", "&#39;") in page or s["summary"].split(";")[0] in page
