@@ -111,6 +111,10 @@ def table(results: list[IncidentResult], label: str = "overall yield") -> str:
     lines.append("")
     lines.append(f"faulty incidents diagnosed correctly: {ok}/{len(faulty)}"
                  f" ({ok / len(faulty):.1%})" if faulty else "no faulty incidents")
+    hidden = [r.id for r in faulty if r.present_not_costly]
+    if hidden:
+        lines.append(f"  of the misses, the right cause on the right ranks, present at >= min confidence but "
+                     f"costing little or nothing (not counted): {len(hidden)} ({', '.join(hidden)})")
     lines.append(f"healthy runs with a finding at >= min confidence: "
                  f"{sum(1 for r in healthy if r.false_findings)}/{len(healthy)}"
                  f" ({sum(r.false_findings for r in healthy)} finding(s))")

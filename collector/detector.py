@@ -218,6 +218,14 @@ class StepTimeDetector:
     def baseline_median_seconds(self) -> float | None:
         return None if self._ref_stats is None else self._ref_stats[0]
 
+    @property
+    def window_baseline_seconds(self) -> float | None:
+        """The step the scheduled window is judged against: the reference its firing was against (before
+        the slow steps entered the reference: a recurring fault's earlier slow phase does not become
+        the window's "before"), else the reference now."""
+        ref = self._window_ref or self._ref_stats
+        return None if ref is None else ref[0]
+
     def threshold_seconds(self) -> float | None:
         return self._thr
 

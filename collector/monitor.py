@@ -462,7 +462,7 @@ class Monitor:
             self.job = self.job.model_copy(update={"process_groups": layout})
         date_settings(self.config, self._config_seen, self._config_since, self._step)
         rec, new_gaps = self._win.close(self.job, self.gaps, self.config, before,
-                                        self._detector.baseline_median_seconds, (self._det_seconds, self._det_calls),
+                                        self._detector.window_baseline_seconds, (self._det_seconds, self._det_calls),
                                         trace_path, self.policy, self._config_since)
         self.gaps.extend(new_gaps)
         doc = None

@@ -24,7 +24,8 @@ def rescored(f: Finding, evidence_first: str | None = None, **factors: Any) -> F
     """The finding with these factors (and their notes: `explained_away_by`, ...) set and its confidence
     recomputed from all of them; `evidence_first` is put before its evidence (why a factor was applied)."""
     cf = f.confidence_factors.model_copy(update=factors)
-    update: dict[str, Any] = {"confidence": confidence_of(cf), "confidence_factors": cf}
+    update: dict[str, Any] = {"confidence": confidence_of(cf), "confidence_factors": cf,
+                              "presence_confidence": cf.presence()}
     if evidence_first is not None:
         update["evidence"] = [evidence_first, *f.evidence]
     return f.model_copy(update=update)

@@ -85,6 +85,7 @@ class IncidentResult:
     scored: list[tuple[float, bool]] = field(default_factory=list)
     # and for fitting the rule priors: (the rule whose prior it is, the product of its other factors, right)
     prior_samples: list[tuple[str, float, bool]] = field(default_factory=list)
+    present_not_costly: bool = False  # missed, but the expected cause is present, its confidence lowered by cost
 
     @property
     def healthy(self) -> bool:
@@ -197,6 +198,11 @@ def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None,
         res.reasons.append(f"{'heterogeneous' if res.heterogeneous else 'healthy'} run has {len(unexplained)} "
                            f"finding(s) at >= {exp.min_confidence}: {[(f.root_cause, f.ranks) for f in unexplained]}")
     res.correct = ok
+    # a miss whose every expected cause is on its ranks and present at the threshold, below it only for
+    # what it costs (eroica.schema.diagnosis.ConfidenceFactors.presence): said apart, never counted as right
+    res.present_not_costly = not ok and bool(exp.expect) and not res.false_findings and all(
+        any(_matches(f, e) and (f.presence_confidence or 0.0) >= exp.min_confidence for f in w.findings)
+        for e in exp.expect)
     return res
 
 

@@ -114,6 +114,9 @@ def _factors(c: Conclusion, facts: list[Fact], slow: RankSlowness | None, analys
             "expected_range": "; judged against the expected range",
             "absolute": "; judged on an absolute measurement, not on the peers' work"}.get(c.basis, ""),
         peer_group_valid=valid,
+        # a cause concluded without a straggler (its own measurements: a cgroup at its limit, workers busy,
+        # foreign CPU) is there whatever it costs: the strength says what it costs, not whether it is there
+        strength_is_cost_only=not any(r.startswith("straggler.") for r in (*c.via, c.rule_id)),
     )
 
 
@@ -195,7 +198,8 @@ def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conc
             root_cause=cause, category=FindingCategory(tax.category), component=tax.component,
             ranks=[r], hosts=[w.columns.hostname[row]] if row is not None else [], function=function,
             devices=[_device(w, row)] if row is not None else [],
-            confidence=conf, confidence_factors=factors, summary=" ".join(c.summary.split()),
+            confidence=conf, confidence_factors=factors, presence_confidence=factors.presence(),
+            summary=" ".join(c.summary.split()),
             evidence=evidence,
             rule_ids=rules[(cause, r)], derived_via=list(c.via),
             rule_status={k: (rule_status or {}).get(k, "?") for k in [*rules[(cause, r)], *c.via]},

@@ -52,6 +52,18 @@ class ConfidenceFactors(Frozen):
     standing_step: int | None = None
     peer_group: str
     peer_group_valid: bool
+    # the strength measures only what the cause costs, not whether it is there: the rule concluded from
+    # measurements of the cause itself (a cgroup at its limit, workers busy, foreign processes' CPU), not
+    # from the rank's excess; its presence is then the confidence without the strength
+    strength_is_cost_only: bool = False
+
+    def presence(self) -> float:
+        """How sure the cause is present, apart from what it costs (eroica.engine.confidence)."""
+        out = 1.0
+        for name, _label, _always, _how in FACTORS:
+            if not (self.strength_is_cost_only and name == "deviation_strength_ratio"):
+                out *= float(getattr(self, name))
+        return round(out, 4)
 
     def terms(self) -> list[tuple[str, float]]:
         """(label, value) of each factor in the product, the prior and the always-measured four first,
@@ -132,6 +144,9 @@ class Finding(Frozen):
     function: str | None
     confidence: float = Field(ge=0, le=1)
     confidence_factors: ConfidenceFactors
+    # how sure the cause is present, apart from what it costs the job (`cost`): above the confidence where
+    # the strength measures only cost (prefetching hides a memory-starved loader: present, costs nothing)
+    presence_confidence: float | None = Field(None, ge=0, le=1)
     summary: str
     evidence: list[str]
     rule_ids: list[str]

@@ -168,3 +168,15 @@ def test_a_plan_carries_its_own_length_through_the_store() -> None:
     assert coord.propose(0, 30).steps is None                  # the policy's length
     assert coord.propose(1, 60, steps=13).steps == 13
     assert coord.poll(1).steps == 13 and coord.poll(1).start_step == 60
+
+
+def test_a_window_is_judged_against_the_step_before_its_firing_not_the_slow_steps_since() -> None:
+    """The window's "before" (written as its baseline) is the reference its firing was against: the slow
+    steps that entered the reference since (the window's lead, its own steps) do not become it."""
+    det = StepTimeDetector(policy(sustained_min_ratio=50.0))
+    fired = feed(det, noisy(20) + [0.3] * 4)
+    assert fired
+    det.window_scheduled(end_step=60)
+    feed(det, [0.3] * 12, start=24)               # the lead and the window: the reference takes them in
+    assert det.baseline_median_seconds is not None and det.baseline_median_seconds > 0.2
+    assert det.window_baseline_seconds is not None and abs(det.window_baseline_seconds - 0.1) < 0.011
