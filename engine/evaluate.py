@@ -159,6 +159,8 @@ def evaluate_incident(inc: Path, opts: DiagnoseOptions | None = None,
         res.onset_to_window_steps = w.start_step - onset
     for h in history:      # the job before the fault: healthy
         fs = [f for f in h.findings if f.confidence >= exp.min_confidence]
+        if onset is not None and h.end_step > onset:    # it saw the fault's first steps: the fault is no false finding
+            fs = [f for f in fs if not any(_matches(f, e) for e in exp.expect)]
         if fs:
             res.false_findings += len(fs)
             res.reasons.append(f"window {h.window} before the fault has {len(fs)} finding(s) at >= "
