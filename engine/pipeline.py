@@ -197,20 +197,25 @@ def _report_order(f: Finding) -> tuple[float, float]:
 def _across_windows(windows: list[WindowDiagnosis], history: Sequence[WindowHistory],
                     taxonomy: dict[str, TaxonomyEntry], resolution: Resolution) -> list[WindowDiagnosis]:
     """A cause that recurs on the same ranks window after window (among those diagnosed together
-    and the earlier ones of `history`) is surer than a one-off."""
-    n = len(windows) + len(history)
-    if n <= 1:
+    and the earlier ones of `history`) is surer than a one-off. Counted from the cause's first window:
+    the windows before it saw the job before the cause began, not a cause that failed to recur."""
+    if len(windows) + len(history) <= 1:
         return windows
+    by_step = sorted([(w.start_step, {(f.root_cause, tuple(f.ranks)) for f in w.findings}) for w in windows]
+                     + [(h.start_step, {(f.root_cause, tuple(f.ranks)) for f in h.findings}) for h in history],
+                     key=lambda x: x[0])
     seen: dict[tuple[str, tuple[int, ...]], int] = {}
-    for keys in [*({(f.root_cause, tuple(f.ranks)) for f in w.findings} for w in windows),
-                 *({(f.root_cause, tuple(f.ranks)) for f in h.findings} for h in history)]:
+    since: dict[tuple[str, tuple[int, ...]], int] = {}
+    for i, (_, keys) in enumerate(by_step):
         for key in keys:
             seen[key] = seen.get(key, 0) + 1
+            since.setdefault(key, len(by_step) - i)
     out = []
     for w in windows:
         findings = []
         for f in w.findings:
-            k = seen[(f.root_cause, tuple(f.ranks))]
+            key = (f.root_cause, tuple(f.ranks))
+            k, n = seen[key], since[key]
             findings.append(rescored(f, window_consistency_ratio=round(0.8 + 0.2 * k / n, 4),
                                      windows_seen_total=k, windows_total=n))
         # the order may change: which finding carries an excess is decided again

@@ -30,8 +30,8 @@ class ConfidenceFactors(Frozen):
     step_consistency_ratio: float = Field(ge=0, le=1)    # share of window steps it was slow in
     peer_group_ratio: float = Field(ge=0, le=1)          # size and homogeneity of the peer group
     coverage_ratio: float = Field(ge=0, le=1)            # ranks that reported / world size
-    # across the run's windows: 0.8 + 0.2 x the share of windows with the same cause on the same
-    # ranks (1.0 with a single window: one window cannot say whether it recurs)
+    # across the run's windows: 0.8 + 0.2 x the share of windows, from the cause's first, with the same
+    # cause on the same ranks (1.0 with a single window: one window cannot say whether it recurs)
     window_consistency_ratio: float = Field(1.0, ge=0, le=1)
     windows_seen_total: NonNegativeInt = 1
     windows_total: NonNegativeInt = 1
@@ -98,8 +98,8 @@ FACTORS: Final = (
      "within contest_margin and no deciding evidence settles it"),
     ("standing_ratio", "standing", False, "0.5 when the finding's cost lies in pauses the job made from its start, "
      "as long and as often (by design: present, but not the slowdown)"),
-    ("window_consistency_ratio", "across windows", False, "0.8 + 0.2 x the share of the run's windows with the "
-     "same cause on the same ranks"),
+    ("window_consistency_ratio", "across windows", False, "0.8 + 0.2 x the share of the run's windows, from "
+     "the cause's first, with the same cause on the same ranks"),
 )
 
 
