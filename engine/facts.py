@@ -96,7 +96,7 @@ class CategoryExcess(Fact):
     metric_ratio_to_median: float | None = None   # critical-time-weighted metric vs peers
     # seconds_per_step over the peers' (at most 1000; 1000 when theirs is 0 and this rank's is not): how
     # far the rank's time in the category stands out from what its peers spend there anyway
-    ratio_to_median: NonNegativeFloat = 1.0
+    ratio_to_median: float = Field(1.0, ge=0, le=1000)
 
     def evidence(self) -> str:
         mr = self.metric_ratio_to_median
@@ -146,7 +146,11 @@ class LinkSignature(Fact):
 
 
 class ConfigDeviation(Fact):
-    """A configuration value on one rank that differs from the majority of its peers."""
+    """A configuration value on one rank that differs from the majority of its peers. `since_step`: the
+    step from which the rank and its peers held these values (the collector's dating: 0 from the job's
+    start, else the reading that first saw it); `seen_while_healthy`: the job ran clearly faster than now
+    with it, in the first steps after it began (`healthy_from_step`..`healthy_to_step`, at
+    `healthy_step_seconds`) or in an earlier window (`seen_in_window`)."""
 
     kind: Literal["config_deviation"] = "config_deviation"
     key: str
@@ -165,7 +169,7 @@ class ConfigDeviation(Fact):
 
     def evidence(self) -> str:
         since = "" if self.since_step is None else (" from the job's start" if self.since_step == 0
-                                                     else f" since step {self.since_step}")
+                                                     else f" since step {self.since_step} at the latest")
         return f"{self.key} = {self.value} on rank {self.rank}, {self.peer_value} on its peers{since and ','}{since}"
 
     def while_healthy(self) -> str:

@@ -81,7 +81,7 @@ def _story(cause: str, kind: str, sightings: list[tuple[int, CulpritSighting]], 
     what = {
         "chronic": f"on {who} in {len(seen)} windows in a row from step {seen[0].start_step}"
                    + ("" if sightings[-1][0] == n - 1 else f", not in the {n - 1 - sightings[-1][0]} since")
-                   + ": the job's own",
+                   + ": it stays with the job, and a fix recovers every later hour",
         "intermittent": f"on {who} in {len(seen)} of the {since} windows from step {seen[0].start_step}, with the "
                         "job healthy between: it comes and goes (something periodic)",
         "rotating": f"on a different rank in turn ({' -> '.join(','.join(map(str, s.ranks)) for s in seen)}) in "

@@ -35,7 +35,7 @@ def _gap_sources(gaps: list[str]) -> str:
 def _factor_notes(cf: ConfidenceFactors) -> dict[str, str]:
     """What a factor's number alone does not say, by its label (eroica.schema.diagnosis.FACTORS)."""
     notes = {"peers": cf.peer_group + ("" if cf.peer_group_valid else ", not a valid group"),
-             "across windows": f"seen in {cf.windows_seen_total} of the {cf.windows_total} windows since it was first seen",
+             "across windows": f"seen in {cf.windows_seen_total} of the {cf.windows_total} windows since first seen",
              "explained away": f"by {cf.explained_away_by}", "contested": f"by {cf.contested_by}",
              "evidence missing": ", ".join(cf.evidence_missing),
              "standing": f"the job's first such pause at step {cf.standing_step}"}

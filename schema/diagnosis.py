@@ -296,9 +296,10 @@ class CulpritSighting(Frozen):
 
 
 class CulpritStory(Frozen):
-    """A cause over the job's windows (eroica.engine.story): chronic (window after window), intermittent
-    (recurring, with windows without it between), rotating (the same cause on a different rank each
-    time: something the ranks share), transient (once, not since), or new (once, in the latest window)."""
+    """A cause over the job's windows (eroica.engine's `story`): chronic (window after window), intermittent
+    (recurring with the job healthy between: a window without it, or steps of the later window's series
+    at the healthy step), rotating (the same cause on a different rank each time: something the ranks
+    share), transient (once, not since), or new (once, in the latest window)."""
 
     root_cause: str
     ranks: list[int]                   # every rank it was seen on

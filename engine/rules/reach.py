@@ -116,8 +116,9 @@ def _test_problems(t: TestIR, spec: FieldSpec, pattern: PatternIR, vocab: Vocabu
             what = DOMAIN_WORDS.get(spec.domain or "", "one of the values the rules that derive it set")
             out.append(f"{v!r} is not {what} ({pattern.kind}.{spec.name}); {closest(v, spec.values)}; "
                        "see `eroica rules vocabulary`")
+    # a measured number equals a given one almost never; 0 is the exception (none of it: no throttling)
     if t.op in ("eq", "in") and spec.type.rstrip("?") == "float" and any(
-            isinstance(v, float) and not v.is_integer() for v in values):
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v != 0 for v in values):
         out.append(f"`{t.op}` compares the measured {pattern.kind}.{spec.name} with {t.value!r} exactly: it almost "
                    f"never matches; a threshold is `{{gte: {values[0]!r}}}` or `{{lte: ...}}`")
     if t.op in ("gt", "gte", "lt", "lte", "eq", "in") and spec.numeric:

@@ -127,6 +127,14 @@ def _type_name(ann: Any) -> tuple[str, bool, tuple[str, ...]]:
     return getattr(ann, "__name__", str(ann)), False, ()
 
 
+def _inner_metadata(ann: Any) -> list[Any]:
+    """The bounds of an optional bounded type (`NonNegativeInt | None`): pydantic keeps them inside the union."""
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):
+        return [m for a in typing.get_args(ann) if typing.get_origin(a) is typing.Annotated
+                for m in typing.get_args(a)[1:]]
+    return []
+
+
 def _bounds(metadata: list[Any]) -> tuple[float | None, float | None]:
     low = high = None
     for m in metadata:
@@ -145,7 +153,7 @@ def measured_fields(model: type[Fact], sets: dict[str, tuple[str, ...]]) -> dict
         base, nullable, lits = _type_name(f.annotation)
         extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
         domain = str(extra["domain"]) if "domain" in extra else (name if lits else None)
-        low, high = _bounds(list(f.metadata))
+        low, high = _bounds([*f.metadata, *_inner_metadata(f.annotation)])
         kind = str(model.model_fields["kind"].default)
         out[name] = FieldSpec(name, base + ("?" if nullable else ""), unit_of(name, kind), low, high, domain,
                               sets.get(domain, lits) if domain else ())

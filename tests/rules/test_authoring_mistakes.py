@@ -103,6 +103,11 @@ def test_rule_mistakes_lint_used_to_pass(tmp_path: Path, capsys) -> None:  # typ
     assert any("key 'severity' appears twice in one mapping" in p for p in problems(d))
     d = site(tmp_path, rule=text.replace("excess_step_ratio: {gte: 0.05}", "excess_step_ratio: 0.25"))
     assert any("compares the measured rank_slowness.excess_step_ratio with 0.25 exactly" in p for p in problems(d))
+    # a whole number is no exception (a rule comparing a measured ratio with 10 never fired); 0 is: none of it
+    d = site(tmp_path, rule=text.replace("excess_step_ratio: {gte: 0.05}", "excess_step_ratio: 1"))
+    assert any("compares the measured rank_slowness.excess_step_ratio with 1 exactly" in p for p in problems(d))
+    d = site(tmp_path, rule=text.replace("excess_step_ratio: {gte: 0.05}", "excess_step_ratio: 0"))
+    assert not any("exactly" in p for p in problems(d))
     d = site(tmp_path, rule=text.replace("excess_step_ratio: {gte: 0.05}", "excess_step_ratio: {gte: 25}"))
     assert any("threshold 25 is outside the range of rank_slowness.excess_step_ratio (0..1)" in p
                for p in problems(d))
