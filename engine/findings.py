@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from eroica.engine.confidence import confidence_of, rescored
+from eroica.engine.confidence import confidence_of, presence_of, rescored
 from eroica.engine.facts import (
     CategoryExcess,
     ConfigDeviation,
@@ -198,7 +198,7 @@ def build_findings(w: WindowData, analysis: PeerAnalysis, conclusions: list[Conc
             root_cause=cause, category=FindingCategory(tax.category), component=tax.component,
             ranks=[r], hosts=[w.columns.hostname[row]] if row is not None else [], function=function,
             devices=[_device(w, row)] if row is not None else [],
-            confidence=conf, confidence_factors=factors, presence_confidence=factors.presence(),
+            confidence=conf, confidence_factors=factors, presence_confidence=presence_of(factors),
             summary=" ".join(c.summary.split()),
             evidence=evidence,
             rule_ids=rules[(cause, r)], derived_via=list(c.via),

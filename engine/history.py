@@ -212,10 +212,9 @@ def standing_pauses(w: WindowData) -> tuple[np.ndarray, int | None]:
     if not c.ranks:
         return none
     during = job_series(c.step, c.n_steps, False)
-    before = job_series(c.before, c.before_len, True)
-    first = start_step(w) - len(before)             # the step number of before[0]
-    keep = np.arange(len(before)) + first >= WARMUP_STEPS
-    before, numbers = before[keep], (np.arange(len(keep)) + first)[keep]
+    before, numbers = _series_before(w)
+    keep = numbers >= WARMUP_STEPS
+    before, numbers = before[keep], numbers[keep]
     if len(during) < 5 or len(before) < 10:
         return none
     level_d, level_b = float(np.median(during)), float(np.median(before))

@@ -15,7 +15,7 @@ from eroica.engine.hang import render as render_hang
 from eroica.engine.render_html import window_pictures
 from eroica.engine.rule_cache import cache_dir
 from eroica.engine.rules.source import builtin_knowledge_dir
-from eroica.schema.diagnosis import ConfidenceFactors, Diagnosis
+from eroica.schema.diagnosis import ConfidenceFactors, Diagnosis, Finding, WindowDiagnosis
 
 
 def _ms(x: float | None) -> str:
@@ -40,6 +40,16 @@ def _factor_notes(cf: ConfidenceFactors) -> dict[str, str]:
              "evidence missing": ", ".join(cf.evidence_missing),
              "standing": f"the job's first such pause at step {cf.standing_step}"}
     return {label: notes[label] for label, _ in cf.terms() if notes.get(label)}
+
+
+def _surer_present(f: Finding) -> bool:
+    """Is the finding surer of its cause's presence than of its cost (its cost lowered its confidence)?"""
+    return f.presence_confidence is not None and f.presence_confidence - f.confidence >= 0.01
+
+
+def _present_at_no_cost(w: WindowDiagnosis) -> list[Finding]:
+    """A window's findings present at 0.5 or more (what a healthy window still has, at little or no cost)."""
+    return [f for f in w.findings if (f.presence_confidence or 0.0) >= 0.5]
 
 
 def _runbook(runbook: str) -> tuple[str, str | None]:
@@ -91,6 +101,8 @@ def _env(autoescape: bool = False) -> jinja2.Environment:
     env.globals["ms"] = _ms
     env.globals["gap_sources"] = _gap_sources
     env.globals["factor_notes"] = _factor_notes
+    env.globals["surer_present"] = _surer_present
+    env.globals["present_at_no_cost"] = _present_at_no_cost
     env.globals["runbook"] = _runbook
     env.globals["hang_text"] = render_hang
     return env

@@ -57,14 +57,6 @@ class ConfidenceFactors(Frozen):
     # from the rank's excess; its presence is then the confidence without the strength
     strength_is_cost_only: bool = False
 
-    def presence(self) -> float:
-        """How sure the cause is present, apart from what it costs (eroica.engine.confidence)."""
-        out = 1.0
-        for name, _label, _always, _how in FACTORS:
-            if not (self.strength_is_cost_only and name == "deviation_strength_ratio"):
-                out *= float(getattr(self, name))
-        return round(out, 4)
-
     def terms(self) -> list[tuple[str, float]]:
         """(label, value) of each factor in the product, the prior and the always-measured four first,
         then those that lowered it (a factor of 1.0 that need not apply is left out)."""
