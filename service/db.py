@@ -39,6 +39,14 @@ job_hosts = sa.Table(                                            # a run's hosts
 )
 
 
+def confident_counts(c: sa.Connection, job_ids: list[str] | None = None) -> dict[str, int]:
+    """Each job's findings at 0.5 or more (of `job_ids`; of every job when None)."""
+    q = sa.select(findings.c.job_id, sa.func.count()).where(findings.c.confidence >= 0.5)
+    if job_ids is not None:
+        q = q.where(findings.c.job_id.in_(job_ids))
+    return {j: int(n) for j, n in c.execute(q.group_by(findings.c.job_id)).all()}
+
+
 def host_counts(c: sa.Connection, job_ids: list[str]) -> dict[str, int]:
     got: dict[str, int] = {}
     for i in range(0, len(job_ids), 500):

@@ -16,7 +16,7 @@ from eroica.schema.steps import StepSeriesSummary
 from eroica.service import api_models as m
 from eroica.service import hangs, store
 from eroica.service.bulk import BulkIngested
-from eroica.service.db import findings, hosts_of, issues, jobs, reading, steps, traces_of, windows
+from eroica.service.db import confident_counts, findings, hosts_of, issues, jobs, reading, steps, traces_of, windows
 from eroica.service.errors import Forbidden, NotFound
 from eroica.service.fleet import drain_list, host_ranking, week_summary
 from eroica.service.guard import NDJSON, Principal, decode_body, principal_of, read_limited, unpack_body
@@ -188,9 +188,7 @@ def api_router(svc: Service) -> APIRouter:
     def list_jobs() -> list[dict[str, Any]]:
         with reading(eng) as c:
             rows = c.execute(sa.select(jobs).order_by(jobs.c.last_seen.desc())).mappings().all()
-            counts: dict[str, int] = dict(c.execute(
-                sa.select(findings.c.job_id, sa.func.count()).where(findings.c.confidence >= 0.5)
-                .group_by(findings.c.job_id)).all())
+            counts = confident_counts(c)
             hosts = hosts_of(c, [j["id"] for j in rows])
         return [{**dict(j), "hosts": hosts[j["id"]], "confident_findings": int(counts.get(j["id"], 0))}
                 for j in rows]
@@ -206,7 +204,7 @@ def api_router(svc: Service) -> APIRouter:
             series = c.execute(sa.select(steps).where(steps.c.job_id == job_id).order_by(steps.c.first_step))
             hosts = hosts_of(c, [job_id])[job_id]
             kept = traces_of(c, job_id)
-            return {**dict(j), "hosts": hosts,
+            return {**dict(j), "hosts": hosts, "confident_findings": confident_counts(c, [job_id]).get(job_id, 0),
                     "windows": [{**window_json(w), "raw_traces": kept.get(w["window_id"], [])} for w in ws.mappings()],
                     "steps": [dict(s) for s in series.mappings()], "story": store.story_of(c, job_id)}
 

@@ -152,6 +152,9 @@ def test_the_job_api_and_page_tell_the_culprits_story_across_windows(client: Tes
     until(lambda: client.get("/v1/issues", params={"job": "job-s"}).json()
           and client.get("/v1/issues", params={"job": "job-s"}).json()[0]["windows_total"] == 3, 60, "3 windows")
     j = client.get("/v1/jobs/job-s").json()
+    # the job's own page counts its confident findings as the job list does
+    listed = {x["id"]: x["confident_findings"] for x in client.get("/v1/jobs").json()}
+    assert j["confident_findings"] == listed["job-s"] == 3
     (s,) = j["story"]
     assert (s["kind"], s["root_cause"], s["ranks"], s["windows_seen_total"], s["windows_since_total"]) == (
         "intermittent", "dataloader_stall", [1], 3, 3), s
